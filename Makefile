@@ -1,0 +1,35 @@
+# Two entry points a new user needs: `make demo` and `make test`.
+# Each creates .venv with a CPU build of torch pinned for this kind of machine;
+# override TORCH_SPEC (e.g. TORCH_SPEC=torch) on a GPU machine.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.rayshard-installed
+
+.PHONY: demo test test-submit lint bench plan clean
+
+$(STAMP): pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	touch $@
+
+demo: $(STAMP)
+	$(PY) examples/train.py
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -m "not submit" || [ $$? -eq 5 ]
+
+test-submit: $(STAMP)
+	bash tests/e2e/run_submit.sh
+
+bench: $(STAMP)
+	$(PY) -m benchmarks
+
+plan: $(STAMP)
+	$(VENV)/bin/rayshard plan --samples 10 --world-size 2 --batch-size 2 --epochs 2
+
+clean:
+	rm -rf $(VENV) build *.egg-info
