@@ -1,0 +1,133 @@
+"""`rayshard plan`: which shard and which sample ranges each rank reads in each epoch."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from rayshard.errors import ConfigError
+from rayshard.plan import DataLayout, EpochPlan, LastBatch, PlanConfig, Rotation, Uneven, plan_epoch
+
+
+def _choices(enum_cls) -> click.Choice:
+    return click.Choice([m.value for m in enum_cls], case_sensitive=False)
+
+
+@click.command("plan")
+@click.option("--samples", type=click.IntRange(min=0), help="Number of samples N (sample-level).")
+@click.option("--files", type=click.IntRange(min=0), help="Number of files F (file-level mode).")
+@click.option(
+    "--rows-per-file",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Rows in each file when --files is given.",
+)
+@click.option("--world-size", type=click.IntRange(min=1), required=True, help="Ranks W.")
+@click.option("--total-shards", type=click.IntRange(min=1), help="Shards S (default: W).")
+@click.option("--rotation", type=_choices(Rotation), help="Shard rotation across epochs.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--last-batch", type=_choices(LastBatch), help="Policy for the last short batch.")
+@click.option("--pad-last-batch/--no-pad-last-batch", default=None, help="Pad to equal batches.")
+@click.option("--uneven", type=_choices(Uneven), help="Uneven-file policy (file mode).")
+@click.option("--equal-steps/--no-equal-steps", default=True, show_default=True)
+@click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+def plan_command(
+    samples: int | None,
+    files: int | None,
+    rows_per_file: int,
+    world_size: int,
+    total_shards: int | None,
+    rotation: str | None,
+    batch_size: int,
+    last_batch: str | None,
+    pad_last_batch: bool | None,
+    uneven: str | None,
+    equal_steps: bool,
+    epochs: int,
+    seed: int,
+    fmt: str,
+) -> None:
+    """Show which shard and sample ranges every rank reads in every epoch.
+
+    In file mode (--files) `ranges` are file index ranges and `sample_ranges` the samples.
+    """
+    if (samples is None) == (files is None):
+        raise click.UsageError("give exactly one of '--samples' or '--files'")
+    by_files = files is not None
+    layout = (
+        DataLayout.of_files([rows_per_file] * files) if by_files else DataLayout.of_samples(samples)
+    )
+    try:
+        config = PlanConfig.resolve(
+            explicit={
+                "batch_size": batch_size,
+                "total_shards": total_shards,
+                "rotation": rotation,
+                "last_batch": last_batch,
+                "pad_last_batch": pad_last_batch,
+                "uneven": uneven,
+                "equal_steps": equal_steps,
+                "seed": seed,
+            }
+        )
+        plans = [plan_epoch(config, layout, world_size, e, by_files=by_files) for e in range(epochs)]
+    except ConfigError as error:
+        raise click.UsageError(str(error)) from error
+    document = {
+        "config": config.to_dict(),
+        "num_samples": layout.num_samples,
+        "num_files": layout.num_files if by_files else None,
+        "epochs": [_epoch_json(p, by_files) for p in plans],
+    }
+    if fmt == "json":
+        click.echo(json.dumps(document, indent=2))
+    else:
+        click.echo(_table(document, by_files))
+
+
+def _epoch_json(plan: EpochPlan, by_files: bool) -> dict:
+    out = plan.to_dict()
+    for rank in out["ranks"]:
+        if by_files:
+            rank["sample_ranges"] = rank["ranges"]
+            rank["ranges"] = rank.pop("files")
+    return out
+
+
+def _table(document: dict, by_files: bool) -> str:
+    unit = "file ranges" if by_files else "sample ranges"
+    header = ("epoch", "rank", "shard", unit, "samples", "padded", "dropped", "batches")
+    rows = [header]
+    for epoch in document["epochs"]:
+        for rank in epoch["ranks"]:
+            spans = " ".join(f"[{a},{b})" for a, b in rank["ranges"]) or "-"
+            shard = "all" if rank["shard"] is None else str(rank["shard"])
+            rows.append(
+                (
+                    str(epoch["epoch"]),
+                    str(rank["rank"]),
+                    shard,
+                    spans,
+                    str(rank["samples"]),
+                    str(rank["padded"]),
+                    str(rank["dropped"]),
+                    str(rank["batches"]),
+                )
+            )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    cfg = document["config"]
+    title = (
+        f"{document['num_samples']} samples"
+        + (f" in {document['num_files']} files" if by_files else "")
+        + f", rotation={cfg['rotation']}, batch_size={cfg['batch_size']}, "
+        f"last_batch={cfg['last_batch']}, pad_last_batch={cfg['pad_last_batch']}"
+    )
+    return title + "\n" + "\n".join(lines)

@@ -1,0 +1,119 @@
+"""Lay a host batch out in one flat byte buffer, fill it, and carve typed tensors out of it.
+
+Packing every column of a batch into one buffer means one staging buffer per batch and one
+host-to-device copy per batch, however many columns it has. Numpy arrays are copied with
+`np.copyto` into a numpy view of the buffer, never through `torch.from_numpy`, so read-only
+arrays from the Ray object store need no extra copy and raise no warning; that copy is the
+one staging needs anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import torch
+
+ALIGN = 64
+"""Byte alignment of every column inside a buffer (a cache line; enough for any dtype)."""
+
+_NUMERIC_KINDS = frozenset("biufc")  # bool, signed, unsigned, float, complex
+
+
+@dataclass(frozen=True)
+class Column:
+    """Where one column lives inside the flat buffer."""
+
+    key: str
+    offset: int
+    nbytes: int
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    value: np.ndarray | torch.Tensor
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The columns to stage, the tensors passed through untouched, and the buffer size."""
+
+    keys: tuple[str, ...]
+    columns: tuple[Column, ...]
+    passthrough: dict[str, torch.Tensor]
+    nbytes: int
+    num_samples: int | None
+
+
+def plan_layout(batch: Mapping[str, Any], device: torch.device) -> Layout:
+    """Decide the offset of every column; tensors already on `device` are passed through."""
+    if not isinstance(batch, Mapping):
+        raise TypeError(
+            f"a batch must be a dict of column name -> array, got {type(batch).__name__}; "
+            f"pass collate_fn= to turn it into one"
+        )
+    columns: list[Column] = []
+    passthrough: dict[str, torch.Tensor] = {}
+    offset = 0
+    num_samples = None
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            if value.device == device:
+                passthrough[key] = value
+                continue
+            if value.device.type != "cpu":
+                passthrough[key] = value.to(device, non_blocking=True)
+                continue
+            dtype, shape = value.dtype, tuple(value.shape)
+        else:
+            value = np.asarray(value)
+            dtype, shape = _torch_dtype(key, value.dtype), value.shape
+        if num_samples is None and shape:
+            num_samples = shape[0]
+        nbytes = math.prod(shape) * dtype.itemsize
+        columns.append(Column(key, offset, nbytes, shape, dtype, value))
+        offset = _aligned(offset + nbytes)
+    return Layout(tuple(batch), tuple(columns), passthrough, offset, num_samples)
+
+
+def fill(buffer: torch.Tensor, layout: Layout) -> None:
+    """Copy every column of `layout` into its place in the flat host `buffer`."""
+    with torch.no_grad():
+        for column, target in zip(layout.columns, _typed_views(buffer, layout), strict=True):
+            if isinstance(column.value, torch.Tensor):
+                target.copy_(column.value)
+            else:
+                np.copyto(target.numpy(), column.value, casting="equiv")
+
+
+def views(buffer: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+    """The batch as tensors viewing `buffer` (host or device), in the source's key order."""
+    staged = {c.key: t for c, t in zip(layout.columns, _typed_views(buffer, layout), strict=True)}
+    staged.update(layout.passthrough)
+    return {key: staged[key] for key in layout.keys}
+
+
+def _typed_views(buffer: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
+    return [
+        buffer[c.offset : c.offset + c.nbytes].view(c.dtype).view(c.shape) for c in layout.columns
+    ]
+
+
+def _aligned(offset: int) -> int:
+    return -(-offset // ALIGN) * ALIGN
+
+
+def _torch_dtype(key: str, dtype: np.dtype) -> torch.dtype:
+    if dtype.kind not in _NUMERIC_KINDS:
+        raise TypeError(
+            f"column {key!r} has numpy dtype {dtype} (kind {dtype.kind!r}), which torch cannot "
+            f"hold: drop the column or encode it as numbers in collate_fn="
+        )
+    return _native_torch_dtype(dtype.newbyteorder("="))
+
+
+@lru_cache(maxsize=64)
+def _native_torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype=dtype)).dtype

@@ -1,0 +1,47 @@
+"""Every environment variable the planner reads, in one place.
+
+Explicit arguments always win over a configuration file, and the file over these.
+
+| variable | meaning | values |
+|---|---|---|
+| `RAYSHARD_UNEVEN_FILES` | uneven-file policy in file modes (Whale's spirit) | `replicate`, `unbalanced`, `drop` |
+| `RAYSHARD_ROTATION` | shard rotation across epochs | `none`, `shift`, `stride`, `stride_shift` |
+| `RAYSHARD_LAST_BATCH` | what to do with the last short batch | `partial`, `drop`, `fill` |
+| `RAYSHARD_PAD_LAST_BATCH` | pad every shard to full, equal batches | `1`/`0`, `true`/`false` |
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+PLAN_VARIABLES = {
+    "uneven": "RAYSHARD_UNEVEN_FILES",
+    "rotation": "RAYSHARD_ROTATION",
+    "last_batch": "RAYSHARD_LAST_BATCH",
+    "pad_last_batch": "RAYSHARD_PAD_LAST_BATCH",
+}
+
+
+def plan_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The planner settings present in the environment, keyed by option name (raw strings)."""
+    environ = os.environ if environ is None else environ
+    return {
+        option: environ[variable]
+        for option, variable in PLAN_VARIABLES.items()
+        if environ.get(variable, "").strip()
+    }
+
+
+def parse_bool(value: str | bool, name: str) -> bool:
+    """Parse a yes/no setting, naming the setting when the value is neither."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in {"1", "true", "yes", "on"}:
+        return True
+    if text in {"0", "false", "no", "off"}:
+        return False
+    from rayshard.errors import ConfigError
+
+    raise ConfigError(f"{name}={value!r} is not a yes/no value: use one of 1, 0, true, false")

@@ -1,0 +1,281 @@
+"""The planner: a pure function from (configuration, layout, world, epoch, progress) to
+which samples every data-parallel rank reads, in how many batches, with what padding.
+
+No clock, no globals; the only randomness (the per-rank file order under `replicate`) is
+seeded by (seed, epoch, rank).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from rayshard.errors import ConfigError
+from rayshard.plan import intervals as iv
+from rayshard.plan.batches import BatchLayout, batch_layouts
+from rayshard.plan.layout import DataLayout
+from rayshard.plan.options import PlanConfig, Rotation, Uneven
+from rayshard.plan.shards import balanced_range, shard_of
+from rayshard.plan.validate import validate
+
+
+@dataclasses.dataclass(frozen=True)
+class RankPlan:
+    """What one data-parallel rank reads in one epoch.
+
+    `ranges` are the real samples it delivers, half-open, in dataset order; `padded` marked
+    extra samples follow them, drawn from `pad_source` (cycled). `files` are the file index
+    ranges behind `ranges` in file-level modes; `file_order` the rank's own reading order
+    of files under `replicate`.
+    """
+
+    rank: int
+    shard: int | None
+    ranges: iv.Intervals
+    samples: int
+    padded: int
+    dropped: int
+    batches: int
+    pad_source: iv.Intervals
+    files: iv.Intervals | None = None
+    file_order: tuple[int, ...] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "rank": self.rank,
+            "shard": self.shard,
+            "ranges": [list(r) for r in self.ranges],
+            "samples": self.samples,
+            "padded": self.padded,
+            "dropped": self.dropped,
+            "batches": self.batches,
+        }
+        if self.files is not None:
+            out["files"] = [list(r) for r in self.files]
+        if self.file_order is not None:
+            out["file_order"] = list(self.file_order)
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class EpochPlan:
+    """Every rank's plan for one epoch (or for the rest of one)."""
+
+    epoch: int
+    world_size: int
+    total_shards: int
+    ranks: tuple[RankPlan, ...]
+
+    @property
+    def steps(self) -> int:
+        """The number of batches the slowest-to-finish rank yields."""
+        return max((r.batches for r in self.ranks), default=0)
+
+    def delivered(self) -> iv.Intervals:
+        """Every real sample some rank reads (normalized)."""
+        return iv.normalize(r for plan in self.ranks for r in plan.ranges)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "world_size": self.world_size,
+            "total_shards": self.total_shards,
+            "ranks": [r.to_dict() for r in self.ranks],
+        }
+
+
+def plan_epoch(
+    config: PlanConfig,
+    layout: DataLayout,
+    world_size: int,
+    epoch: int,
+    *,
+    by_files: bool = False,
+) -> EpochPlan:
+    """Plan one whole epoch for `world_size` data-parallel ranks.
+
+    `by_files=True` splits whole files (file-level modes, with the uneven-file policy);
+    otherwise samples are split directly.
+    """
+    validate(config, layout, world_size, by_files=by_files)
+    _check_epoch(epoch)
+    num_shards = config.shards_for(world_size)
+    if by_files:
+        assigned = _file_assignments(config, layout, world_size, epoch, num_shards)
+    else:
+        assigned = []
+        for rank in range(world_size):
+            shard = shard_of(config.rotation, rank, epoch, world_size, num_shards)
+            span = balanced_range(shard, num_shards, layout.num_samples)
+            assigned.append((shard, iv.concat([span]), None, None))
+    sample_ranges = [
+        _samples_of_files(layout, files) if files is not None else ranges
+        for _, ranges, files, _ in assigned
+    ]
+    layouts = batch_layouts(
+        [iv.total(r) for r in sample_ranges],
+        config.batch_size,
+        config.last_batch,
+        config.pad_last_batch,
+        config.equal_steps and world_size > 1,
+    )
+    ranks = tuple(
+        _rank_plan(rank, shard, ranges, lay, layout, files, order)
+        for rank, ((shard, _, files, order), ranges, lay) in enumerate(
+            zip(assigned, sample_ranges, layouts)
+        )
+    )
+    return EpochPlan(epoch, world_size, num_shards, ranks)
+
+
+def plan_remaining(
+    config: PlanConfig,
+    layout: DataLayout,
+    world_size: int,
+    epoch: int,
+    consumed: Sequence[Sequence[int]],
+    *,
+    previous_world_size: int | None = None,
+    by_files: bool = False,
+) -> EpochPlan:
+    """Plan the rest of `epoch` after the real samples in `consumed` were delivered.
+
+    With an unchanged world size every rank keeps its own shard minus what was consumed,
+    so with ranks that consumed in step the result is the tail of the uninterrupted plan.
+    On a different world size the remaining samples are re-balanced over the new ranks
+    (balanced slices of what is left, in dataset order). Either way every sample of the
+    epoch not yet consumed is read exactly once; the rest of an epoch never drops a real
+    sample (a `drop` policy behaves like `partial` for it).
+    """
+    consumed_set = iv.normalize(consumed)
+    if previous_world_size is None:
+        previous_world_size = world_size
+    full = plan_epoch(config, layout, previous_world_size, epoch, by_files=by_files)
+    if world_size == previous_world_size:
+        kept = [
+            (r.shard, iv.subtract(r.ranges, consumed_set), r.files, r.file_order)
+            for r in full.ranks
+        ]
+    else:
+        validate(config, layout, world_size, by_files=False, check_expected=False)
+        remaining = iv.subtract(full.delivered(), consumed_set)
+        left = iv.total(remaining)
+        kept = []
+        for rank in range(world_size):
+            lo, hi = balanced_range(rank, world_size, left)
+            kept.append((None, iv.take(remaining, lo, hi), None, None))
+    layouts = batch_layouts(
+        [iv.total(ranges) for _, ranges, _, _ in kept],
+        config.batch_size,
+        config.last_batch,
+        config.pad_last_batch,
+        config.equal_steps and world_size > 1,
+        allow_drop=False,
+    )
+    ranks = tuple(
+        _rank_plan(rank, shard, ranges, lay, layout, files, order)
+        for rank, ((shard, ranges, files, order), lay) in enumerate(zip(kept, layouts))
+    )
+    return EpochPlan(epoch, world_size, full.total_shards, ranks)
+
+
+def padding_indices(plan: RankPlan) -> list[int]:
+    """The sample indices of a rank's `padded` samples, in order (cycling `pad_source`)."""
+    size = iv.total(plan.pad_source)
+    if plan.padded == 0 or size == 0:
+        return []
+    out: list[int] = []
+    while len(out) < plan.padded:
+        need = plan.padded - len(out)
+        out.extend(iv.indices(iv.take(plan.pad_source, 0, min(need, size))))
+    return out
+
+
+def iter_batches(plan: RankPlan, batch_size: int) -> Iterator[tuple[list[int], list[bool]]]:
+    """A rank's batches in dataset order as (sample indices, padded flags). For small plans."""
+    stream = [(i, False) for i in iv.indices(plan.ranges)]
+    stream += [(i, True) for i in padding_indices(plan)]
+    for start in range(0, len(stream), batch_size):
+        chunk = stream[start : start + batch_size]
+        yield [i for i, _ in chunk], [p for _, p in chunk]
+
+
+def _check_epoch(epoch: int) -> None:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ConfigError(f"epoch={epoch!r} must be an integer >= 0")
+
+
+def _file_assignments(
+    config: PlanConfig, layout: DataLayout, world_size: int, epoch: int, num_shards: int
+) -> list[tuple[int | None, iv.Intervals, iv.Intervals, tuple[int, ...] | None]]:
+    """(shard, unused, file ranges, file order) per rank in file-level modes (SPEC 1-3)."""
+    num_files = layout.num_files
+    if config.uneven is Uneven.REPLICATE:
+        out = []
+        for rank in range(world_size):
+            order = list(range(num_files))
+            random.Random(f"rayshard:{config.seed}:{epoch}:{rank}").shuffle(order)
+            out.append((None, (), iv.concat([(0, num_files)]), tuple(order)))
+        return out
+    if config.uneven is Uneven.DROP:
+        sitting_out = num_files % num_shards
+        start = epoch * sitting_out % num_files if num_files else 0
+        kept = num_files - sitting_out
+    else:
+        start, kept = 0, num_files
+    out = []
+    for rank in range(world_size):
+        shard = shard_of(config.rotation, rank, epoch, world_size, num_shards)
+        lo, hi = balanced_range(shard, num_shards, kept)
+        # Positions lo..hi of the kept files, which start at `start` and wrap around.
+        files = iv.concat(
+            _wrapped(start + lo, start + hi, num_files) if hi > lo else []
+        )
+        out.append((shard, (), files, None))
+    return out
+
+
+def _wrapped(lo: int, hi: int, n: int) -> list[tuple[int, int]]:
+    """Positions `[lo, hi)` taken modulo `n` (with `hi - lo <= n`), as up to two ranges."""
+    lo, hi = lo % n, (hi - 1) % n + 1
+    return [(lo, hi)] if lo < hi else [(lo, n), (0, hi)]
+
+
+def _samples_of_files(layout: DataLayout, files: iv.Intervals) -> iv.Intervals:
+    offsets = layout.offsets
+    return iv.concat((offsets[a], offsets[b]) for a, b in files)
+
+
+def _rank_plan(
+    rank: int,
+    shard: int | None,
+    ranges: iv.Intervals,
+    lay: BatchLayout,
+    layout: DataLayout,
+    files: iv.Intervals | None,
+    order: tuple[int, ...] | None,
+) -> RankPlan:
+    delivered = iv.take(ranges, 0, lay.delivered)
+    if lay.pad_mode == "wrap":
+        pad_source = delivered or iv.concat([(0, layout.num_samples)])
+    elif delivered:
+        last = delivered[-1][1] - 1
+        pad_source = ((last, last + 1),)
+    elif layout.num_samples:
+        pad_source = ((layout.num_samples - 1, layout.num_samples),)
+    else:
+        pad_source = ()
+    return RankPlan(
+        rank=rank,
+        shard=shard,
+        ranges=delivered,
+        samples=lay.delivered,
+        padded=lay.padded,
+        dropped=lay.dropped,
+        batches=lay.batches,
+        pad_source=pad_source,
+        files=files,
+        file_order=order,
+    )
