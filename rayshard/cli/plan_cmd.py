@@ -76,7 +76,9 @@ def plan_command(
                 "seed": seed,
             }
         )
-        plans = [plan_epoch(config, layout, world_size, e, by_files=by_files) for e in range(epochs)]
+        plans = [
+            plan_epoch(config, layout, world_size, e, by_files=by_files) for e in range(epochs)
+        ]
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     document = {

@@ -16,7 +16,7 @@ from rayshard.errors import ConfigError
 from rayshard.plan import intervals as iv
 from rayshard.plan.batches import BatchLayout, batch_layouts
 from rayshard.plan.layout import DataLayout
-from rayshard.plan.options import PlanConfig, Rotation, Uneven
+from rayshard.plan.options import PlanConfig, Uneven
 from rayshard.plan.shards import balanced_range, shard_of
 from rayshard.plan.validate import validate
 
@@ -230,9 +230,7 @@ def _file_assignments(
         shard = shard_of(config.rotation, rank, epoch, world_size, num_shards)
         lo, hi = balanced_range(shard, num_shards, kept)
         # Positions lo..hi of the kept files, which start at `start` and wrap around.
-        files = iv.concat(
-            _wrapped(start + lo, start + hi, num_files) if hi > lo else []
-        )
+        files = iv.concat(_wrapped(start + lo, start + hi, num_files) if hi > lo else [])
         out.append((shard, (), files, None))
     return out
 

@@ -79,7 +79,7 @@ def check_coverage(shard_ranges: Sequence[Sequence[tuple[int, int]]], num_sample
     flat = sorted(
         (start, end, shard) for shard, ranges in enumerate(shard_ranges) for start, end in ranges
     )
-    for (a_start, a_end, a_shard), (b_start, _, b_shard) in zip(flat, flat[1:]):
+    for (_, a_end, a_shard), (b_start, _, b_shard) in zip(flat, flat[1:]):
         if b_start < a_end:
             raise ConfigError(
                 f"shards {a_shard} and {b_shard} overlap at samples [{b_start}, {a_end}): "
