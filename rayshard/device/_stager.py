@@ -1,0 +1,115 @@
+"""Move one host batch to the device: the per-batch work of the feed's staging thread.
+
+CUDA: pack into a pinned pool buffer, one non-blocking copy on a side stream, an event
+after it. The buffer waits in `pending` until its event completes and only then returns
+to the pool; before a batch is staged at most `prefetch_depth` copies stay pending, so the
+pool never holds more than `prefetch_depth + 1` buffers. Other devices: pack into a fresh
+host buffer (the copy numpy arrays need anyway), moved with `.to(device)` unless the device
+is the CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from rayshard.device import _staging
+from rayshard.device.pinned_pool import HostBufferPool, PoolStats
+
+
+@dataclass(frozen=True)
+class Staged:
+    """A batch on the device and, on CUDA, the event that marks the end of its copy."""
+
+    batch: dict[str, torch.Tensor]
+    event: Any | None = None  # torch.cuda.Event
+
+
+class Stager:
+    """Stages batches for one device; `stage` runs on the staging thread, `deliver` on
+    the consumer's."""
+
+    def __init__(
+        self, device: torch.device, prefetch_depth: int, pool: HostBufferPool | None = None
+    ) -> None:
+        self.device = device
+        self.cuda = device.type == "cuda"
+        # Only CUDA targets stage through the pool: elsewhere the staging copy is the batch.
+        self.pool = (pool or HostBufferPool(pinned=True)) if self.cuda else None
+        self.stream = torch.cuda.Stream(device=device) if self.cuda else None
+        self._max_pending = prefetch_depth
+        self._pending: deque[tuple[Any, torch.Tensor]] = deque()
+        self._lock = threading.Lock()  # guards the byte statistics read by the consumer
+        self.largest_batch_bytes = 0
+        self.max_bytes_per_sample = 0
+
+    def thread_context(self) -> contextlib.AbstractContextManager[Any]:
+        """Make the staging thread's current CUDA device the target device."""
+        return torch.cuda.device(self.device) if self.cuda else contextlib.nullcontext()
+
+    def stage(self, host: Mapping[str, Any]) -> Staged:
+        """Pack `host` into a staging buffer and start its copy to the device."""
+        layout = _staging.plan_layout(host, self.device)
+        self._record(layout)
+        if not self.cuda:
+            buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+            _staging.fill(buffer, layout)
+            if self.device.type != "cpu":
+                buffer = buffer.to(self.device)
+            return Staged(_staging.views(buffer, layout))
+        self._reclaim(keep=self._max_pending)
+        buffer = self.pool.acquire(layout.nbytes, layout.num_samples)
+        try:
+            _staging.fill(buffer, layout)
+            with torch.cuda.stream(self.stream):
+                on_device = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
+                on_device.copy_(buffer[: layout.nbytes], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(self.stream)
+        except BaseException:
+            self.pool.release(buffer)
+            raise
+        self._pending.append((event, buffer))
+        return Staged(_staging.views(on_device, layout), event)
+
+    def deliver(self, staged: Staged) -> dict[str, torch.Tensor]:
+        """Make the consumer's current stream wait for the copy and own the memory."""
+        if staged.event is not None:
+            consumer = torch.cuda.current_stream(self.device)
+            consumer.wait_event(staged.event)
+            for tensor in staged.batch.values():
+                if tensor.device == self.device:
+                    tensor.record_stream(consumer)
+        return staged.batch
+
+    def drain(self) -> None:
+        """Wait for every pending copy and return its buffer (the thread is ending)."""
+        self._reclaim(keep=0)
+
+    def pool_stats(self) -> PoolStats | None:
+        return None if self.pool is None else self.pool.stats()
+
+    def _reclaim(self, keep: int) -> None:
+        """Release buffers whose copy finished; block on the oldest beyond `keep` pending."""
+        while self._pending:
+            event, buffer = self._pending[0]
+            if len(self._pending) > keep:
+                event.synchronize()
+            elif not event.query():
+                break
+            self._pending.popleft()
+            self.pool.release(buffer)
+
+    def _record(self, layout: _staging.Layout) -> None:
+        with self._lock:
+            self.largest_batch_bytes = max(self.largest_batch_bytes, layout.nbytes)
+            if layout.num_samples:
+                per_sample = math.ceil(layout.nbytes / layout.num_samples)
+                self.max_bytes_per_sample = max(self.max_bytes_per_sample, per_sample)

@@ -1,0 +1,250 @@
+"""`DeviceFeed`: keep `prefetch_depth` batches already on the device, ahead of the model.
+
+A background thread reads host batches (dicts of numpy arrays or tensors), applies
+`collate_fn`, packs each batch into one staging buffer and copies it to the device. On CUDA
+the buffer is page-locked and comes from a `HostBufferPool`, the copy is non-blocking on a
+dedicated stream and an event marks its end; the consumer's stream waits on that event and
+`record_stream` keeps the caching allocator from reusing the memory while the consumer's
+kernels still read it. A staging buffer goes back to the pool only once its copy event has
+completed. Without CUDA the same thread and bounded channel run, with no pinning and no
+streams: the staging copy is the batch handed out.
+
+`batches_delivered` counts batches the consumer received, never those waiting in the
+channel, so an iterator's `state_dict()` can resume exactly after them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from rayshard.device._channel import CLOSED, Channel
+from rayshard.device._stager import Stager
+from rayshard.device.pinned_pool import HostBufferPool
+from rayshard.errors import ConfigError
+
+Batch = Mapping[str, Any]
+CollateFn = Callable[[Any], Batch]
+
+
+@dataclass(frozen=True)
+class FeedStats:
+    """What a feed has done so far; `as_dict()` is JSON-safe."""
+
+    device: str
+    batches_delivered: int
+    stall_seconds: float
+    largest_batch_bytes: int
+    max_bytes_per_sample: int
+    pinned: bool
+    pool_bytes: int
+    num_buffers: int
+    reallocations: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Failure:
+    """The exception the source (or `collate_fn`) raised, carried to the consumer in order."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_END = object()
+
+
+def default_device() -> torch.device:
+    """The Ray Train worker's device when running inside Ray, else the CPU."""
+    import sys
+
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            try:
+                from ray.train.torch import get_device
+
+                return get_device()
+            except Exception:  # not in a Ray Train worker, or no devices assigned
+                pass
+    return torch.device("cpu")
+
+
+def _resolve_device(device: torch.device | str | None) -> torch.device:
+    """The target device with an explicit CUDA index, so device comparisons are exact."""
+    resolved = default_device() if device is None else torch.device(device)
+    if resolved.type != "cuda":
+        return resolved
+    if not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={str(resolved)!r} but CUDA is not available: pass device='cpu' "
+            f"or leave device unset"
+        )
+    if resolved.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return resolved
+
+
+class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
+    """Iterate `source`'s batches as dicts of tensors on `device`, `prefetch_depth` ahead.
+
+    Order is preserved; an exception from `source` or `collate_fn` is raised by `next()`
+    right after every batch before it has been delivered. The staging thread starts on
+    the first `next()` (or `start()`); `close()` (or leaving a `with` block) stops it.
+    Staged columns of one batch share one allocation, so keeping one column alive keeps
+    the batch's memory alive.
+    """
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        *,
+        device: torch.device | str | None = None,
+        prefetch_depth: int = 2,
+        collate_fn: CollateFn | None = None,
+        pool: HostBufferPool | None = None,
+        bytes_per_sample_hint: int = 0,
+        batch_size: int = 0,
+        cpus: Iterable[int] | None = None,
+    ) -> None:
+        if isinstance(prefetch_depth, bool) or not isinstance(prefetch_depth, int):
+            raise ConfigError(f"prefetch_depth={prefetch_depth!r} must be an integer >= 1")
+        if prefetch_depth < 1:
+            raise ConfigError(
+                f"prefetch_depth={prefetch_depth} must be >= 1 (2 is the default; raise it "
+                f"when batch times vary more than two batches can hide)"
+            )
+        self.device = _resolve_device(device)
+        self.prefetch_depth = prefetch_depth
+        self._source = iter(source)
+        self._collate_fn = collate_fn
+        self._stager = Stager(self.device, prefetch_depth, pool)
+        if self._stager.pool is not None:
+            # As many buffers as can be in use at once (see `_stager`), sized from the hint.
+            self._stager.pool.presize(bytes_per_sample_hint, batch_size, prefetch_depth + 1)
+        self._cpus = None if cpus is None else frozenset(cpus)
+        self._channel = Channel(prefetch_depth)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._finished = False
+        self._delivered = 0
+        self._stall = 0.0
+        # The thread holds no reference to the feed, so an abandoned feed is collected
+        # and this finalizer stops the thread.
+        self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._channel)
+
+    @property
+    def batches_delivered(self) -> int:
+        """Batches `next()` has returned to the consumer (prefetched ones not counted)."""
+        return self._delivered
+
+    def start(self) -> DeviceFeed:
+        """Start staging now rather than at the first `next()` (to warm the queue up)."""
+        if self._thread is None and not self._finished:
+            self._thread = threading.Thread(
+                target=_produce,
+                args=(self._source, self._collate_fn, self._stager, self._channel, self._stop),
+                kwargs={"cpus": self._cpus},
+                name="rayshard-device-feed",
+                daemon=True,
+            )
+            self._thread.start()
+        return self
+
+    def __iter__(self) -> DeviceFeed:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        if self._finished:
+            raise StopIteration
+        self.start()
+        waited_from = time.perf_counter()
+        item = self._channel.get()
+        self._stall += time.perf_counter() - waited_from
+        if item is _END or item is CLOSED:
+            self.close()
+            raise StopIteration
+        if isinstance(item, _Failure):
+            self.close()
+            raise item.error
+        batch = self._stager.deliver(item)
+        self._delivered += 1
+        return batch
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Stop the staging thread and drop prefetched batches; safe to call twice."""
+        self._finished = True
+        self._finalizer()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join(timeout)
+            if thread.is_alive():
+                warnings.warn(
+                    f"DeviceFeed.close(timeout={timeout}): the staging thread is still inside "
+                    f"the source's next(); it exits when that call returns",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+
+    def __enter__(self) -> DeviceFeed:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def stats(self) -> FeedStats:
+        """Memory statistics, delivered count and total consumer wait (stall) time."""
+        pool = self._stager.pool_stats()
+        return FeedStats(
+            device=str(self.device),
+            batches_delivered=self._delivered,
+            stall_seconds=self._stall,
+            largest_batch_bytes=self._stager.largest_batch_bytes,
+            max_bytes_per_sample=self._stager.max_bytes_per_sample,
+            pinned=pool.pinned if pool else False,
+            pool_bytes=pool.pool_bytes if pool else 0,
+            num_buffers=pool.num_buffers if pool else 0,
+            reallocations=pool.reallocations if pool else 0,
+        )
+
+
+def _produce(
+    source: Iterator[Any],
+    collate_fn: CollateFn | None,
+    stager: Stager,
+    channel: Channel,
+    stop: threading.Event,
+    cpus: frozenset[int] | None,
+) -> None:
+    """The staging thread: read, collate, stage, hand over; end with `_END` or a failure."""
+    try:
+        if cpus:
+            from rayshard.device.affinity import pin_current_thread
+
+            pin_current_thread(cpus)
+        with stager.thread_context():
+            for batch in source:
+                if stop.is_set():
+                    return
+                host = batch if collate_fn is None else collate_fn(batch)
+                if not channel.put(stager.stage(host)):
+                    return
+            channel.put(_END)
+    except BaseException as error:  # noqa: BLE001 - every failure belongs to the consumer
+        channel.put(_Failure(error))
+    finally:
+        stager.drain()
+
+
+def _shutdown(stop: threading.Event, channel: Channel) -> None:
+    stop.set()
+    channel.close()

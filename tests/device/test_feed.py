@@ -1,0 +1,241 @@
+"""DeviceFeed on the CPU path: order, prefetch bound, errors in place, close, accounting."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from rayshard.device import DeviceFeed, default_device
+
+THREAD_NAME = "rayshard-device-feed"
+
+
+class Counting:
+    """A source that counts how many batches have been read from it."""
+
+    def __init__(self, total: int | None = None, fail_at: int | None = None) -> None:
+        self.read = 0
+        self.total = total
+        self.fail_at = fail_at
+
+    def __iter__(self):
+        index = 0
+        while self.total is None or index < self.total:
+            if index == self.fail_at:
+                raise KeyError(f"broken batch {index}")
+            self.read += 1
+            yield {"index": np.array([index]), "x": np.full((4, 3), index, dtype=np.float32)}
+            index += 1
+
+
+def wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached within the timeout")
+        time.sleep(0.005)
+
+
+def feed_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == THREAD_NAME]
+
+
+def read_only(array: np.ndarray) -> np.ndarray:
+    array.setflags(write=False)
+    return array
+
+
+def test_batches_arrive_in_order_as_cpu_tensors():
+    with DeviceFeed(Counting(total=25), device="cpu") as feed:
+        batches = list(feed)
+    assert [int(b["index"][0]) for b in batches] == list(range(25))
+    assert all(b["x"].device.type == "cpu" and b["x"].dtype == torch.float32 for b in batches)
+    assert torch.equal(batches[7]["x"], torch.full((4, 3), 7.0))
+    assert feed.batches_delivered == 25
+
+
+def test_mixed_dtypes_zero_size_and_read_only_arrays_convert_without_warnings():
+    source = [
+        {
+            "f16": read_only(np.arange(6, dtype=np.float16).reshape(2, 3)),
+            "big_endian": read_only(np.arange(2, dtype=">i4")),
+            "flags": np.array([True, False]),
+            "u8": np.array([[255], [1]], dtype=np.uint8),
+            "c64": np.array([1 + 2j, 3j], dtype=np.complex64),
+            "empty": np.zeros((0, 5), dtype=np.int16),
+            "strided": np.arange(10, dtype=np.int64)[::-2],
+            "tensor": torch.tensor([1.5, 2.5], dtype=torch.bfloat16),
+            "scalar": np.float64(2.5),
+        }
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (batch,) = list(DeviceFeed(source, device="cpu"))
+    expected = {
+        "f16": torch.arange(6, dtype=torch.float16).reshape(2, 3),
+        "big_endian": torch.tensor([0, 1], dtype=torch.int32),
+        "flags": torch.tensor([True, False]),
+        "u8": torch.tensor([[255], [1]], dtype=torch.uint8),
+        "c64": torch.tensor([1 + 2j, 3j], dtype=torch.complex64),
+        "empty": torch.zeros((0, 5), dtype=torch.int16),
+        "strided": torch.tensor([9, 7, 5, 3, 1]),
+        "tensor": torch.tensor([1.5, 2.5], dtype=torch.bfloat16),
+        "scalar": torch.tensor(2.5, dtype=torch.float64),
+    }
+    assert list(batch) == list(expected)
+    for key, value in expected.items():
+        assert batch[key].dtype == value.dtype, key
+        assert torch.equal(batch[key], value), key
+    batch["f16"] += 1  # handed-out tensors are writable copies, not read-only views
+
+
+def test_an_empty_source_ends_at_once_and_stays_ended():
+    feed = DeviceFeed(iter([]), device="cpu")
+    assert list(feed) == []
+    with pytest.raises(StopIteration):
+        next(feed)
+
+
+@pytest.mark.parametrize("depth", [1, 2, 4])
+def test_source_is_read_at_most_prefetch_depth_plus_one_ahead(depth):
+    source = Counting()
+    with DeviceFeed(source, device="cpu", prefetch_depth=depth) as feed:
+        feed.start()
+        wait_until(lambda: source.read == depth + 1)
+        time.sleep(0.1)  # give an unbounded feed the chance to read on
+        assert source.read == depth + 1
+        for taken in range(1, 4):
+            next(feed)
+            wait_until(lambda taken=taken: source.read == taken + depth + 1)
+            time.sleep(0.05)
+            assert source.read == taken + depth + 1
+
+
+def test_delivered_count_excludes_prefetched_batches():
+    source = Counting()
+    with DeviceFeed(source, device="cpu", prefetch_depth=4) as feed:
+        taken = [next(feed) for _ in range(3)]
+        wait_until(lambda: source.read == 3 + 4 + 1)
+        assert feed.batches_delivered == 3
+        assert feed.stats().batches_delivered == 3
+        assert [int(b["index"][0]) for b in taken] == [0, 1, 2]
+
+
+def test_source_exception_is_raised_after_every_earlier_batch():
+    feed = DeviceFeed(Counting(total=10, fail_at=3), device="cpu", prefetch_depth=3)
+    got = [int(next(feed)["index"][0]) for _ in range(3)]
+    assert got == [0, 1, 2]
+    with pytest.raises(KeyError, match="broken batch 3"):
+        next(feed)
+    assert feed.batches_delivered == 3
+    with pytest.raises(StopIteration):
+        next(feed)
+    assert feed_threads() == []
+
+
+def test_collate_fn_is_applied_and_its_errors_arrive_in_place():
+    def collate(pair):
+        label, values = pair
+        if label == "bad":
+            raise ValueError("cannot collate")
+        return {"label": np.array([len(label)]), "values": np.asarray(values) * 10}
+
+    source = [("a", [1, 2]), ("bbb", [3]), ("bad", []), ("never", [0])]
+    feed = DeviceFeed(source, device="cpu", collate_fn=collate)
+    first, second = next(feed), next(feed)
+    assert torch.equal(first["values"], torch.tensor([10, 20]))
+    assert int(second["label"][0]) == 3
+    with pytest.raises(ValueError, match="cannot collate"):
+        next(feed)
+
+
+def test_non_dict_batch_and_unsupported_dtype_fail_with_a_named_fix():
+    with pytest.raises(TypeError, match="collate_fn="):
+        next(DeviceFeed([[1, 2, 3]], device="cpu"))
+    with pytest.raises(TypeError, match="column 'name' has numpy dtype"):
+        next(DeviceFeed([{"name": np.array(["a", "b"])}], device="cpu"))
+
+
+def test_close_stops_the_thread_and_the_reading():
+    source = Counting()
+    feed = DeviceFeed(source, device="cpu", prefetch_depth=2)
+    next(feed)
+    wait_until(lambda: source.read == 4)
+    assert len(feed_threads()) == 1
+    feed.close()
+    assert feed_threads() == []
+    read = source.read
+    time.sleep(0.05)
+    assert source.read == read
+    with pytest.raises(StopIteration):
+        next(feed)
+    feed.close()  # twice is fine
+
+
+def test_close_before_start_starts_nothing():
+    source = Counting()
+    feed = DeviceFeed(source, device="cpu")
+    feed.close()
+    assert list(feed) == []
+    assert source.read == 0 and feed_threads() == []
+
+
+def test_abandoned_feed_stops_its_thread():
+    feed = DeviceFeed(Counting(), device="cpu")
+    next(feed)
+    (thread,) = feed_threads()
+    del feed
+    gc.collect()
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+
+
+def test_stall_time_counts_waiting_for_a_slow_source():
+    def slow():
+        for index in range(5):
+            time.sleep(0.04)
+            yield {"index": np.array([index])}
+
+    with DeviceFeed(slow(), device="cpu") as feed:
+        assert len(list(feed)) == 5
+        assert feed.stats().stall_seconds >= 0.1
+
+
+def test_stats_track_batch_bytes_on_cpu():
+    source = [{"x": np.zeros((8, 100), dtype=np.float32)}, {"x": np.zeros((2, 10), np.float32)}]
+    with DeviceFeed(source, device="cpu") as feed:
+        list(feed)
+        stats = feed.stats().as_dict()
+    assert stats["largest_batch_bytes"] == 3200
+    assert stats["max_bytes_per_sample"] == 400
+    assert (stats["device"], stats["pinned"], stats["pool_bytes"]) == ("cpu", False, 0)
+
+
+def test_cpu_tensors_for_the_cpu_pass_through_without_a_copy():
+    tensor = torch.arange(4)
+    (batch,) = list(DeviceFeed([{"t": tensor}], device="cpu"))
+    assert batch["t"] is tensor
+
+
+@pytest.mark.parametrize("depth", [0, -1, 1.5, True])
+def test_bad_prefetch_depth_is_rejected(depth):
+    with pytest.raises(ValueError, match="prefetch_depth="):
+        DeviceFeed([], device="cpu", prefetch_depth=depth)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA error")
+def test_cuda_device_without_cuda_is_a_clear_error():
+    with pytest.raises(ValueError, match="CUDA is not available"):
+        DeviceFeed([], device="cuda")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU default")
+def test_default_device_is_the_cpu_outside_ray_train():
+    assert default_device() == torch.device("cpu")
+    assert DeviceFeed([]).device == torch.device("cpu")
