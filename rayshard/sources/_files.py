@@ -1,0 +1,366 @@
+"""Shared machinery of file sources: finding the files, and reading global row ranges from
+files cut into chunks (Parquet row groups, Arrow IPC record batches).
+
+A file source keeps, per file, only its path, its filesystem and its chunk row counts, so
+it pickles small; open handles live in a per-process cache that is never pickled.
+"""
+
+from __future__ import annotations
+
+import abc
+import bisect
+import collections
+import dataclasses
+import itertools
+import os
+import re
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from rayshard.errors import ConfigError, DataError
+from rayshard.plan import DataLayout
+from rayshard.sources.base import Source
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+#: How many opened files a process keeps (bounded, so huge datasets do not exhaust fds).
+OPEN_FILES_CACHE = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class FileChunks:
+    """One non-empty file: where it is, and the rows of each of its chunks in order."""
+
+    fs_index: int
+    path: str
+    display: str
+    chunk_rows: tuple[int, ...]
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.chunk_rows)
+
+
+def resolve_paths(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+    filesystem: pafs.FileSystem | None,
+    *,
+    kind: str,
+) -> list[tuple[pafs.FileSystem, str, str]]:
+    """(filesystem, path, display name) of every file named by `paths`, in dataset order.
+
+    Each entry is a file, a folder (every file under it, sorted, skipping names starting
+    with `.` or `_` such as `_SUCCESS`), or a glob (`*`, `?`, `[...]`, `**` for any depth).
+    Without `filesystem`, URIs go through `pyarrow.fs.FileSystem.from_uri` and anything
+    else is a local path.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not paths:
+        raise ConfigError(f"no paths given: pass a folder, a glob or a list of {kind} files")
+    out: list[tuple[pafs.FileSystem, str, str]] = []
+    for raw in paths:
+        fs, path, display = _filesystem_of(os.fspath(raw), filesystem)
+        if _GLOB_CHARS.search(path):
+            matched = _glob(fs, path)
+            if not matched:
+                raise ConfigError(f"the glob {display!r} matches no file: check the pattern")
+            out.extend((fs, p, _display(display, path, p)) for p in matched)
+            continue
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise ConfigError(f"{display}: no such file or folder (check the path)")
+        if info.type == pafs.FileType.Directory:
+            found = _list_folder(fs, path)
+            if not found:
+                raise ConfigError(f"the folder {display} holds no {kind} files")
+            out.extend((fs, p, _display(display, path, p)) for p in found)
+        else:
+            out.append((fs, path, display))
+    return out
+
+
+def _filesystem_of(
+    raw: str, filesystem: pafs.FileSystem | None
+) -> tuple[pafs.FileSystem, str, str]:
+    if filesystem is not None:
+        return filesystem, raw, raw
+    if "://" in raw:
+        try:
+            fs, path = pafs.FileSystem.from_uri(raw)
+        except (pa.ArrowException, OSError) as error:
+            raise ConfigError(f"{raw}: pyarrow cannot open this URI ({error})") from error
+        return fs, path, raw
+    path = os.path.abspath(raw)
+    return pafs.LocalFileSystem(), path, raw
+
+
+def _display(display_root: str, root: str, path: str) -> str:
+    return display_root.rstrip("/") + path[len(root.rstrip("/")) :] if path != root else display_root
+
+
+def _hidden(path: str, root: str) -> bool:
+    relative = path[len(root.rstrip("/")) + 1 :]
+    return any(part.startswith((".", "_")) for part in relative.split("/"))
+
+
+def _list_folder(fs: pafs.FileSystem, root: str) -> list[str]:
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return sorted(
+        i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, root)
+    )
+
+
+def _glob(fs: pafs.FileSystem, pattern: str) -> list[str]:
+    parts = pattern.split("/")
+    fixed = list(itertools.takewhile(lambda p: not _GLOB_CHARS.search(p), parts))
+    root = "/".join(fixed) or "/"
+    if fs.get_file_info(root).type != pafs.FileType.Directory:
+        return []
+    regex = re.compile(_glob_regex(pattern))
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return sorted(i.path for i in infos if i.type == pafs.FileType.File and regex.fullmatch(i.path))
+
+
+def _glob_regex(pattern: str) -> str:
+    """`**/` any folders, `*` and `?` within one name, `[...]` a character class."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
+            close = pattern.index("]", i + 1)
+            body = pattern[i + 1 : close].replace("\\", "\\\\")
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = close + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
+
+
+def check_same_schema(first: tuple[str, pa.Schema], other: tuple[str, pa.Schema]) -> None:
+    """`ConfigError` naming both files and the first field that differs."""
+    (a_name, a), (b_name, b) = first, other
+    if a.equals(b, check_metadata=False):
+        return
+    for field in a:
+        if b.get_field_index(field.name) < 0:
+            raise ConfigError(
+                f"schemas disagree: {a_name} has field {field.name!r} ({field.type}) "
+                f"but {b_name} does not; all files of a dataset need the same schema"
+            )
+        other_field = b.field(field.name)
+        if not other_field.type.equals(field.type):
+            raise ConfigError(
+                f"schemas disagree on field {field.name!r}: {field.type} in {a_name} "
+                f"but {other_field.type} in {b_name}; all files of a dataset need the same schema"
+            )
+    extra = [f.name for f in b if a.get_field_index(f.name) < 0]
+    order = f"extra fields {extra}" if extra else f"field order {b.names} vs {a.names}"
+    raise ConfigError(
+        f"schemas disagree: {b_name} differs from {a_name} ({order}); "
+        "all files of a dataset need the same schema"
+    )
+
+
+def check_columns(columns: Sequence[str] | None, schema: pa.Schema, where: str) -> list[str] | None:
+    """The requested columns as a list, or a `ConfigError` listing the available ones."""
+    if columns is None:
+        return None
+    if isinstance(columns, str):
+        columns = [columns]
+    missing = [c for c in columns if schema.get_field_index(c) < 0]
+    if missing:
+        raise ConfigError(
+            f"column(s) {missing} do not exist in {where}: available columns are {schema.names}"
+        )
+    return list(columns)
+
+
+class ChunkedFileSource(Source):
+    """A source over files made of chunks; `read` touches only the chunks it needs.
+
+    Subclasses fill `_files`, `_filesystems`, `_schema` (full file schema) and `_columns`
+    in `__init__` (see `_init_files`), and implement `_open` and `_read_chunk`.
+    """
+
+    _kind = "data"
+
+    def _init_files(
+        self,
+        paths: Any,
+        columns: Sequence[str] | None,
+        filesystem: pafs.FileSystem | None,
+        split_rows: int | None,
+    ) -> None:
+        if split_rows is not None and (
+            isinstance(split_rows, bool) or not isinstance(split_rows, int) or split_rows < 1
+        ):
+            raise ConfigError(f"split_rows={split_rows!r} must be an integer >= 1 (or None)")
+        resolved = resolve_paths(paths, filesystem, kind=self._kind)
+        filesystems: list[pafs.FileSystem] = []
+        files: list[FileChunks] = []
+        schema_of: tuple[str, pa.Schema] | None = None
+        for fs, path, display in resolved:
+            if fs not in filesystems:
+                filesystems.append(fs)
+            chunk_rows, schema = self._inspect(fs, path, display)
+            if sum(chunk_rows) == 0:
+                # Empty files often carry loose types (all-null columns): not checked.
+                warnings.warn(f"{display} holds no rows; skipping it", stacklevel=3)
+                continue
+            if schema_of is None:
+                schema_of = (display, schema)
+            else:
+                check_same_schema(schema_of, (display, schema))
+            files.append(FileChunks(filesystems.index(fs), path, display, tuple(chunk_rows)))
+        if not files:
+            where = ", ".join(d for _, _, d in resolved[:3]) + (" ..." if len(resolved) > 3 else "")
+            raise ConfigError(
+                f"the dataset has no rows: every file is empty ({where}); "
+                "check the paths, or write some rows first"
+            )
+        self._filesystems = tuple(filesystems)
+        self._files = tuple(files)
+        self._full_schema = schema_of[1]
+        self._columns = check_columns(columns, self._full_schema, "the dataset")
+        self._split_rows = split_rows
+        self._layout = DataLayout.of_files([f.num_rows for f in files])
+        self._init_process_state()
+
+    # -- subclass hooks -------------------------------------------------------------------
+    @abc.abstractmethod
+    def _inspect(self, fs: pafs.FileSystem, path: str, display: str) -> tuple[list[int], pa.Schema]:
+        """Chunk row counts and schema of one file from metadata; `ConfigError` naming it."""
+
+    @abc.abstractmethod
+    def _open(self, fs: pafs.FileSystem, path: str) -> Any:
+        """An opened reader for one file (cached per process)."""
+
+    @abc.abstractmethod
+    def _read_chunk(self, handle: Any, chunk: int, columns: list[str] | None) -> pa.Table:
+        """One whole chunk, projected to `columns`."""
+
+    # -- process-local state: never pickled ------------------------------------------------
+    def _init_process_state(self) -> None:
+        self._handles: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._stats = {"chunks_read": 0, "rows_decoded": 0, "files_opened": 0}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_handles", None)
+        state.pop("_stats", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._init_process_state()
+
+    def stats(self) -> dict[str, int]:
+        """Counters of this process: chunks (row groups, record batches) read, rows decoded."""
+        return dict(self._stats)
+
+    def reset_stats(self) -> None:
+        for key in self._stats:
+            self._stats[key] = 0
+
+    # -- Source -----------------------------------------------------------------------------
+    @property
+    def files(self) -> list[str]:
+        """The non-empty files, in dataset order (file `f` of the layout)."""
+        return [f.display for f in self._files]
+
+    def layout(self) -> DataLayout:
+        return self._layout
+
+    def schema(self) -> pa.Schema:
+        if self._columns is None:
+            return self._full_schema
+        return pa.schema([self._full_schema.field(c) for c in self._columns])
+
+    def splits(self, split_rows: int | None = None) -> list[tuple[int, int]]:
+        """Chunks (row groups) as sample ranges; chunks larger than `split_rows` are cut."""
+        limit = split_rows if split_rows is not None else self._split_rows
+        out: list[tuple[int, int]] = []
+        offset = 0
+        for file in self._files:
+            for rows in file.chunk_rows:
+                step = limit or rows or 1
+                out.extend((a, min(a + step, offset + rows)) for a in range(offset, offset + rows, step))
+                offset += rows
+        return out
+
+    def read(
+        self, start: int, end: int, columns: Sequence[str] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        num = self._layout.num_samples
+        if not (0 <= start <= end <= num):
+            raise ValueError(f"rows [{start}, {end}) are outside the dataset's [0, {num})")
+        cols = self._columns if columns is None else check_columns(columns, self.schema(), self.describe())
+        offsets = self._layout.offsets
+        f = bisect.bisect_right(offsets, start) - 1
+        while start < end and f < len(self._files):
+            file, base = self._files[f], offsets[f]
+            chunk_start = base
+            for chunk, rows in enumerate(file.chunk_rows):
+                lo, hi = max(start, chunk_start), min(end, chunk_start + rows)
+                if lo < hi:
+                    table = self._chunk(f, chunk, cols)
+                    yield from table.slice(lo - chunk_start, hi - lo).to_batches()
+                chunk_start += rows
+                if chunk_start >= end:
+                    break
+            start = max(start, offsets[f + 1])
+            f += 1
+
+    def _chunk(self, f: int, chunk: int, columns: list[str] | None) -> pa.Table:
+        file = self._files[f]
+        try:
+            table = self._read_chunk(self._handle(f), chunk, columns)
+        except DataError:
+            raise
+        except (pa.ArrowException, OSError, ValueError) as error:
+            raise DataError(
+                f"{file.display}: {self._chunk_name} {chunk} is unreadable ({error}); "
+                "rows delivered before it stay delivered"
+            ) from error
+        self._stats["chunks_read"] += 1
+        self._stats["rows_decoded"] += table.num_rows
+        return table
+
+    _chunk_name = "chunk"
+
+    def _handle(self, f: int) -> Any:
+        handle = self._handles.get(f)
+        if handle is not None:
+            self._handles.move_to_end(f)
+            return handle
+        file = self._files[f]
+        try:
+            handle = self._open(self._filesystems[file.fs_index], file.path)
+        except (pa.ArrowException, OSError) as error:
+            raise DataError(f"{file.display}: cannot open the file any more ({error})") from error
+        self._stats["files_opened"] += 1
+        self._handles[f] = handle
+        while len(self._handles) > OPEN_FILES_CACHE:
+            self._handles.popitem(last=False)
+        return handle
+
+    def describe(self) -> str:
+        first = self._files[0].display
+        more = f" and {len(self._files) - 1} more" if len(self._files) > 1 else ""
+        return f"{type(self).__name__}({first}{more}; {self._layout.num_samples} rows)"
