@@ -1,0 +1,160 @@
+"""The per-worker iterator a training loop holds.
+
+`len()` is exact for the current epoch; iterating yields one epoch of batches (dicts of
+torch tensors by default, numpy or Arrow on request); iterating again starts the next
+epoch. `state_dict()` records what this loop *received* (never what is prefetched) and is
+loader-wide: after every rank received the same number of batches, any rank's
+`state_dict()` is a complete checkpoint, on any world size.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import ray
+
+from rayshard.batching import INDEX_KEY, PADDED_KEY
+from rayshard.plan import DataParallelRank
+
+FORMATS = ("torch", "numpy", "arrow")
+
+
+class ShardIterator:
+    """One worker's view of a loader (made by `Loader.iterator()`)."""
+
+    def __init__(
+        self,
+        coordinator: Any,
+        registration: dict,
+        placement: DataParallelRank,
+        *,
+        prefetch_depth: int,
+        batch_format: str = "torch",
+        device: Any = None,
+    ) -> None:
+        if batch_format not in FORMATS:
+            raise ValueError(
+                f"batch_format={batch_format!r} is not a valid choice: use one of {FORMATS}"
+            )
+        self._coordinator = coordinator
+        self._generation = registration["generation"]
+        self._reader = registration["reader"]
+        self._placement = placement
+        self._depth = prefetch_depth
+        self._format = batch_format
+        self._device = device
+        self._epoch = 0
+        self._started = False  # whether `_epoch` has begun on this worker
+        self._total: int | None = None  # batches of `_epoch` for this rank
+        self._received = 0  # batches of `_epoch` this loop received
+        self._requested = 0  # batches of `_epoch` asked of the reader
+        self._pending: collections.deque = collections.deque()  # requests in flight
+        self.samples_received = 0
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated (or the next one to iterate)."""
+        return self._epoch
+
+    @property
+    def placement(self) -> DataParallelRank:
+        """World rank, data-parallel rank and model-parallel group of this worker."""
+        return self._placement
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next iteration read `epoch` from its start."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
+        self._epoch, self._received, self._started = epoch, 0, False
+        self._total = None
+        self._pending.clear()
+        self._requested = 0
+
+    def __len__(self) -> int:
+        """Exactly the number of batches the next (or current) iteration yields."""
+        if self._started and self._total is not None:
+            if self._received < self._total:
+                return self._total - self._received
+            epoch = self._epoch + 1
+        else:
+            epoch = self._epoch
+        plan = ray.get(
+            self._coordinator.rank_plan.remote(self._generation, self._placement.dp_rank, epoch)
+        )
+        return plan.batches
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yield the rest of the current epoch, or the next epoch if this one is done."""
+        if not self._started or self._received >= (self._total or 0):
+            if self._started:
+                self.set_epoch(self._epoch + 1)
+            self._begin()
+        epoch, generation = self._epoch, self._generation
+        while self._received < self._total:
+            while self._requested < self._total and len(self._pending) < self._depth:
+                self._pending.append(self._reader.next.remote(generation, epoch, self._requested))
+                self._requested += 1
+            batch = ray.get(ray.get(self._pending.popleft()))
+            self._received += 1
+            self._acknowledge(epoch, batch)
+            yield self._convert(batch)
+
+    def state_dict(self) -> dict:
+        """JSON-safe loader-wide state as of the batches received (see module docstring)."""
+        return ray.get(
+            self._coordinator.state.remote(self._generation, self._epoch, self._received)
+        )
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume where `state` was saved: the next iteration yields the rest of its epoch."""
+        epoch, self._generation = ray.get(self._coordinator.restore.remote(state))
+        self.set_epoch(epoch)
+
+    def _begin(self) -> None:
+        info = ray.get(self._reader.start.remote(self._generation, self._epoch))
+        self._started, self._total = True, info["batches"]
+        self._pending.clear()
+        self._requested = self._received = 0
+
+    def _acknowledge(self, epoch: int, batch: dict) -> None:
+        self.samples_received += int((~batch[PADDED_KEY]).sum())
+        real = np.sort(batch[INDEX_KEY][~batch[PADDED_KEY]])
+        self._coordinator.ack.remote(
+            self._generation, self._placement.dp_rank, epoch, self._received, _runs(real)
+        )
+
+    def _convert(self, batch: dict) -> Any:
+        if self._format == "numpy":
+            return batch
+        if self._format == "arrow":
+            import pyarrow as pa
+
+            return pa.RecordBatch.from_pydict(
+                {k: (list(v) if v.ndim > 1 else v) for k, v in batch.items()}
+            )
+        import torch
+
+        tensors = {}
+        for key, value in batch.items():
+            array = np.array(value) if not value.flags.writeable else value
+            tensor = torch.from_numpy(array) if array.dtype != object else array
+            if self._device is not None and hasattr(tensor, "to"):
+                tensor = tensor.to(self._device, non_blocking=True)
+            tensors[key] = tensor
+        return tensors
+
+
+def _runs(sorted_ids: np.ndarray) -> list[list[int]]:
+    """Sorted sample ids as merged half-open intervals."""
+    if sorted_ids.size == 0:
+        return []
+    breaks = np.flatnonzero(np.diff(sorted_ids) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [sorted_ids.size]))
+    return [[int(sorted_ids[s]), int(sorted_ids[e - 1]) + 1] for s, e in zip(starts, ends)]
+
+
+__all__ = ["FORMATS", "ShardIterator"]

@@ -1,0 +1,169 @@
+"""The loader: built once on the driver from a source and a configuration; hands every
+training worker its iterator.
+
+The driver validates everything it can (configuration, source metadata) before any actor
+starts, then starts the loader's coordinator actor under an explicit name and namespace.
+The loader pickles into `train_loop_config` (it carries the coordinator's handle).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from rayshard.errors import ConfigError
+from rayshard.iterator import ShardIterator
+from rayshard.plan import PlanConfig, check_not_empty, data_parallel_rank, validate
+from rayshard.runtime.coordinator import Coordinator
+from rayshard.settings import LoaderSettings, as_tuple_groups, by_files_for
+from rayshard.sources import Source
+
+log = logging.getLogger(__name__)
+
+
+class Loader:
+    """An elastic, exactly-once data loader over `source` (see the README for the options)."""
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        batch_size: int,
+        name: str = "rayshard",
+        namespace: str | None = None,
+        policy: str = "data",
+        total_shards: int | None = None,
+        rotation: str | None = None,
+        last_batch: str | None = None,
+        pad_last_batch: bool | None = None,
+        uneven: str | None = None,
+        equal_steps: bool = True,
+        seed: int = 0,
+        expected_world_size: int | None = None,
+        columns: Sequence[str] | None = None,
+        shuffle: bool = False,
+        prefetch_depth: int = 2,
+        model_parallel_size: int = 1,
+        dp_groups: Sequence[Sequence[int]] | None = None,
+        state_timeout_s: float = 60.0,
+        config_file: dict | None = None,
+    ) -> None:
+        if not isinstance(source, Source):
+            raise TypeError(
+                f"source must be a rayshard Source (e.g. ParquetSource, TableSource), "
+                f"got {type(source).__name__}"
+            )
+        plan = PlanConfig.resolve(
+            explicit={
+                "batch_size": batch_size,
+                "total_shards": total_shards,
+                "rotation": rotation,
+                "last_batch": last_batch,
+                "pad_last_batch": pad_last_batch,
+                "uneven": uneven,
+                "equal_steps": equal_steps,
+                "seed": seed,
+                "expected_world_size": expected_world_size,
+            },
+            file=config_file,
+        )
+        self.settings = LoaderSettings(
+            plan=plan,
+            policy=policy,
+            columns=tuple(columns) if columns is not None else None,
+            shuffle=shuffle,
+            prefetch_depth=prefetch_depth,
+            model_parallel_size=model_parallel_size,
+            dp_groups=as_tuple_groups(dp_groups),
+            state_timeout_s=state_timeout_s,
+        )
+        self.source = source
+        self.layout = source.layout()
+        check_not_empty(self.layout, source.describe())
+        if expected_world_size is not None:
+            self.check_world(expected_world_size * model_parallel_size)
+        if not ray.is_initialized():
+            ray.init()
+        self.name = name
+        self.namespace = namespace or f"rayshard-{ray.get_runtime_context().get_job_id()}"
+        self.loader_id = (
+            f"{name}:{self.settings.fingerprint(source.describe(), self.layout.num_samples)}"
+        )
+        try:
+            self._coordinator = (
+                ray.remote(Coordinator)
+                .options(name=name, namespace=self.namespace, num_cpus=0, max_restarts=0)
+                .remote(self.loader_id, source, self.settings)
+            )
+            ray.get(self._coordinator.describe.remote())
+        except ValueError as error:
+            raise ConfigError(
+                f"a loader named {name!r} already exists in namespace {self.namespace!r}: "
+                "give this loader another name, or another namespace"
+            ) from error
+        log.info("rayshard loader %s started in namespace %s", name, self.namespace)
+
+    def check_world(self, world_size: int) -> None:
+        """Validate the configuration against a world size before any worker starts."""
+        dp = data_parallel_rank(
+            0, world_size, self.settings.model_parallel_size, self.settings.dp_groups
+        )
+        by_files = by_files_for(self.settings.policy, self.layout.num_files, dp.dp_size)
+        if self.settings.policy != "off":
+            validate(self.settings.plan, self.layout, dp.dp_size, by_files=by_files)
+
+    def iterator(
+        self,
+        *,
+        world_rank: int | None = None,
+        world_size: int | None = None,
+        batch_format: str = "torch",
+        device: Any = None,
+    ) -> ShardIterator:
+        """This worker's iterator. Inside Ray Train the rank and size come from the Train
+        context; outside it, pass them (default: a single worker)."""
+        if world_rank is None or world_size is None:
+            world_rank, world_size = _train_world(world_rank, world_size)
+        self.check_world(world_size)
+        dp = data_parallel_rank(
+            world_rank, world_size, self.settings.model_parallel_size, self.settings.dp_groups
+        )
+        registration = ray.get(
+            self._coordinator.register.remote(
+                world_rank,
+                world_size,
+                {"dp_rank": dp.dp_rank, "dp_size": dp.dp_size, "group": list(dp.group)},
+                ray.get_runtime_context().get_node_id(),
+            )
+        )
+        return ShardIterator(
+            self._coordinator,
+            registration,
+            dp,
+            prefetch_depth=self.settings.prefetch_depth,
+            batch_format=batch_format,
+            device=device,
+        )
+
+    def stats(self) -> dict:
+        """Membership and progress as the coordinator sees them."""
+        return ray.get(self._coordinator.describe.remote())
+
+    def shutdown(self) -> None:
+        """Stop the coordinator and its readers."""
+        ray.kill(self._coordinator, no_restart=True)
+
+
+def _train_world(world_rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Rank and size from the Ray Train context, or a single worker outside Train."""
+    try:
+        from ray import train
+
+        context = train.get_context()
+        rank, size = context.get_world_rank(), context.get_world_size()
+    except Exception:  # noqa: BLE001 - not inside a Train worker
+        rank, size = 0, 1
+    return (rank if world_rank is None else world_rank, size if world_size is None else world_size)

@@ -1,0 +1,79 @@
+"""The loader's checkpoint state: flat, JSON-safe, world-size free, versioned.
+
+It records what the consumers *received*: the epoch and the real samples of that epoch
+already delivered, as merged intervals. `world_size` is kept only as a hint: resuming on
+the same size continues every rank's own shard; on another size the rest is re-planned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from rayshard.errors import ConfigError
+from rayshard.plan import intervals as iv
+
+STATE_VERSION = 1
+_KEYS = {"version", "loader", "epoch", "seed", "consumed", "world_size", "num_samples"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoaderState:
+    """Where a loader stands: `consumed` real samples of `epoch` have reached the model."""
+
+    loader: str
+    epoch: int
+    seed: int
+    consumed: iv.Intervals
+    world_size: int
+    num_samples: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "loader": self.loader,
+            "epoch": self.epoch,
+            "seed": self.seed,
+            "consumed": [list(r) for r in self.consumed],
+            "world_size": self.world_size,
+            "num_samples": self.num_samples,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, data: Any, *, expect_loader: str | None = None) -> LoaderState:
+        """Strict load: every key present, no unknown key, this loader, this version."""
+        if isinstance(data, (str, bytes)):
+            data = json.loads(data)
+        if not isinstance(data, dict):
+            raise ConfigError(f"a loader state must be a JSON object, got {type(data).__name__}")
+        missing, unknown = sorted(_KEYS - data.keys()), sorted(data.keys() - _KEYS)
+        if missing or unknown:
+            raise ConfigError(
+                f"not a rayshard loader state: missing keys {missing}, unknown keys {unknown}"
+            )
+        if data["version"] != STATE_VERSION:
+            raise ConfigError(
+                f"loader state version {data['version']!r} is not supported: this rayshard "
+                f"reads version {STATE_VERSION}; rewrite it with `rayshard state` or start fresh"
+            )
+        if expect_loader is not None and data["loader"] != expect_loader:
+            raise ConfigError(
+                f"this state belongs to loader {data['loader']!r}, not to {expect_loader!r}: "
+                "it was saved by a loader with another name, source or configuration"
+            )
+        try:
+            consumed = iv.normalize(tuple(pair) for pair in data["consumed"])
+            return cls(
+                loader=str(data["loader"]),
+                epoch=int(data["epoch"]),
+                seed=int(data["seed"]),
+                consumed=consumed,
+                world_size=int(data["world_size"]),
+                num_samples=int(data["num_samples"]),
+            )
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"malformed loader state: {error}") from error
