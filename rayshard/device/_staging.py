@@ -70,8 +70,8 @@ def plan_layout(batch: Mapping[str, Any], device: torch.device) -> Layout:
         else:
             value = np.asarray(value)
             dtype, shape = _torch_dtype(key, value.dtype), value.shape
-        if num_samples is None and shape:
-            num_samples = shape[0]
+        if shape:  # the longest leading dimension is the batch size
+            num_samples = max(num_samples or 0, shape[0]) or None
         nbytes = math.prod(shape) * dtype.itemsize
         columns.append(Column(key, offset, nbytes, shape, dtype, value))
         offset = _aligned(offset + nbytes)
