@@ -99,7 +99,9 @@ def _filesystem_of(
 
 
 def _display(display_root: str, root: str, path: str) -> str:
-    return display_root.rstrip("/") + path[len(root.rstrip("/")) :] if path != root else display_root
+    return (
+        display_root.rstrip("/") + path[len(root.rstrip("/")) :] if path != root else display_root
+    )
 
 
 def _hidden(path: str, root: str) -> bool:
@@ -300,7 +302,9 @@ class ChunkedFileSource(Source):
         for file in self._files:
             for rows in file.chunk_rows:
                 step = limit or rows or 1
-                out.extend((a, min(a + step, offset + rows)) for a in range(offset, offset + rows, step))
+                out.extend(
+                    (a, min(a + step, offset + rows)) for a in range(offset, offset + rows, step)
+                )
                 offset += rows
         return out
 
@@ -310,7 +314,11 @@ class ChunkedFileSource(Source):
         num = self._layout.num_samples
         if not (0 <= start <= end <= num):
             raise ValueError(f"rows [{start}, {end}) are outside the dataset's [0, {num})")
-        cols = self._columns if columns is None else check_columns(columns, self.schema(), self.describe())
+        cols = (
+            self._columns
+            if columns is None
+            else check_columns(columns, self.schema(), self.describe())
+        )
         offsets = self._layout.offsets
         f = bisect.bisect_right(offsets, start) - 1
         while start < end and f < len(self._files):

@@ -1,0 +1,108 @@
+"""Seeded shuffling: the order of splits in an epoch, and a bounded row buffer in a rank.
+
+Pure functions of (input, seed, epoch, rank); no clock, no globals. Randomness comes from
+numpy generators seeded by `SeedSequence([seed, epoch, rank, purpose])`, so the same
+inputs give the same order on every run (with the same numpy), a different epoch or rank
+gives a different one, and the split order and the buffer never share a stream.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TypeVar
+
+import numpy as np
+import pyarrow as pa
+
+from rayshard.errors import ConfigError
+
+T = TypeVar("T")
+
+_SPLIT_ORDER = 1
+_BUFFER = 2
+
+
+def epoch_rng(
+    seed: int, epoch: int, rank: int | None = None, purpose: int = 0
+) -> np.random.Generator:
+    """A generator for one (seed, epoch, rank); `rank=None` is the one shared by all ranks."""
+    for name, value in (("seed", seed), ("epoch", epoch)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ConfigError(f"{name}={value!r} must be an integer >= 0")
+    rank_key = 0 if rank is None else int(rank) + 1
+    return np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), rank_key, purpose]))
+
+
+def split_order(splits: Sequence[T], seed: int, epoch: int, rank: int | None = None) -> list[T]:
+    """`splits` permuted for this (seed, epoch, rank); `rank=None` gives the global order."""
+    rng = epoch_rng(seed, epoch, rank, _SPLIT_ORDER)
+    # (n,) a permutation of split positions
+    order = rng.permutation(len(splits))
+    return [splits[i] for i in order]
+
+
+def shuffle_batches(
+    batches: Iterable[pa.RecordBatch],
+    buffer_rows: int,
+    seed: int,
+    epoch: int,
+    rank: int | None = None,
+    *,
+    emit_rows: int | None = None,
+) -> Iterator[pa.RecordBatch]:
+    """Rows of `batches` in a seeded, locally shuffled order, holding at most `buffer_rows`.
+
+    tf.data's shuffle buffer, vectorised: whenever `buffer_rows` rows are buffered, a random
+    `emit_rows` of them (default a quarter of the buffer) are yielded as one batch, and
+    reading goes on. At the end the rest comes out in a random order. Every row comes out
+    exactly once. The output depends only on the sequence of input rows (not on how they
+    are cut into batches), the seed, the epoch and the rank. `buffer_rows <= 1` passes the
+    input through unchanged.
+    """
+    _check_rows(buffer_rows, "buffer_rows", minimum=0)
+    if buffer_rows <= 1:
+        yield from batches
+        return
+    step = max(1, buffer_rows // 4) if emit_rows is None else emit_rows
+    _check_rows(step, "emit_rows", minimum=1)
+    step = min(step, buffer_rows)
+    rng = epoch_rng(seed, epoch, rank, _BUFFER)
+    queue: list[pa.RecordBatch] = []
+    queued = 0
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        queue.append(batch)
+        queued += batch.num_rows
+        while queued >= buffer_rows:
+            table = pa.Table.from_batches(queue)
+            window, rest = table.slice(0, buffer_rows), table.slice(buffer_rows)
+            # (step,) distinct positions of the window, in random order
+            chosen = rng.choice(buffer_rows, size=step, replace=False)
+            keep = np.ones(buffer_rows, dtype=bool)
+            keep[chosen] = False
+            yield _one_batch(window.take(pa.array(chosen)))
+            queue = _batches(window.filter(pa.array(keep))) + _batches(rest)
+            queued -= step
+    if queued:
+        table = pa.Table.from_batches(queue)
+        # (queued,) the rest, in random order
+        order = rng.permutation(queued)
+        for start in range(0, queued, step):
+            yield _one_batch(table.take(pa.array(order[start : start + step])))
+
+
+def _one_batch(table: pa.Table) -> pa.RecordBatch:
+    batches = table.combine_chunks().to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    return pa.Table.from_batches(batches, schema=table.schema).combine_chunks().to_batches()[0]
+
+
+def _batches(table: pa.Table) -> list[pa.RecordBatch]:
+    return [b for b in table.combine_chunks().to_batches() if b.num_rows]
+
+
+def _check_rows(value: object, name: str, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
