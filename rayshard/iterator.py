@@ -56,8 +56,11 @@ class ShardIterator:
 
     @property
     def epoch(self) -> int:
-        """The epoch being iterated (or the next one to iterate)."""
-        return self._epoch
+        """The epoch the current (or, once it is finished, the next) iteration reads."""
+        return self._epoch + 1 if self._finished() else self._epoch
+
+    def _finished(self) -> bool:
+        return self._started and self._received >= (self._total or 0)
 
     @property
     def placement(self) -> DataParallelRank:
@@ -75,12 +78,9 @@ class ShardIterator:
 
     def __len__(self) -> int:
         """Exactly the number of batches the next (or current) iteration yields."""
-        if self._started and self._total is not None:
-            if self._received < self._total:
-                return self._total - self._received
-            epoch = self._epoch + 1
-        else:
-            epoch = self._epoch
+        if self._started and not self._finished():
+            return self._total - self._received
+        epoch = self.epoch
         plan = ray.get(
             self._coordinator.rank_plan.remote(self._generation, self._placement.dp_rank, epoch)
         )
@@ -88,7 +88,7 @@ class ShardIterator:
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the rest of the current epoch, or the next epoch if this one is done."""
-        if not self._started or self._received >= (self._total or 0):
+        if not self._started or self._finished():
             if self._started:
                 self.set_epoch(self._epoch + 1)
             self._begin()
