@@ -1,0 +1,135 @@
+"""Start-up errors of file sources (SPEC 5): each names the file and what to do."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.parquet as pq
+import pytest
+from parquet_fixtures import ids_of, table_of, truncate, write_dataset
+
+from rayshard.errors import ConfigError, DataError
+from rayshard.sources.arrow_files import ArrowFileSource
+from rayshard.sources.parquet import ParquetSource
+
+
+def test_missing_file_is_named(tmp_path):
+    paths = write_dataset(tmp_path, [5])
+    missing = str(tmp_path / "nope.parquet")
+    with pytest.raises(ConfigError, match="nope.parquet: no such file"):
+        ParquetSource([paths[0], missing])
+
+
+def test_config_error_is_a_value_error(tmp_path):
+    with pytest.raises(ValueError):
+        ParquetSource(tmp_path / "missing")
+
+
+def test_truncated_file_is_named(tmp_path):
+    paths = write_dataset(tmp_path, [20, 20])
+    truncate(paths[1])
+    with pytest.raises(ConfigError, match=r"part-001\.parquet is not a readable Parquet file"):
+        ParquetSource(tmp_path)
+
+
+def test_non_parquet_file_in_the_folder(tmp_path):
+    write_dataset(tmp_path, [5, 5])
+    (tmp_path / "notes.txt").write_text("hello, not parquet")
+    with pytest.raises(ConfigError, match=r"notes\.txt is not a Parquet file"):
+        ParquetSource(tmp_path)
+    # a glob that names only the Parquet files works
+    assert ParquetSource(str(tmp_path / "*.parquet")).layout().num_samples == 10
+
+
+def test_tiny_non_parquet_file(tmp_path):
+    (tmp_path / "x.parquet").write_bytes(b"PA")
+    with pytest.raises(ConfigError, match=r"x\.parquet is not a Parquet file"):
+        ParquetSource(tmp_path)
+
+
+def test_schemas_that_disagree_name_both_files_and_the_field(tmp_path):
+    write_dataset(tmp_path, [5, 5])
+    table = table_of(range(10, 15)).set_column(1, "value", pa.array(["a"] * 5))
+    pq.write_table(table, tmp_path / "part-002.parquet")
+    with pytest.raises(ConfigError) as info:
+        ParquetSource(tmp_path)
+    message = str(info.value)
+    assert "part-000.parquet" in message and "part-002.parquet" in message
+    assert "'value'" in message and "double" in message and "string" in message
+
+
+def test_missing_field_in_one_file(tmp_path):
+    write_dataset(tmp_path, [5])
+    pq.write_table(table_of(range(5, 8)).drop_columns(["label"]), tmp_path / "part-001.parquet")
+    with pytest.raises(ConfigError, match=r"part-000\.parquet has field 'label'.*part-001"):
+        ParquetSource(tmp_path)
+
+
+def test_extra_field_in_one_file(tmp_path):
+    write_dataset(tmp_path, [5])
+    table = table_of(range(5, 8)).append_column("more", pa.array([1, 2, 3]))
+    pq.write_table(table, tmp_path / "part-001.parquet")
+    with pytest.raises(ConfigError, match=r"extra fields \['more'\]"):
+        ParquetSource(tmp_path)
+
+
+def test_unknown_column_lists_the_available_ones(tmp_path):
+    write_dataset(tmp_path, [5])
+    with pytest.raises(ConfigError, match=r"\['nope'\].*available columns are \['id', 'value'"):
+        ParquetSource(tmp_path, columns=["id", "nope"])
+    source = ParquetSource(tmp_path, columns=["id"])
+    with pytest.raises(ConfigError, match="available columns are"):
+        list(source.read(0, 5, columns=["value"]))
+
+
+def test_empty_dataset(tmp_path):
+    pq.write_table(table_of([]), tmp_path / "empty.parquet")
+    with pytest.warns(UserWarning), pytest.raises(ConfigError, match="the dataset has no rows"):
+        ParquetSource(tmp_path)
+    (tmp_path / "empty.parquet").unlink()
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ConfigError, match="holds no Parquet files"):
+        ParquetSource(tmp_path / "sub")
+    with pytest.raises(ConfigError, match="matches no file"):
+        ParquetSource(str(tmp_path / "*.parquet"))
+    with pytest.raises(ConfigError, match="no paths given"):
+        ParquetSource([])
+
+
+def test_zero_row_files_are_skipped_with_a_warning(tmp_path):
+    write_dataset(tmp_path, [6, 0, 4])
+    with pytest.warns(UserWarning, match=r"part-001\.parquet holds no rows; skipping it"):
+        source = ParquetSource(tmp_path)
+    assert source.layout().file_rows == (6, 4)
+    assert ids_of(source.read(0, 10)) == list(range(10))
+
+
+def test_bad_split_rows(tmp_path):
+    write_dataset(tmp_path, [5])
+    with pytest.raises(ConfigError, match="split_rows=0"):
+        ParquetSource(tmp_path, split_rows=0)
+
+
+def test_file_deleted_after_planning_is_a_data_error(tmp_path):
+    paths = write_dataset(tmp_path, [5, 5])
+    source = pickle.loads(pickle.dumps(ParquetSource(tmp_path)))
+    (tmp_path / paths[1]).unlink()
+    with pytest.raises(DataError, match=r"part-001\.parquet: cannot open the file"):
+        list(source.read(0, 10))
+
+
+def test_arrow_errors(tmp_path):
+    feather.write_feather(table_of(range(5)), tmp_path / "a.arrow")
+    (tmp_path / "b.arrow").write_bytes(b"garbage")
+    with pytest.raises(ConfigError, match=r"b\.arrow is not a readable Arrow IPC file"):
+        ArrowFileSource(tmp_path)
+
+
+def test_no_warning_for_a_clean_dataset(tmp_path):
+    write_dataset(tmp_path, [5, 5])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ParquetSource(tmp_path)

@@ -1,0 +1,164 @@
+"""ParquetSource and ArrowFileSource on real files: layout from footers, exact reads,
+projection, splits, pickling, filesystems."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import pyarrow as pa
+import pyarrow.feather as feather
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from parquet_fixtures import corrupt_row_group, ids_of, table_of, uneven_dataset, write_dataset
+
+from rayshard.errors import DataError
+from rayshard.sources.arrow_files import ArrowFileSource
+from rayshard.sources.parquet import ParquetSource
+
+
+@pytest.fixture(scope="module")
+def uneven(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("uneven")
+    uneven_dataset(folder)
+    return folder
+
+
+def test_layout_comes_from_the_footers(uneven):
+    source = ParquetSource(uneven)
+    layout = source.layout()
+    assert layout.num_samples == 112
+    assert layout.file_rows == (23, 40, 9, 31, 9)
+    assert len(source.files) == 5 and source.files[0].endswith("part-000.parquet")
+    assert source.stats()["chunks_read"] == 0  # nothing decoded to plan
+    assert source.schema().names == ["id", "value", "label"]
+
+
+def test_splits_are_row_groups_and_can_be_cut(uneven):
+    source = ParquetSource(uneven)
+    splits = source.splits()
+    assert splits[:4] == [(0, 7), (7, 14), (14, 21), (21, 23)]
+    assert sum(b - a for a, b in splits) == 112
+    assert all(b1 == a2 for (_, b1), (a2, _) in zip(splits, splits[1:]))
+    groups = source.row_groups()
+    assert [(s, e) for _, _, s, e in groups] == splits
+    cut = source.splits(split_rows=3)
+    assert max(b - a for a, b in cut) == 3
+    assert sum(b - a for a, b in cut) == 112
+    assert ParquetSource(uneven, split_rows=5).splits() == source.splits(5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_any_range_reads_exactly_its_rows(uneven, data):
+    source = ParquetSource(uneven)
+    start = data.draw(st.integers(0, 112))
+    end = data.draw(st.integers(start, 112))
+    assert ids_of(source.read(start, end)) == list(range(start, end))
+
+
+def test_read_touches_only_overlapping_row_groups(uneven):
+    source = ParquetSource(uneven)
+    # file 1 starts at 23 with row groups of 7: [23,30) [30,37) ...
+    assert ids_of(source.read(31, 36)) == list(range(31, 36))
+    assert source.stats()["chunks_read"] == 1
+    source.reset_stats()
+    # [14,21) [21,23) of file 0, then [23,30) [30,37) of file 1
+    assert ids_of(source.read(20, 31)) == list(range(20, 31))
+    assert source.stats()["chunks_read"] == 4
+    source.reset_stats()
+    assert list(source.read(50, 50)) == []
+    assert source.stats()["chunks_read"] == 0
+
+
+def test_column_projection(uneven):
+    source = ParquetSource(uneven, columns=["id", "label"])
+    assert source.schema().names == ["id", "label"]
+    batches = list(source.read(0, 30))
+    assert all(b.schema.names == ["id", "label"] for b in batches)
+    only = list(source.read(0, 30, columns=["label"]))
+    assert all(b.schema.names == ["label"] for b in only)
+    assert [v for b in only for v in b.column("label").to_pylist()] == [f"s{i}" for i in range(30)]
+
+
+def test_out_of_range_read_is_an_error(uneven):
+    source = ParquetSource(uneven)
+    with pytest.raises(ValueError, match=r"outside the dataset's \[0, 112\)"):
+        list(source.read(100, 113))
+
+
+def test_pickles_as_paths_and_metadata(uneven):
+    source = ParquetSource(uneven)
+    ids_of(source.read(0, 50))  # opens handles
+    blob = pickle.dumps(source)
+    assert len(blob) < 4000
+    copy = pickle.loads(blob)
+    assert copy.stats() == {"chunks_read": 0, "rows_decoded": 0, "files_opened": 0}
+    assert ids_of(copy.read(40, 90)) == list(range(40, 90))
+    assert copy.layout() == source.layout()
+
+
+def test_folder_glob_list_uri_and_filesystem(tmp_path):
+    paths = write_dataset(tmp_path / "d", [10, 12, 5], row_group_size=4)
+    (tmp_path / "d" / "_SUCCESS").write_text("")
+    (tmp_path / "d" / ".hidden").write_text("x")
+    everything = list(range(27))
+    assert ids_of(ParquetSource(tmp_path / "d").read(0, 27)) == everything
+    assert ids_of(ParquetSource(str(tmp_path / "d" / "*.parquet")).read(0, 27)) == everything
+    assert ids_of(ParquetSource(str(tmp_path / "**" / "part-00[01].parquet")).read(0, 22)) == (
+        everything[:22]
+    )
+    assert ids_of(ParquetSource(list(reversed(paths))).read(0, 5)) == list(range(22, 27))
+    assert ParquetSource("file://" + paths[1]).layout().num_samples == 12
+    sub = pafs.SubTreeFileSystem(str(tmp_path / "d"), pafs.LocalFileSystem())
+    source = ParquetSource(["part-000.parquet", "part-002.parquet"], filesystem=sub)
+    assert ids_of(pickle.loads(pickle.dumps(source)).read(0, 15)) == list(range(10)) + list(
+        range(22, 27)
+    )
+
+
+def test_relative_paths_resolve_at_construction(tmp_path, monkeypatch):
+    write_dataset(tmp_path / "d", [6], row_group_size=4)
+    monkeypatch.chdir(tmp_path)
+    source = ParquetSource("d")
+    monkeypatch.chdir("/")
+    assert ids_of(source.read(0, 6)) == list(range(6))
+
+
+def test_corrupt_row_group_raises_after_delivering_earlier_batches(tmp_path):
+    paths = write_dataset(tmp_path, [30, 30], row_group_size=7)
+    corrupt_row_group(paths[0], 2)
+    source = ParquetSource(paths)  # footers are intact: construction succeeds
+    delivered = []
+    with pytest.raises(DataError, match=r"part-000\.parquet: row group 2 is unreadable") as info:
+        for batch in source.read(0, 60):
+            delivered.extend(batch.column("id").to_pylist())
+    assert delivered == list(range(14))
+    assert pickle.loads(pickle.dumps(info.value)).args == info.value.args
+    assert ids_of(source.read(21, 60)) == list(range(21, 60))  # the rest is readable
+
+
+def test_arrow_ipc_files(tmp_path):
+    feather.write_feather(table_of(range(0, 25)), tmp_path / "a.arrow", chunksize=10)
+    feather.write_feather(table_of(range(25, 40)), tmp_path / "b.feather", chunksize=4)
+    source = ArrowFileSource(tmp_path, columns=["id"])
+    assert source.layout().file_rows == (25, 15)
+    assert source.splits()[:4] == [(0, 10), (10, 20), (20, 25), (25, 29)]
+    assert ids_of(source.read(8, 33)) == list(range(8, 33))
+    assert source.stats()["chunks_read"] == 5
+    assert source.schema().names == ["id"]
+    assert ids_of(pickle.loads(pickle.dumps(source)).read(0, 40)) == list(range(40))
+
+
+def test_large_row_group_split_reads_slices(tmp_path):
+    path = tmp_path / "big.parquet"
+    pq.write_table(table_of(range(1000)), path, row_group_size=1000)
+    source = ParquetSource(path, split_rows=300)
+    assert source.splits() == [(0, 300), (300, 600), (600, 900), (900, 1000)]
+    for a, b in source.splits():
+        assert ids_of(source.read(a, b)) == list(range(a, b))
+    assert all(isinstance(b, pa.RecordBatch) for b in source.read(0, 10))
+    assert os.path.basename(source.describe().split("(")[1].split(";")[0]) == "big.parquet"
