@@ -53,7 +53,8 @@ def ids_of(batches: Iterable[pa.RecordBatch]) -> list[int]:
 
 
 def truncate(path: str, keep: float = 0.5) -> str:
-    data = open(path, "rb").read()
+    with open(path, "rb") as handle:
+        data = handle.read()
     with open(path, "wb") as handle:
         handle.write(data[: int(len(data) * keep)])
     return path

@@ -108,8 +108,9 @@ def test_folder_glob_list_uri_and_filesystem(tmp_path):
     everything = list(range(27))
     assert ids_of(ParquetSource(tmp_path / "d").read(0, 27)) == everything
     assert ids_of(ParquetSource(str(tmp_path / "d" / "*.parquet")).read(0, 27)) == everything
-    assert ids_of(ParquetSource(str(tmp_path / "**" / "part-00[01].parquet")).read(0, 22)) == (
-        everything[:22]
+    assert (
+        ids_of(ParquetSource(str(tmp_path / "**" / "part-00[01].parquet")).read(0, 22))
+        == (everything[:22])
     )
     assert ids_of(ParquetSource(list(reversed(paths))).read(0, 5)) == list(range(22, 27))
     assert ParquetSource("file://" + paths[1]).layout().num_samples == 12
