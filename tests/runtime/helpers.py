@@ -1,0 +1,61 @@
+"""Shared helpers for the Ray-backed loader tests: real Parquet data and lockstep consumption."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+_names = itertools.count()
+
+
+def unique_name(prefix: str = "t") -> str:
+    """A loader name no other test uses (loaders are named actors in one namespace)."""
+    return f"{prefix}-{os.getpid()}-{next(_names)}"
+
+
+def write_parquet(folder, sizes, row_group_size=7) -> str:
+    """Files of the given row counts with a global `id` column and a 4-wide feature."""
+    os.makedirs(folder, exist_ok=True)
+    start = 0
+    for index, rows in enumerate(sizes):
+        ids = np.arange(start, start + rows, dtype=np.int64)
+        table = pa.table(
+            {
+                "id": ids,
+                "x": pa.FixedSizeListArray.from_arrays(
+                    pa.array(np.repeat(ids, 4).astype(np.float32)), 4
+                ),
+            }
+        )
+        pq.write_table(
+            table, os.path.join(folder, f"part-{index:02d}.parquet"), row_group_size=row_group_size
+        )
+        start += rows
+    return str(folder)
+
+
+def run_lockstep(iterators, steps=None):
+    """Consume iterators one batch each in turn (like DDP). Returns per-rank batch lists."""
+    gens = [iter(it) for it in iterators]
+    out = [[] for _ in iterators]
+    for step in itertools.count():
+        if steps is not None and step >= steps:
+            break
+        progressed = False
+        for rank, gen in enumerate(gens):
+            batch = next(gen, None)
+            if batch is not None:
+                out[rank].append(batch)
+                progressed = True
+        if not progressed:
+            break
+    return out
+
+
+def real_ids(batches) -> list[int]:
+    """Sample ids of the real (not padded) rows of numpy batches."""
+    return [int(i) for b in batches for i in b["id"][~b["_padded"]]]

@@ -1,0 +1,210 @@
+"""Static policies over real Parquet on a real local Ray: coverage, equal steps, exact len,
+determinism, rotation as `rayshard plan` says, resume, namespaces, stale clients."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+from click.testing import CliRunner
+
+from rayshard.cli import main as cli
+from rayshard.errors import ConfigError, StaleClientError
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import real_ids, run_lockstep, unique_name, write_parquet
+
+pytestmark = pytest.mark.ray
+
+SIZES = [23, 17, 31, 9, 20]  # 100 rows, uneven files, row groups of 7
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_parquet(tmp_path_factory.mktemp("static"), SIZES)
+
+
+def make_loader(dataset, **options):
+    options.setdefault("batch_size", 8)
+    return Loader(ParquetSource(dataset), name=unique_name(), **options)
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("policy", ["data", "file", "file_or_data"])
+def test_one_epoch_covers_dataset_with_equal_steps(ray_session, dataset, world_size, policy):
+    loader = make_loader(dataset, policy=policy, uneven="unbalanced")
+    iterators = [
+        loader.iterator(world_rank=r, world_size=world_size, batch_format="numpy")
+        for r in range(world_size)
+    ]
+    lengths = [len(it) for it in iterators]
+    batches = run_lockstep(iterators)
+    assert [len(b) for b in batches] == lengths, "len() must equal the batches yielded"
+    assert len(set(lengths)) == 1, f"unequal steps {lengths}"
+    ids = [i for rank in batches for i in real_ids(rank)]
+    assert Counter(ids) == Counter(range(sum(SIZES)))
+    loader.shutdown()
+
+
+def test_drop_policy_drops_exactly_what_plan_says(ray_session, dataset):
+    loader = make_loader(dataset, last_batch="drop", batch_size=8)
+    iterators = [
+        loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)
+    ]
+    batches = run_lockstep(iterators)
+    assert all(len(b["id"]) == 8 for rank in batches for b in rank)
+    # 100 samples over 3 ranks: shards 33/33/34 -> 4 full batches each, 4 dropped in all.
+    ids = [i for rank in batches for i in real_ids(rank)]
+    assert len(ids) == len(set(ids)) == 96
+    loader.shutdown()
+
+
+def test_pad_last_batch_marks_padding(ray_session, dataset):
+    loader = make_loader(dataset, pad_last_batch=True, batch_size=8)
+    iterators = [
+        loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)
+    ]
+    batches = run_lockstep(iterators)
+    assert all(len(b["id"]) == 8 for rank in batches for b in rank)
+    ids = [i for rank in batches for i in real_ids(rank)]
+    assert Counter(ids) == Counter(range(100))
+    padded = sum(int(b["_padded"].sum()) for rank in batches for b in rank)
+    assert padded == 3 * 40 - 100  # every shard padded to 40 (34 rounded up to 8s)
+    loader.shutdown()
+
+
+def test_same_seed_same_order_per_rank(ray_session, dataset):
+    def orders(seed):
+        loader = make_loader(dataset, shuffle=True, seed=seed)
+        its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+        out = [real_ids(b) for b in run_lockstep(its)]
+        loader.shutdown()
+        return out
+
+    first, again, other = orders(3), orders(3), orders(4)
+    assert first == again
+    assert first != other
+    assert sorted(first[0] + first[1]) == list(range(100))
+
+
+def test_rotation_follows_plan_cli(ray_session, dataset):
+    loader = make_loader(dataset, rotation="shift", batch_size=5)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    result = CliRunner().invoke(
+        cli,
+        [
+            "plan",
+            "--samples",
+            "100",
+            "--world-size",
+            "2",
+            "--rotation",
+            "shift",
+            "--batch-size",
+            "5",
+            "--epochs",
+            "3",
+            "--format",
+            "json",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    expected = json.loads(result.output)["epochs"]
+    for epoch in range(3):
+        batches = run_lockstep(its)
+        for rank, rank_batches in enumerate(batches):
+            plan = expected[epoch]["ranks"][rank]
+            want = [i for a, b in plan["ranges"] for i in range(a, b)]
+            assert real_ids(rank_batches) == want, f"epoch {epoch} rank {rank}"
+            assert len(rank_batches) == plan["batches"]
+    loader.shutdown()
+
+
+@pytest.mark.parametrize("new_world", [2, 3, 1])
+def test_resume_mid_epoch_nothing_missing_nothing_repeated(ray_session, dataset, new_world):
+    loader = make_loader(dataset, shuffle=True, seed=1)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    before = run_lockstep(its, steps=3)
+    state = json.loads(json.dumps(its[1].state_dict()))  # JSON-safe
+    assert state["epoch"] == 0
+    # Prefetched batches are not in the state: exactly the received ones are.
+    received = sorted(i for rank in before for i in real_ids(rank))
+    assert [i for a, b in state["consumed"] for i in range(a, b)] == received
+    loader.shutdown()
+
+    fresh = make_loader(dataset, shuffle=True, seed=1)
+    state["loader"] = fresh.loader_id  # same configuration, new name in this test
+    resumed = [
+        fresh.iterator(world_rank=r, world_size=new_world, batch_format="numpy")
+        for r in range(new_world)
+    ]
+    for it in resumed:
+        it.load_state_dict(state)
+    lengths = [len(it) for it in resumed]
+    after = run_lockstep(resumed)
+    assert [len(b) for b in after] == lengths
+    rest = [i for rank in after for i in real_ids(rank)]
+    assert Counter(received + rest) == Counter(range(100))
+    # The epoch after the resumed one is whole again.
+    nxt = run_lockstep(resumed)
+    assert Counter(i for rank in nxt for i in real_ids(rank)) == Counter(range(100))
+    fresh.shutdown()
+
+
+def test_state_from_another_loader_is_refused(ray_session, dataset):
+    loader = make_loader(dataset)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    state = it.state_dict()
+    other = make_loader(dataset, batch_size=4)
+    with pytest.raises(ConfigError, match="belongs to loader"):
+        other.iterator(world_rank=0, world_size=1).load_state_dict(state)
+    loader.shutdown()
+    other.shutdown()
+
+
+def test_same_name_other_namespace_does_not_collide(ray_session, dataset):
+    name = unique_name("ns")
+    a = Loader(ParquetSource(dataset), batch_size=10, name=name, namespace="job-a")
+    b = Loader(ParquetSource(dataset), batch_size=25, name=name, namespace="job-b")
+    ita = a.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    itb = b.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    assert (len(ita), len(itb)) == (10, 4)
+    with pytest.raises(ConfigError, match="already exists in namespace 'job-a'"):
+        Loader(ParquetSource(dataset), batch_size=10, name=name, namespace="job-a")
+    a.shutdown()
+    b.shutdown()
+
+
+def test_stale_iterator_is_rejected(ray_session, dataset):
+    loader = make_loader(dataset)
+    old = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+    loader.iterator(world_rank=0, world_size=3, batch_format="numpy")  # new membership
+    with pytest.raises(StaleClientError, match="generation"):
+        list(old)
+    loader.shutdown()
+
+
+def test_model_parallel_group_gets_identical_batches(ray_session, dataset):
+    loader = make_loader(dataset, model_parallel_size=2)
+    its = [loader.iterator(world_rank=r, world_size=4, batch_format="numpy") for r in range(4)]
+    batches = run_lockstep(its)
+    assert real_ids(batches[0]) == real_ids(batches[1])
+    assert real_ids(batches[2]) == real_ids(batches[3])
+    assert Counter(real_ids(batches[0]) + real_ids(batches[2])) == Counter(range(100))
+    assert loader.stats()["readers"] == 2  # read once per group
+    loader.shutdown()
+
+
+def test_torch_format_and_iterating_again_advances_epoch(ray_session, dataset):
+    import torch
+
+    loader = make_loader(dataset, batch_size=16)
+    it = loader.iterator(world_rank=0, world_size=1)
+    first = list(it)
+    assert it.epoch == 1 and len(it) == len(first) == 7
+    assert isinstance(first[0]["x"], torch.Tensor) and first[0]["x"].shape == (16, 4)
+    assert first[0]["x"].dtype == torch.float32
+    second = list(it)
+    assert sorted(int(i) for b in second for i in b["id"]) == list(range(100))
+    loader.shutdown()
