@@ -32,8 +32,8 @@ class ShardedDataset(abc.ABC):
 
     Set `total_shards` (and optionally `dist_world_size`, the world size it is built for)
     and implement `__len__`, `__getitem__` and `shard(i)`. `shard(i)` returns the indices
-    of shard `i`: a `range`, a sequence or array of ints, or an object with `.indices`
-    (`torch.utils.data.Subset`). `__len__` is the size of the whole dataset. Shards must
+    of shard `i`: a `range`, a sequence or array of ints, an object with `.indices`
+    (`torch.utils.data.Subset`), or `IndexRanges` of `(start, end)` pairs. `__len__` is the size of the whole dataset. Shards must
     cover every sample exactly once (checked when the dataset becomes a source).
     """
 
@@ -77,7 +77,16 @@ def shard_ranges(dataset: ShardedDataset) -> list[iv.Intervals]:
     return out
 
 
+class IndexRanges(tuple):
+    """Sample indices as half-open `(start, end)` pairs in order (what `shard()` may return
+    instead of listing every index)."""
+
+    __slots__ = ()
+
+
 def _as_ranges(indices: Any, where: str) -> iv.Intervals:
+    if isinstance(indices, IndexRanges):
+        return iv.concat((int(a), int(b)) for a, b in indices)
     if hasattr(indices, "indices") and not isinstance(indices, (range, np.ndarray)):
         indices = indices.indices
     if isinstance(indices, range):
@@ -169,7 +178,7 @@ class CombinedDataset:
     def num_shards(self) -> int:
         return self.total_shards if self.sharded else 1
 
-    def shard(self, shard_idx: int) -> list[tuple[int, int]]:
+    def shard(self, shard_idx: int) -> IndexRanges:
         """Shard `shard_idx` of every part, as ranges of combined indices."""
         if not self.sharded:
             raise ConfigError("this CombinedDataset holds no ShardedDataset, so it has no shards")
@@ -177,7 +186,7 @@ class CombinedDataset:
         for d, base in zip(self.datasets, self.offsets):
             ranges = _as_ranges(d.shard(shard_idx), f"{type(d).__name__}.shard({shard_idx})")
             out.extend((a + base, b + base) for a, b in ranges)
-        return out
+        return IndexRanges(out)
 
 
 class TorchMapSource(Source):
