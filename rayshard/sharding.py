@@ -43,6 +43,9 @@ class ShardingPolicy(str, Enum):
 
     @classmethod
     def parse(cls, value: Any) -> ShardingPolicy:
+        """A member from its name; `False` is `off` too (YAML 1.1 reads a bare `off` as false)."""
+        if value is False:
+            return cls.OFF
         return parse_choice(cls, value, "policy")
 
 
