@@ -14,6 +14,7 @@ import dataclasses
 import itertools
 import os
 import re
+import threading
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -260,11 +261,14 @@ class ChunkedFileSource(Source):
     # -- process-local state: never pickled ------------------------------------------------
     def _init_process_state(self) -> None:
         self._handles: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        # Guards `_handles`: a shard actor may read from several threads at once.
+        self._handles_lock = threading.Lock()
         self._stats = {"chunks_read": 0, "rows_decoded": 0, "files_opened": 0}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_handles", None)
+        state.pop("_handles_lock", None)
         state.pop("_stats", None)
         return state
 
@@ -353,19 +357,21 @@ class ChunkedFileSource(Source):
     _chunk_name = "chunk"
 
     def _handle(self, f: int) -> Any:
-        handle = self._handles.get(f)
-        if handle is not None:
-            self._handles.move_to_end(f)
-            return handle
+        with self._handles_lock:
+            handle = self._handles.get(f)
+            if handle is not None:
+                self._handles.move_to_end(f)
+                return handle
         file = self._files[f]
         try:
             handle = self._open(self._filesystems[file.fs_index], file.path)
         except (pa.ArrowException, OSError) as error:
             raise DataError(f"{file.display}: cannot open the file any more ({error})") from error
-        self._stats["files_opened"] += 1
-        self._handles[f] = handle
-        while len(self._handles) > OPEN_FILES_CACHE:
-            self._handles.popitem(last=False)
+        with self._handles_lock:
+            self._stats["files_opened"] += 1
+            self._handles[f] = handle
+            while len(self._handles) > OPEN_FILES_CACHE:
+                self._handles.popitem(last=False)
         return handle
 
     def describe(self) -> str:

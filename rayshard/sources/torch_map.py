@@ -33,8 +33,9 @@ class ShardedDataset(abc.ABC):
     Set `total_shards` (and optionally `dist_world_size`, the world size it is built for)
     and implement `__len__`, `__getitem__` and `shard(i)`. `shard(i)` returns the indices
     of shard `i`: a `range`, a sequence or array of ints, an object with `.indices`
-    (`torch.utils.data.Subset`), or `IndexRanges` of `(start, end)` pairs. `__len__` is the size of the whole dataset. Shards must
-    cover every sample exactly once (checked when the dataset becomes a source).
+    (`torch.utils.data.Subset`), or `IndexRanges` of `(start, end)` pairs. `__len__` is
+    the size of the whole dataset. Shards must cover every sample exactly once (checked
+    when the dataset becomes a source).
     """
 
     total_shards: int
