@@ -1,0 +1,126 @@
+"""Finding the files of a file source: a file, a folder, a glob or a list of them, on the
+local disk or any filesystem `pyarrow.fs` opens."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from rayshard.errors import ConfigError
+
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+def resolve_paths(
+    paths: str | os.PathLike | Sequence[str | os.PathLike],
+    filesystem: pafs.FileSystem | None,
+    *,
+    kind: str,
+) -> list[tuple[pafs.FileSystem, str, str]]:
+    """(filesystem, path, display name) of every file named by `paths`, in dataset order.
+
+    Each entry is a file, a folder (every file under it, sorted, skipping names starting
+    with `.` or `_` such as `_SUCCESS`), or a glob (`*`, `?`, `[...]`, `**` for any depth).
+    Without `filesystem`, URIs go through `pyarrow.fs.FileSystem.from_uri` and anything
+    else is a local path.
+    """
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    if not paths:
+        raise ConfigError(f"no paths given: pass a folder, a glob or a list of {kind} files")
+    out: list[tuple[pafs.FileSystem, str, str]] = []
+    for raw in paths:
+        fs, path, display = _filesystem_of(os.fspath(raw), filesystem)
+        if _GLOB_CHARS.search(path):
+            matched = _glob(fs, path)
+            if not matched:
+                raise ConfigError(f"the glob {display!r} matches no file: check the pattern")
+            out.extend((fs, p, _display(display, path, p)) for p in matched)
+            continue
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.NotFound:
+            raise ConfigError(f"{display}: no such file or folder (check the path)")
+        if info.type == pafs.FileType.Directory:
+            found = _list_folder(fs, path)
+            if not found:
+                raise ConfigError(f"the folder {display} holds no {kind} files")
+            out.extend((fs, p, _display(display, path, p)) for p in found)
+        else:
+            out.append((fs, path, display))
+    return out
+
+
+def _filesystem_of(
+    raw: str, filesystem: pafs.FileSystem | None
+) -> tuple[pafs.FileSystem, str, str]:
+    if filesystem is not None:
+        return filesystem, raw, raw
+    if "://" in raw:
+        try:
+            fs, path = pafs.FileSystem.from_uri(raw)
+        except (pa.ArrowException, OSError) as error:
+            raise ConfigError(f"{raw}: pyarrow cannot open this URI ({error})") from error
+        return fs, path, raw
+    path = os.path.abspath(raw)
+    return pafs.LocalFileSystem(), path, raw
+
+
+def _display(display_root: str, root: str, path: str) -> str:
+    return (
+        display_root.rstrip("/") + path[len(root.rstrip("/")) :] if path != root else display_root
+    )
+
+
+def _hidden(path: str, root: str) -> bool:
+    relative = path[len(root.rstrip("/")) + 1 :]
+    return any(part.startswith((".", "_")) for part in relative.split("/"))
+
+
+def _list_folder(fs: pafs.FileSystem, root: str) -> list[str]:
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return sorted(
+        i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, root)
+    )
+
+
+def _glob(fs: pafs.FileSystem, pattern: str) -> list[str]:
+    parts = pattern.split("/")
+    fixed = list(itertools.takewhile(lambda p: not _GLOB_CHARS.search(p), parts))
+    root = "/".join(fixed) or "/"
+    if fs.get_file_info(root).type != pafs.FileType.Directory:
+        return []
+    regex = re.compile(_glob_regex(pattern))
+    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    return sorted(i.path for i in infos if i.type == pafs.FileType.File and regex.fullmatch(i.path))
+
+
+def _glob_regex(pattern: str) -> str:
+    """`**/` any folders, `*` and `?` within one name, `[...]` a character class."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("**/", i):
+            out.append("(?:.*/)?")
+            i += 3
+        elif pattern.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif pattern[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif pattern[i] == "?":
+            out.append("[^/]")
+            i += 1
+        elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
+            close = pattern.index("]", i + 1)
+            body = pattern[i + 1 : close].replace("\\", "\\\\")
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body) + "]")
+            i = close + 1
+        else:
+            out.append(re.escape(pattern[i]))
+            i += 1
+    return "".join(out)
