@@ -1,5 +1,5 @@
-"""Shared machinery of file sources: finding the files, and reading global row ranges from
-files cut into chunks (Parquet row groups, Arrow IPC record batches).
+"""Shared machinery of file sources: reading global row ranges from files cut into
+chunks (Parquet row groups, Arrow IPC record batches); finding them is `_paths`.
 
 A file source keeps, per file, only its path, its filesystem and its chunk row counts, so
 it pickles small; open handles live in a per-process cache that is never pickled.
