@@ -34,6 +34,7 @@ class ShardIterator:
         prefetch_depth: int,
         batch_format: str = "torch",
         device: Any = None,
+        collate_fn: Any = None,
     ) -> None:
         if batch_format not in FORMATS:
             raise ValueError(
@@ -46,6 +47,10 @@ class ShardIterator:
         self._depth = prefetch_depth
         self._format = batch_format
         self._device = device
+        self._collate_fn = collate_fn
+        self._feed: Any = None  # the DeviceFeed of the current epoch (torch format)
+        self._stream: Iterator[Any] = iter(())
+        self._delivered_meta: collections.deque = collections.deque()  # (ids, padded) in order
         self._epoch = 0
         self._started = False  # whether `_epoch` has begun on this worker
         self._total: int | None = None  # batches of `_epoch` for this rank
@@ -73,6 +78,7 @@ class ShardIterator:
             raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
         self._epoch, self._received, self._started = epoch, 0, False
         self._total = None
+        self._close_feed()
         self._pending.clear()
         self._requested = 0
 
@@ -87,20 +93,33 @@ class ShardIterator:
         return plan.batches
 
     def __iter__(self) -> Iterator[Any]:
-        """Yield the rest of the current epoch, or the next epoch if this one is done."""
+        """Yield the rest of the current epoch, or the next epoch if this one is done.
+
+        Breaking out of the loop and iterating again continues the same epoch: batches
+        already requested or prefetched are kept, not lost.
+        """
         if not self._started or self._finished():
             if self._started:
                 self.set_epoch(self._epoch + 1)
             self._begin()
-        epoch, generation = self._epoch, self._generation
+        epoch = self._epoch
         while self._received < self._total:
-            while self._requested < self._total and len(self._pending) < self._depth:
-                self._pending.append(self._reader.next.remote(generation, epoch, self._requested))
-                self._requested += 1
-            batch = ray.get(ray.get(self._pending.popleft()))
+            batch = next(self._stream)
+            ids, padded = self._delivered_meta.popleft()
             self._received += 1
-            self._acknowledge(epoch, batch)
-            yield self._convert(batch)
+            self._acknowledge(epoch, ids, padded)
+            yield batch
+
+    def stats(self) -> dict:
+        """This worker's counters, with the device feed's memory statistics (torch format)."""
+        out = {
+            "epoch": self._epoch,
+            "batches_received": self._received,
+            "samples_received": self.samples_received,
+        }
+        if self._feed is not None:
+            out["feed"] = self._feed.stats().as_dict()
+        return out
 
     def state_dict(self) -> dict:
         """JSON-safe loader-wide state as of the batches received (see module docstring)."""
@@ -116,12 +135,40 @@ class ShardIterator:
     def _begin(self) -> None:
         info = ray.get(self._reader.start.remote(self._generation, self._epoch))
         self._started, self._total = True, info["batches"]
+        self._close_feed()
         self._pending.clear()
         self._requested = self._received = 0
+        self._delivered_meta.clear()
+        raw = self._fetch(self._generation, self._epoch, self._total)
+        if self._format == "torch":
+            from rayshard.device import DeviceFeed
 
-    def _acknowledge(self, epoch: int, batch: dict) -> None:
-        self.samples_received += int((~batch[PADDED_KEY]).sum())
-        real = np.sort(batch[INDEX_KEY][~batch[PADDED_KEY]])
+            self._feed = DeviceFeed(
+                raw, device=self._device, prefetch_depth=self._depth, collate_fn=self._collate_fn
+            )
+            self._stream = self._feed
+        else:
+            self._stream = (self._convert(batch) for batch in raw)
+
+    def _fetch(self, generation: int, epoch: int, total: int) -> Iterator[dict]:
+        """Numpy batches from the reader (zero-copy from the object store), in order,
+        keeping `prefetch_depth` requests in flight."""
+        while self._requested < total or self._pending:
+            while self._requested < total and len(self._pending) < self._depth:
+                self._pending.append(self._reader.next.remote(generation, epoch, self._requested))
+                self._requested += 1
+            batch = ray.get(ray.get(self._pending.popleft()))
+            self._delivered_meta.append((batch[INDEX_KEY], batch[PADDED_KEY]))
+            yield batch
+
+    def _close_feed(self) -> None:
+        if self._feed is not None:
+            self._feed.close()
+            self._feed = None
+
+    def _acknowledge(self, epoch: int, ids: np.ndarray, padded: np.ndarray) -> None:
+        self.samples_received += int((~padded).sum())
+        real = np.sort(ids[~padded])
         self._coordinator.ack.remote(
             self._generation, self._placement.dp_rank, epoch, self._received, _runs(real)
         )
@@ -129,22 +176,18 @@ class ShardIterator:
     def _convert(self, batch: dict) -> Any:
         if self._format == "numpy":
             return batch
-        if self._format == "arrow":
-            import pyarrow as pa
+        import pyarrow as pa
 
-            return pa.RecordBatch.from_pydict(
-                {k: (list(v) if v.ndim > 1 else v) for k, v in batch.items()}
-            )
-        import torch
-
-        tensors = {}
-        for key, value in batch.items():
-            array = np.array(value) if not value.flags.writeable else value
-            tensor = torch.from_numpy(array) if array.dtype != object else array
-            if self._device is not None and hasattr(tensor, "to"):
-                tensor = tensor.to(self._device, non_blocking=True)
-            tensors[key] = tensor
-        return tensors
+        return pa.RecordBatch.from_pydict(
+            {
+                k: (
+                    pa.FixedSizeListArray.from_arrays(v.reshape(-1), v.shape[1])
+                    if v.ndim == 2
+                    else v
+                )
+                for k, v in batch.items()
+            }
+        )
 
 
 def _runs(sorted_ids: np.ndarray) -> list[list[int]]:

@@ -122,9 +122,15 @@ class Loader:
         world_size: int | None = None,
         batch_format: str = "torch",
         device: Any = None,
+        collate_fn: Any = None,
     ) -> ShardIterator:
         """This worker's iterator. Inside Ray Train the rank and size come from the Train
-        context; outside it, pass them (default: a single worker)."""
+        context; outside it, pass them (default: a single worker).
+
+        `batch_format="torch"` (default) yields dicts of tensors on `device` through the
+        pinned-memory device feed (`collate_fn` runs on each host batch before the copy);
+        `"numpy"` yields the zero-copy arrays from the object store; `"arrow"` record batches.
+        """
         if world_rank is None or world_size is None:
             world_rank, world_size = _train_world(world_rank, world_size)
         self.check_world(world_size)
@@ -146,6 +152,7 @@ class Loader:
             prefetch_depth=self.settings.prefetch_depth,
             batch_format=batch_format,
             device=device,
+            collate_fn=collate_fn,
         )
 
     def stats(self) -> dict:

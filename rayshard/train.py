@@ -21,7 +21,9 @@ from rayshard.iterator import ShardIterator
 STATE_FILE = "rayshard_state.json"
 
 
-def iterator(loader: Any, *, batch_format: str = "torch", device: Any = None) -> ShardIterator:
+def iterator(
+    loader: Any, *, batch_format: str = "torch", device: Any = None, collate_fn: Any = None
+) -> ShardIterator:
     """This Train worker's iterator, resumed from the run's latest checkpoint if it has one.
 
     Rank and world size come from the Train context; `device` defaults to Ray Train's
@@ -29,7 +31,7 @@ def iterator(loader: Any, *, batch_format: str = "torch", device: Any = None) ->
     """
     if device is None and batch_format == "torch":
         device = _train_device()
-    batches = loader.iterator(batch_format=batch_format, device=device)
+    batches = loader.iterator(batch_format=batch_format, device=device, collate_fn=collate_fn)
     restore(batches)
     return batches
 

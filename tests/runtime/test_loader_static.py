@@ -208,3 +208,22 @@ def test_torch_format_and_iterating_again_advances_epoch(ray_session, dataset):
     second = list(it)
     assert sorted(int(i) for b in second for i in b["id"]) == list(range(100))
     loader.shutdown()
+
+
+def test_break_and_iterate_again_continues_epoch_through_device_feed(ray_session, dataset):
+    loader = make_loader(dataset, batch_size=10, prefetch_depth=3)
+    it = loader.iterator(world_rank=0, world_size=1)  # torch format: device feed on the CPU
+    seen = []
+    for step, batch in enumerate(it):
+        seen += batch["id"].tolist()
+        if step == 2:
+            break
+    # The feed has read ahead, but the state holds exactly the 3 batches received.
+    state = it.state_dict()
+    assert [i for a, b in state["consumed"] for i in range(a, b)] == sorted(seen)
+    assert len(it) == 7 and it.stats()["feed"]["batches_delivered"] == 3
+    for batch in it:
+        seen += batch["id"].tolist()
+    assert sorted(seen) == list(range(100))
+    assert it.epoch == 1
+    loader.shutdown()
