@@ -78,6 +78,7 @@ class PlanConfig:
         set_(self, "uneven", parse_choice(Uneven, self.uneven, "uneven"))
         set_(self, "last_batch", parse_choice(LastBatch, self.last_batch, "last_batch"))
         set_(self, "pad_last_batch", parse_bool(self.pad_last_batch, "pad_last_batch"))
+        set_(self, "equal_steps", parse_bool(self.equal_steps, "equal_steps"))
         _check_int(self.batch_size, "batch_size", minimum=1, fix="use a batch size of 1 or more")
         if self.total_shards is not None:
             _check_int(self.total_shards, "total_shards", minimum=1, fix="or leave it unset")

@@ -16,7 +16,7 @@ from rayshard.errors import ConfigError
 from rayshard.plan import intervals as iv
 from rayshard.plan.batches import BatchLayout, batch_layouts
 from rayshard.plan.layout import DataLayout
-from rayshard.plan.options import PlanConfig, Uneven
+from rayshard.plan.options import PlanConfig, Rotation, Uneven
 from rayshard.plan.shards import balanced_range, shard_of
 from rayshard.plan.validate import validate
 
@@ -178,6 +178,13 @@ def plan_remaining(
         _rank_plan(rank, shard, ranges, lay, layout, files, order)
         for rank, ((shard, ranges, files, order), lay) in enumerate(zip(kept, layouts))
     )
+    if world_size == previous_world_size:
+        # Padding continues the uninterrupted plan's (same source, past the padding already
+        # yielded), so the rest is its tail also for ranks whose real samples ran out.
+        ranks = tuple(
+            dataclasses.replace(r, pad_source=_rotated(f.pad_source, f.padded - r.padded))
+            for r, f in zip(ranks, full.ranks)
+        )
     return EpochPlan(epoch, world_size, full.total_shards, ranks)
 
 
@@ -202,6 +209,15 @@ def iter_batches(plan: RankPlan, batch_size: int) -> Iterator[tuple[list[int], l
         yield [i for i, _ in chunk], [p for _, p in chunk]
 
 
+def _rotated(source: iv.Intervals, offset: int) -> iv.Intervals:
+    """`source` as a cycle starting `offset` positions in (no change for `offset <= 0`)."""
+    size = iv.total(source)
+    if size == 0 or offset <= 0:
+        return source
+    offset %= size
+    return iv.concat(iv.take(source, offset, size) + iv.take(source, 0, offset))
+
+
 def _check_epoch(epoch: int) -> None:
     if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
         raise ConfigError(f"epoch={epoch!r} must be an integer >= 0")
@@ -221,7 +237,12 @@ def _file_assignments(
         return out
     if config.uneven is Uneven.DROP:
         sitting_out = num_files % num_shards
-        start = epoch * sitting_out % num_files if num_files else 0
+        # The files that sit out move on once per cycle of the rotation that reads every
+        # shard once: an epoch, or a block of S/W epochs under the stride rotations. Moving
+        # them every epoch under `stride` can stay in step with it and skip files forever
+        # (e.g. F=9, S=6, W=2 never reads files 3, 4, 7, 8).
+        cycle = num_shards // world_size if config.rotation in _BLOCK_ROTATIONS else 1
+        start = epoch // cycle * sitting_out % num_files if num_files else 0
         kept = num_files - sitting_out
     else:
         start, kept = 0, num_files
@@ -233,6 +254,9 @@ def _file_assignments(
         files = iv.concat(_wrapped(start + lo, start + hi, num_files) if hi > lo else [])
         out.append((shard, (), files, None))
     return out
+
+
+_BLOCK_ROTATIONS = (Rotation.STRIDE, Rotation.STRIDE_SHIFT)
 
 
 def _wrapped(lo: int, hi: int, n: int) -> list[tuple[int, int]]:

@@ -79,17 +79,20 @@ def check_coverage(shard_ranges: Sequence[Sequence[tuple[int, int]]], num_sample
     flat = sorted(
         (start, end, shard) for shard, ranges in enumerate(shard_ranges) for start, end in ranges
     )
-    for (_, a_end, a_shard), (b_start, _, b_shard) in zip(flat, flat[1:]):
+    for (_, a_end, a_shard), (b_start, b_end, b_shard) in zip(flat, flat[1:]):
         if b_start < a_end:
             raise ConfigError(
-                f"shards {a_shard} and {b_shard} overlap at samples [{b_start}, {a_end}): "
+                f"shards {a_shard} and {b_shard} overlap at samples "
+                f"[{b_start}, {min(a_end, b_end)}): "
                 "every sample must belong to exactly one shard"
             )
     if sum(sizes) != num_samples or any(s < 0 or e > num_samples for s, e, _ in flat):
         covered = iv.normalize((s, e) for s, e, _ in flat)
         missing = iv.subtract(((0, num_samples),), covered)
+        outside = iv.subtract(covered, ((0, num_samples),))
         raise ConfigError(
             f"shard sizes {sizes} add up to {sum(sizes)}, not to the {num_samples} samples of "
-            f"the dataset (missing {list(missing)[:5]}): the shard function must cover every "
-            "sample exactly once"
+            f"the dataset (missing {list(missing)[:5]}"
+            + (f", outside [0, {num_samples}): {list(outside)[:5]}" if outside else "")
+            + "): the shard function must cover every sample exactly once"
         )
