@@ -34,11 +34,17 @@ def main() -> int:
 
     location = list(getattr(rayshard, "__path__", [])) or [getattr(rayshard, "__file__", "?")]
     resources = ray.cluster_resources()
+    try:  # Ray >= 2.52: which authentication mode this driver actually uses
+        from ray._raylet import AuthenticationMode, get_authentication_mode
+
+        auth = "token" if get_authentication_mode() == AuthenticationMode.TOKEN else "disabled"
+    except ImportError:
+        auth = "n/a"
     ray.shutdown()
     print(
         f"{MARKER} host={socket.gethostname()} user={os.environ.get('USER', '?')} "
         f"python={sys.executable} ray={ray.__version__} "
-        f"auth_mode={os.environ.get('RAY_AUTH_MODE', 'unset')} "
+        f"auth={auth} "
         f"cpus={resources.get('CPU', 0):g} worker_pids={len({pid for _, pid in results})} "
         f"rayshard={location[0]}",
         flush=True,
