@@ -44,21 +44,21 @@ def reading_pieces(
 
 
 def iter_rows(
-    source: Source,
-    plan: RankPlan,
-    pieces: Sequence[tuple[int, int]],
-    columns: Sequence[str] | None,
+    source: Source, pieces: Sequence[tuple[int, int]], columns: Sequence[str] | None
 ) -> Iterator[pa.RecordBatch]:
-    """Record batches of the rank's real rows (in piece order), then its padding rows.
-
-    Every batch carries `_index` (the dataset sample index) and `_padded` (True for
-    padding) columns. Padding rows are read once each and repeated.
-    """
+    """Record batches of a rank's real rows in piece order, each tagged with `_index` (the
+    dataset sample index) and `_padded` (False)."""
     for start, end in pieces:
         offset = start
         for batch in source.read(start, end, columns):
             yield _tag(batch, np.arange(offset, offset + batch.num_rows), padded=False)
             offset += batch.num_rows
+
+
+def iter_padding(
+    source: Source, plan: RankPlan, columns: Sequence[str] | None
+) -> Iterator[pa.RecordBatch]:
+    """The rank's padding rows (`_padded` True), each distinct sample read once."""
     cache: dict[int, pa.RecordBatch] = {}
     for index in padding_indices(plan):
         if index not in cache:
@@ -78,20 +78,25 @@ def rebatch(record_batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterat
         pending.append(batch)
         rows += batch.num_rows
         while rows >= batch_size:
-            table = pa.Table.from_batches(pending).combine_chunks()
+            # Slice before combining: only the `batch_size` rows of this batch are
+            # copied (and only when they span record batches); the rest stays as
+            # zero-copy slices instead of being re-concatenated on every cut.
+            table = pa.Table.from_batches(pending)
             yield to_numpy(table.slice(0, batch_size))
             rest = table.slice(batch_size)
             pending = rest.to_batches() if rest.num_rows else []
             rows = rest.num_rows
     if rows:
-        yield to_numpy(pa.Table.from_batches(pending).combine_chunks())
+        yield to_numpy(pa.Table.from_batches(pending))
 
 
 def to_numpy(table: pa.Table) -> Batch:
     """Columns as numpy arrays; fixed-size lists become 2-D arrays (rows x width)."""
     out: Batch = {}
     for name in table.column_names:
-        column = table.column(name).combine_chunks()
+        chunked = table.column(name)
+        # One chunk (the usual case): use it as is; `combine_chunks` would copy it.
+        column = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
         if pa.types.is_fixed_size_list(column.type):
             width = column.type.list_size
             flat = column.flatten().to_numpy(zero_copy_only=False)

@@ -14,11 +14,13 @@ from typing import Any
 
 import ray
 
+from rayshard.config import LoaderConfig
 from rayshard.errors import ConfigError
 from rayshard.iterator import ShardIterator
-from rayshard.plan import PlanConfig, check_not_empty, data_parallel_rank, validate
+from rayshard.plan import PlanConfig, check_not_empty, data_parallel_rank
 from rayshard.runtime.coordinator import Coordinator
-from rayshard.settings import LoaderSettings, as_tuple_groups, by_files_for
+from rayshard.settings import LoaderSettings, as_tuple_groups
+from rayshard.sharding import assign
 from rayshard.sources import Source
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class Loader:
         expected_world_size: int | None = None,
         columns: Sequence[str] | None = None,
         shuffle: bool = False,
+        shuffle_buffer: int = 0,
         prefetch_depth: int = 2,
         model_parallel_size: int = 1,
         dp_groups: Sequence[Sequence[int]] | None = None,
@@ -75,6 +78,7 @@ class Loader:
             policy=policy,
             columns=tuple(columns) if columns is not None else None,
             shuffle=shuffle,
+            shuffle_buffer=shuffle_buffer,
             prefetch_depth=prefetch_depth,
             model_parallel_size=model_parallel_size,
             dp_groups=as_tuple_groups(dp_groups),
@@ -106,14 +110,52 @@ class Loader:
             ) from error
         log.info("rayshard loader %s started in namespace %s", name, self.namespace)
 
+    @classmethod
+    def from_config(
+        cls, config: LoaderConfig, *, source: Source | None = None, **options
+    ) -> Loader:
+        """A loader from a `LoaderConfig` (e.g. read from YAML); `options` are the
+        loader's own keyword arguments (`name`, `namespace`, `shuffle`, ...)."""
+        plan = config.plan
+        return cls(
+            source if source is not None else config.make_source(),
+            batch_size=plan.batch_size,
+            policy=config.policy.value,
+            total_shards=plan.total_shards,
+            rotation=plan.rotation.value,
+            last_batch=plan.last_batch.value,
+            pad_last_batch=plan.pad_last_batch,
+            uneven=plan.uneven.value,
+            equal_steps=plan.equal_steps,
+            seed=plan.seed,
+            expected_world_size=plan.expected_world_size,
+            columns=config.columns,
+            shuffle_buffer=config.shuffle_buffer,
+            prefetch_depth=config.prefetch_depth,
+            **options,
+        )
+
+    @classmethod
+    def from_yaml(
+        cls,
+        path: str,
+        *,
+        source: Source | None = None,
+        loader_options: dict | None = None,
+        **explicit,
+    ) -> Loader:
+        """A loader from a YAML file; `explicit` settings win over the file, the file over
+        `RAYSHARD_*` variables. `loader_options` go to the constructor (`name`, ...)."""
+        return cls.from_config(
+            LoaderConfig.from_yaml(path, **explicit), source=source, **(loader_options or {})
+        )
+
     def check_world(self, world_size: int) -> None:
         """Validate the configuration against a world size before any worker starts."""
         dp = data_parallel_rank(
             0, world_size, self.settings.model_parallel_size, self.settings.dp_groups
         )
-        by_files = by_files_for(self.settings.policy, self.layout.num_files, dp.dp_size)
-        if self.settings.policy != "off":
-            validate(self.settings.plan, self.layout, dp.dp_size, by_files=by_files)
+        assign(self.settings.policy, self.settings.plan, self.source, dp.dp_size, epoch=0)
 
     def iterator(
         self,

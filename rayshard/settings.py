@@ -10,6 +10,7 @@ from typing import Any
 
 from rayshard.errors import ConfigError
 from rayshard.plan import PlanConfig
+from rayshard.sharding import ShardingPolicy
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -17,9 +18,10 @@ class LoaderSettings:
     """Everything a loader's actors need to know, validated on the driver."""
 
     plan: PlanConfig
-    policy: str = "data"
+    policy: ShardingPolicy = ShardingPolicy.DATA
     columns: tuple[str, ...] | None = None
     shuffle: bool = False
+    shuffle_buffer: int = 0
     prefetch_depth: int = 2
     model_parallel_size: int = 1
     dp_groups: tuple[tuple[int, ...], ...] | None = None
@@ -27,9 +29,19 @@ class LoaderSettings:
     reader_num_cpus: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICIES:
+        policy = ShardingPolicy.parse(self.policy)
+        if policy in (ShardingPolicy.DYNAMIC, ShardingPolicy.HINT):
             raise ConfigError(
-                f"policy={self.policy!r} is not a valid choice: use one of {', '.join(POLICIES)}"
+                f"policy={policy.value!r} is not served by Loader yet: use 'data', 'file', "
+                "'file_or_data' or 'off' (for 'hint', shard your own pipeline with "
+                "rayshard.sharding.bind_hints)"
+            )
+        object.__setattr__(self, "policy", policy)
+        if isinstance(self.shuffle_buffer, bool) or not isinstance(self.shuffle_buffer, int):
+            raise ConfigError(f"shuffle_buffer={self.shuffle_buffer!r} must be an integer >= 0")
+        if self.shuffle_buffer < 0:
+            raise ConfigError(
+                f"shuffle_buffer={self.shuffle_buffer} is not in the range shuffle_buffer>=0"
             )
         if isinstance(self.prefetch_depth, bool) or not isinstance(self.prefetch_depth, int):
             raise ConfigError(f"prefetch_depth={self.prefetch_depth!r} must be an integer >= 1")
@@ -45,27 +57,16 @@ class LoaderSettings:
         payload = json.dumps(
             {
                 "plan": self.plan.to_dict(),
-                "policy": self.policy,
+                "policy": self.policy.value,
                 "columns": self.columns,
                 "shuffle": self.shuffle,
+                "shuffle_buffer": self.shuffle_buffer,
                 "source": source_name,
                 "num_samples": num_samples,
             },
             sort_keys=True,
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-
-POLICIES = ("data", "file", "file_or_data", "off")
-
-
-def by_files_for(policy: str, num_files: int, dp_size: int) -> bool:
-    """Whether a policy splits whole files for this world (SPEC 6)."""
-    if policy == "file":
-        return True
-    if policy == "file_or_data":
-        return num_files >= dp_size
-    return False
 
 
 def as_tuple_groups(groups: Sequence[Sequence[int]] | None) -> Any:

@@ -76,7 +76,7 @@ class Coordinator:
         self._rank_epoch[dp_rank] = epoch
         if epoch not in self._plans:
             self._plans[epoch] = epoch_plan(
-                self._settings, self._layout, members.dp_size, epoch, self._resume
+                self._settings, self._source, members.dp_size, epoch, self._resume
             )
         return self._plans[epoch].ranks[dp_rank]
 

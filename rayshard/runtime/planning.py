@@ -1,46 +1,46 @@
-"""Which plan the coordinator serves: the policy applied to the pure planner (SPEC 6)."""
+"""Which plan the coordinator serves: the sharding policy applied to the pure planner."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from rayshard.plan import DataLayout, EpochPlan, plan_epoch, plan_remaining
-from rayshard.settings import LoaderSettings, by_files_for
+from rayshard.plan import EpochPlan, plan_remaining
+from rayshard.settings import LoaderSettings
+from rayshard.sharding import ShardingPolicy, assign
+from rayshard.sources import Source
 from rayshard.state import LoaderState
 
 
 def epoch_plan(
     settings: LoaderSettings,
-    layout: DataLayout,
+    source: Source,
     dp_size: int,
     epoch: int,
     resume: LoaderState | None = None,
 ) -> EpochPlan:
-    """The plan of `epoch` for `dp_size` ranks, or of its rest when `resume` is that epoch."""
-    config = settings.plan
-    if settings.policy == "off":
-        # Every rank reads everything, each in its own seeded order (the reader shuffles).
-        single = _single(settings, layout, epoch, resume)
-        ranks = tuple(dataclasses.replace(single.ranks[0], rank=r) for r in range(dp_size))
-        return dataclasses.replace(single, world_size=dp_size, ranks=ranks)
-    by_files = by_files_for(settings.policy, layout.num_files, dp_size)
-    if resume is not None and resume.epoch == epoch:
-        return plan_remaining(
-            config,
-            layout,
-            dp_size,
-            epoch,
-            resume.consumed,
-            previous_world_size=resume.world_size,
-            by_files=by_files,
-        )
-    return plan_epoch(config, layout, dp_size, epoch, by_files=by_files)
+    """The plan of `epoch` for `dp_size` ranks, or of its rest when `resume` is that epoch.
 
-
-def _single(
-    settings: LoaderSettings, layout: DataLayout, epoch: int, resume: LoaderState | None
-) -> EpochPlan:
-    config = dataclasses.replace(settings.plan, total_shards=1, expected_world_size=None)
-    if resume is not None and resume.epoch == epoch:
-        return plan_remaining(config, layout, 1, epoch, resume.consumed, previous_world_size=1)
-    return plan_epoch(config, layout, 1, epoch)
+    The rest of an epoch is re-planned from the samples consumed (SPEC 7): each rank keeps
+    its own remaining samples on the same world size, the remainder is re-balanced on
+    another. Under `off` every rank reads everything, so resuming it mid-epoch skips, for
+    every rank, what any rank consumed.
+    """
+    assignment = assign(settings.policy, settings.plan, source, dp_size, epoch)
+    if resume is None or resume.epoch != epoch:
+        return assignment.plan
+    if assignment.policy is ShardingPolicy.OFF:
+        single = dataclasses.replace(settings.plan, total_shards=1, expected_world_size=None)
+        rest = plan_remaining(
+            single, source.layout(), 1, epoch, resume.consumed, previous_world_size=1
+        ).ranks[0]
+        ranks = tuple(dataclasses.replace(rest, rank=r) for r in range(dp_size))
+        return dataclasses.replace(assignment.plan, ranks=ranks)
+    return plan_remaining(
+        settings.plan,
+        source.layout(),
+        dp_size,
+        epoch,
+        resume.consumed,
+        previous_world_size=resume.world_size,
+        by_files=assignment.policy is ShardingPolicy.FILE,
+    )

@@ -11,16 +11,18 @@ reader thread works. `_cond` guards every field below it.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import traceback
 from typing import Any
 
 import ray
 
-from rayshard.batching import iter_rows, reading_pieces, rebatch
+from rayshard.batching import iter_padding, iter_rows, reading_pieces, rebatch
 from rayshard.errors import RayshardError, StaleClientError
 from rayshard.plan import RankPlan
 from rayshard.settings import LoaderSettings
+from rayshard.shuffle import shuffle_batches
 from rayshard.sources import Source
 
 
@@ -104,12 +106,14 @@ class ShardReader:
         key = f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}"
         try:
             pieces = reading_pieces(
-                plan.ranges,
-                self._splits,
-                shuffle=settings.shuffle or settings.policy == "off",
-                rng_key=key,
+                plan.ranges, self._splits, shuffle=settings.shuffle, rng_key=key
             )
-            rows = iter_rows(self._source, plan, pieces, settings.columns)
+            real = iter_rows(self._source, pieces, settings.columns)
+            if settings.shuffle_buffer:
+                real = shuffle_batches(
+                    real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank
+                )
+            rows = itertools.chain(real, iter_padding(self._source, plan, settings.columns))
             for batch in rebatch(rows, settings.plan.batch_size):
                 with self._cond:
                     self._cond.wait_for(

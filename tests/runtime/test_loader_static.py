@@ -227,3 +227,38 @@ def test_break_and_iterate_again_continues_epoch_through_device_feed(ray_session
     assert sorted(seen) == list(range(100))
     assert it.epoch == 1
     loader.shutdown()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_off_policy_every_rank_reads_everything_in_own_order(ray_session, dataset, world_size):
+    loader = make_loader(dataset, policy="off", batch_size=10)
+    its = [
+        loader.iterator(world_rank=r, world_size=world_size, batch_format="numpy")
+        for r in range(world_size)
+    ]
+    orders = [real_ids(b) for b in run_lockstep(its)]
+    assert all(sorted(order) == list(range(100)) for order in orders)
+    assert len({tuple(order) for order in orders}) == world_size  # own seeded order each
+    loader.shutdown()
+
+
+def test_shuffle_buffer_mixes_rows_and_keeps_coverage(ray_session, dataset):
+    loader = make_loader(dataset, shuffle_buffer=40, seed=5, batch_size=10)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    orders = [real_ids(b) for b in run_lockstep(its)]
+    assert sorted(orders[0] + orders[1]) == list(range(100))
+    assert orders[0] != sorted(orders[0])  # rows, not just splits, were shuffled
+    loader.shutdown()
+
+
+def test_loader_from_yaml_explicit_wins(ray_session, dataset, tmp_path):
+    config = tmp_path / "loader.yaml"
+    config.write_text(
+        f"paths: [{dataset}]\nbatch_size: 50\npolicy: file\nuneven: replicate\nseed: 3\n"
+    )
+    loader = Loader.from_yaml(
+        str(config), batch_size=25, loader_options={"name": unique_name("yaml")}
+    )
+    it = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+    assert len(it) == 4  # replicate: every rank reads all 100 rows, in batches of 25
+    loader.shutdown()
