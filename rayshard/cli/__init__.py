@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from rayshard.cli.plan_cmd import plan_command
+from rayshard.cli.state_cmd import state_group
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -14,5 +15,6 @@ def main() -> None:
 
 
 main.add_command(plan_command)
+main.add_command(state_group)
 
 __all__ = ["main"]

@@ -1,0 +1,278 @@
+"""`rayshard state`: inspect a saved loader state and rewrite it safely.
+
+PATH is a state JSON file or a checkpoint folder holding `rayshard_state.json`. Rewrites
+go to a temporary file in the target's folder, then `os.replace`: a crash leaves the old
+file or the new one, never half of one. Rewriting in place keeps the old file as `.bak`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from rayshard import state_tools
+from rayshard.errors import ConfigError
+from rayshard.plan import DataLayout
+from rayshard.state import STATE_VERSION, LoaderState
+
+STATE_FILE = "rayshard_state.json"  # as `rayshard.train.STATE_FILE`, without importing Ray
+_SHOWN = 8  # consumed intervals the table lists
+
+_path_arg = click.argument("path", type=click.Path(exists=True, path_type=Path))
+_expect_option = click.option(
+    "--expect-loader", metavar="ID", help="Refuse a state saved by any other loader id."
+)
+_out_option = click.option(
+    "-o",
+    "--out",
+    type=click.Path(dir_okay=True, path_type=Path),
+    help="Write here (a file, or a folder for rayshard_state.json) instead of in place.",
+)
+
+
+@click.group("state")
+def state_group() -> None:
+    """Inspect a saved loader state, or rewrite it (skip an epoch, re-target a world size).
+
+    PATH is the state JSON or a checkpoint folder holding rayshard_state.json.
+    """
+
+
+@state_group.command("show")
+@_path_arg
+@click.option(
+    "--data",
+    type=click.Path(exists=True, path_type=Path),
+    help="The Parquet file or folder the loader reads: adds progress per row group.",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+@_expect_option
+def show_command(path: Path, data: Path | None, fmt: str, expect_loader: str | None) -> None:
+    """Epoch, progress, what remains and for which world size."""
+    file, state = _load(path, expect_loader)
+    layout = splits = labels = None
+    if data is not None:
+        layout, splits, labels = _parquet_splits(data)
+    try:
+        summary = state_tools.summarize(state, layout, splits, labels=labels)
+    except ConfigError as error:
+        raise click.ClickException(f"{file} and {data}: {error}") from error
+    summary = {"path": str(file), **summary}
+    if fmt == "json":
+        click.echo(json.dumps(summary, indent=2))
+    else:
+        click.echo(_table(summary))
+
+
+@state_group.command("skip-epoch")
+@_path_arg
+@_out_option
+@_expect_option
+def skip_epoch_command(path: Path, out: Path | None, expect_loader: str | None) -> None:
+    """Start the next epoch; the rest of the current one is skipped."""
+    _rewrite(path, out, expect_loader, state_tools.skip_to_next_epoch)
+
+
+@state_group.command("set-epoch")
+@_path_arg
+@click.option("--epoch", type=click.IntRange(min=0), required=True, help="Epoch to start.")
+@_out_option
+@_expect_option
+def set_epoch_command(path: Path, epoch: int, out: Path | None, expect_loader: str | None) -> None:
+    """Start EPOCH from its beginning (the same epoch restarts it)."""
+    _rewrite(path, out, expect_loader, lambda s: state_tools.set_epoch(s, epoch))
+
+
+@state_group.command("retarget")
+@_path_arg
+@click.option("--world-size", type=click.IntRange(min=1), required=True, help="New hint W.")
+@_out_option
+@_expect_option
+def retarget_command(
+    path: Path, world_size: int, out: Path | None, expect_loader: str | None
+) -> None:
+    """Set the world size the consumed samples count as planned for.
+
+    Resuming on exactly W continues each rank's own W-rank shard minus what was consumed;
+    on any other size the rest of the epoch is re-balanced over the new ranks.
+    """
+    _rewrite(path, out, expect_loader, lambda s: state_tools.retarget(s, world_size))
+
+
+def _resolve(path: Path) -> Path:
+    if not path.is_dir():
+        return path
+    file = path / STATE_FILE
+    if not file.is_file():
+        raise click.ClickException(
+            f"{path} is a folder without {STATE_FILE}: pass a checkpoint folder written by "
+            "rayshard.train.save_state, or the state JSON file itself"
+        )
+    return file
+
+
+def _load(path: Path, expect_loader: str | None) -> tuple[Path, LoaderState]:
+    """The state file PATH names, and its strictly loaded, consistent state (else exit 1)."""
+    file = _resolve(path)
+    what = "pass the JSON written by rayshard.train.save_state or iterator.state_dict()"
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise click.ClickException(
+            f"{file} is not a rayshard loader state (not readable JSON: {error}): {what}"
+        ) from error
+    if not isinstance(data, dict):
+        raise click.ClickException(
+            f"{file} is not a rayshard loader state (a JSON {type(data).__name__}, not an "
+            f"object): {what}"
+        )
+    if "loader" in data and data.get("version", STATE_VERSION) != STATE_VERSION:
+        raise click.ClickException(
+            f"{file} holds loader state version {data['version']!r}, but this rayshard reads "
+            f"version {STATE_VERSION}: use the rayshard release that saved it, or start fresh"
+        )
+    try:
+        state = state_tools.check(LoaderState.from_dict(data, expect_loader=expect_loader))
+    except ConfigError as error:
+        hint = (
+            f"; pass the state of loader {expect_loader!r}, or drop --expect-loader"
+            if expect_loader is not None and data.get("loader") != expect_loader
+            else f"; {what}"
+        )
+        raise click.ClickException(f"{file}: {error}{hint}") from error
+    return file, state
+
+
+def _rewrite(
+    path: Path,
+    out: Path | None,
+    expect_loader: str | None,
+    change: Callable[[LoaderState], LoaderState],
+) -> None:
+    file, state = _load(path, expect_loader)
+    try:
+        new = change(state)
+    except (ConfigError, TypeError) as error:
+        raise click.ClickException(f"{file}: {error}") from error
+    target = file if out is None else (out / STATE_FILE if out.is_dir() else out)
+    payload = new.to_json() + "\n"
+    try:
+        if out is None:
+            backup = file.with_name(file.name + ".bak")
+            _atomic_write(backup, file.read_bytes())
+        _atomic_write(target, payload.encode("utf-8"))
+    except OSError as error:
+        raise click.ClickException(f"cannot write {target}: {error}") from error
+    kept = f" (the old one is in {backup})" if out is None else ""
+    click.echo(
+        f"wrote {target}{kept}: epoch {state.epoch} -> {new.epoch}, consumed "
+        f"{_count(state)} -> {_count(new)} of {new.num_samples}, "
+        f"world_size {state.world_size} -> {new.world_size}"
+    )
+
+
+def _atomic_write(target: Path, payload: bytes) -> None:
+    """Write a temp file beside `target`, fsync it, then rename it over `target`."""
+    handle, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        os.chmod(temp, _mode_for(target))
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(payload)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
+
+def _mode_for(target: Path) -> int:
+    """The permissions `target` has, or a new file's (mkstemp's 0o600 would hide it)."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _count(state: LoaderState) -> int:
+    return sum(end - start for start, end in state.consumed)
+
+
+def _parquet_splits(data: Path) -> tuple[DataLayout, list[tuple[int, int]], list[str]]:
+    """The layout, row groups as sample ranges, and `file#group` labels of the Parquet data."""
+    from rayshard.sources.parquet import ParquetSource  # pyarrow: only when asked for
+
+    try:
+        source = ParquetSource(str(data))
+    except ConfigError as error:
+        raise click.ClickException(f"--data {data}: {error}") from error
+    groups = [(f, g, a, b) for f, g, a, b in source.row_groups() if b > a]
+    return (
+        source.layout(),
+        [(a, b) for _, _, a, b in groups],
+        [f"{os.path.basename(f)}#{g}" for f, g, _, _ in groups],
+    )
+
+
+def _table(summary: dict) -> str:
+    n = summary["num_samples"]
+    world = summary["world_size"] or "unknown"
+    pairs = summary["consumed_intervals"]
+    spans = " ".join(f"[{a},{b})" for a, b in pairs[:_SHOWN]) or "-"
+    if len(pairs) > _SHOWN:
+        spans += f" ... ({len(pairs)} intervals; --format json lists them all)"
+    lines = [
+        f"state       {summary['path']}",
+        f"loader      {summary['loader']}  (version {summary['version']}, seed {summary['seed']})",
+        f"epoch       {summary['epoch']}",
+        f"consumed    {summary['consumed']} of {n} ({summary['consumed_fraction']:.1%})",
+        f"remaining   {summary['remaining']}",
+        f"world size  {world}  (the size the consumed samples were planned for)",
+        f"intervals   {spans}",
+    ]
+    splits = summary["splits"]
+    if splits is not None:
+        counts = {s: sum(1 for x in splits if x["status"] == s) for s in ("done", "partial")}
+        untouched = len(splits) - counts["done"] - counts["partial"]
+        lines.append(
+            f"splits      {len(splits)}: {counts['done']} done, {counts['partial']} partial, "
+            f"{untouched} untouched"
+        )
+        lines.append("")
+        lines.extend(_split_rows(splits))
+    return "\n".join(lines)
+
+
+def _split_rows(splits: list[dict]) -> list[str]:
+    """One row per split; runs of done or untouched splits fold into one row."""
+    rows = [("split", "samples", "consumed", "status")]
+    i = 0
+    while i < len(splits):
+        j = i + 1
+        if splits[i]["status"] != "partial":
+            while j < len(splits) and splits[j]["status"] == splits[i]["status"]:
+                j += 1
+        first, last = splits[i], splits[j - 1]
+        name = first["label"] or str(first["split"])
+        if j - i > 1:
+            name = f"{name} .. {last['label'] or last['split']}"
+        done = sum(s["consumed"] for s in splits[i:j])
+        total = sum(s["total"] for s in splits[i:j])
+        span = f"[{first['start']},{last['end']})"
+        rows.append((name, span, f"{done}/{total}", first["status"]))
+        i = j
+    widths = [max(len(row[k]) for row in rows) for k in range(4)]
+    out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    out.insert(1, "  ".join("-" * w for w in widths))
+    return out

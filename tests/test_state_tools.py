@@ -1,0 +1,142 @@
+"""`rayshard.state_tools`: summaries add up, and every rewrite is a state the loader accepts."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from rayshard import state_tools
+from rayshard.errors import ConfigError
+from rayshard.plan import DataLayout
+from rayshard.plan import intervals as iv
+from rayshard.state import LoaderState
+
+
+@st.composite
+def states(draw) -> LoaderState:
+    n = draw(st.integers(0, 500))
+    cuts = sorted(draw(st.lists(st.integers(0, n), max_size=12)))
+    pairs = [(cuts[i], cuts[i + 1]) for i in range(0, len(cuts) - 1, 2)]
+    return LoaderState(
+        loader=draw(st.sampled_from(["train:abc123", "eval:0", ""])),
+        epoch=draw(st.integers(0, 10_000)),
+        seed=draw(st.integers(0, 2**32)),
+        consumed=iv.normalize(pairs),
+        world_size=draw(st.integers(0, 64)),
+        num_samples=n,
+    )
+
+
+def strict(state: LoaderState) -> LoaderState:
+    return LoaderState.from_dict(state.to_json(), expect_loader=state.loader)
+
+
+EMPTY = LoaderState("x", 0, 0, (), 0, 0)
+ALL = LoaderState("x", 3, 1, ((0, 10),), 2, 10)
+
+
+@given(states())
+@example(EMPTY)
+@example(ALL)
+def test_consumed_plus_remaining_is_the_dataset(state):
+    summary = state_tools.summarize(state)
+    assert summary["consumed"] + summary["remaining"] == state.num_samples
+    assert summary["consumed"] == len(list(iv.indices(state.consumed)))
+    assert 0.0 <= summary["consumed_fraction"] <= 1.0
+    assert summary["splits"] is None
+    assert iv.normalize(summary["consumed_intervals"]) == state.consumed
+
+
+@given(states(), st.lists(st.integers(0, 20), max_size=8))
+def test_split_progress_adds_up(state, sizes):
+    # Split boundaries cut [0, n) in order; a last split takes what the sizes leave.
+    bounds, at = [], 0
+    for size in sizes:
+        end = min(at + size, state.num_samples)
+        bounds.append((at, end))
+        at = end
+    bounds.append((at, state.num_samples))
+    splits = state_tools.summarize(state, splits=bounds)["splits"]
+    assert sum(s["total"] for s in splits) == state.num_samples
+    assert sum(s["consumed"] for s in splits) == iv.total(state.consumed)
+    for s in splits:
+        assert 0 <= s["consumed"] <= s["total"]
+        expected = {0: "untouched", s["total"]: "done"}.get(s["consumed"], "partial")
+        assert s["status"] == ("done" if s["total"] == 0 else expected)
+
+
+@given(states(), st.integers(0, 100), st.integers(1, 1024))
+@example(EMPTY, 0, 1)
+@example(ALL, 3, 2)
+def test_rewrites_are_valid_states(state, epoch, world_size):
+    skipped = state_tools.skip_to_next_epoch(state)
+    assert strict(skipped) == skipped
+    assert (skipped.epoch, skipped.consumed) == (state.epoch + 1, ())
+
+    moved = state_tools.set_epoch(state, epoch)
+    assert strict(moved) == moved
+    assert (moved.epoch, moved.consumed) == (epoch, ())
+
+    retargeted = state_tools.retarget(state, world_size)
+    assert strict(retargeted) == retargeted
+    assert retargeted.world_size == world_size
+    assert retargeted.consumed == state.consumed and retargeted.epoch == state.epoch
+
+    for new in (skipped, moved, retargeted):  # what identifies the loader is untouched
+        assert (new.loader, new.seed, new.num_samples) == (
+            state.loader,
+            state.seed,
+            state.num_samples,
+        )
+    assert state_tools.summarize(skipped)["remaining"] == state.num_samples
+
+
+def test_file_layout_gives_per_file_progress():
+    state = LoaderState("x", 0, 0, ((0, 5), (12, 14)), 2, 20)
+    summary = state_tools.summarize(state, DataLayout.of_files([5, 0, 10, 5]))
+    assert [(s["start"], s["end"], s["consumed"], s["status"]) for s in summary["splits"]] == [
+        (0, 5, 5, "done"),
+        (5, 15, 2, "partial"),
+        (15, 20, 0, "untouched"),
+    ]
+
+
+@pytest.mark.parametrize("world_size", [0, -3])
+def test_retarget_needs_a_positive_world_size(world_size):
+    with pytest.raises(ConfigError, match=f"world_size={world_size} is not >= 1"):
+        state_tools.retarget(ALL, world_size)
+
+
+@pytest.mark.parametrize("bad", [True, 2.0, "4"])
+def test_retarget_needs_an_int(bad):
+    with pytest.raises(TypeError, match="world_size must be an int"):
+        state_tools.retarget(ALL, bad)
+
+
+def test_set_epoch_refuses_a_negative_epoch():
+    with pytest.raises(ConfigError, match="epoch=-1 is not >= 0"):
+        state_tools.set_epoch(ALL, -1)
+
+
+def test_summary_refuses_data_of_another_size():
+    with pytest.raises(ConfigError, match="the data has 11 samples but the state was saved for 10"):
+        state_tools.summarize(ALL, DataLayout.of_samples(11))
+
+
+def test_split_outside_the_dataset_is_refused():
+    with pytest.raises(ConfigError, match=r"split 0 \[5, 12\) is outside"):
+        state_tools.summarize(ALL, splits=[(5, 12)])
+
+
+@pytest.mark.parametrize(
+    ("state", "message"),
+    [
+        (LoaderState("x", -1, 0, (), 1, 10), "epoch=-1 is negative"),
+        (LoaderState("x", 0, 0, ((5, 12),), 1, 10), r"span \[5, 12\), outside"),
+        (LoaderState("x", 0, 0, (), -2, 10), "world_size=-2 is negative"),
+    ],
+)
+def test_inconsistent_states_are_refused(state, message):
+    with pytest.raises(ConfigError, match=message):
+        state_tools.skip_to_next_epoch(state)
