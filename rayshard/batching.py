@@ -110,3 +110,24 @@ def _tag(batch: pa.RecordBatch, index: np.ndarray, *, padded: bool) -> pa.Record
     arrays = [*batch.columns, pa.array(index, pa.int64()), pa.array(np.full(len(index), padded))]
     names = [*batch.schema.names, INDEX_KEY, PADDED_KEY]
     return pa.RecordBatch.from_arrays(arrays, names=names)
+
+
+def pad_rows(
+    source: Source,
+    real_rows: int,
+    steps: int,
+    batch_size: int,
+    last_index: int | None,
+    columns: Sequence[str] | None,
+) -> Iterator[pa.RecordBatch]:
+    """Padding (`_padded` True) after `real_rows` rows so the stream makes exactly `steps`
+    batches, the last one possibly short: the least padding that does it. The padding
+    repeats sample `last_index` (sample 0 if the rank read nothing)."""
+    needed = 0 if steps == 0 else max((steps - 1) * batch_size + 1 - real_rows, 0)
+    if needed == 0:
+        return
+    index = 0 if last_index is None else last_index
+    row = pa.Table.from_batches(list(source.read(index, index + 1, columns))).combine_chunks()
+    one = row.to_batches()[0]
+    for _ in range(needed):
+        yield _tag(one, np.array([index]), padded=True)

@@ -53,7 +53,7 @@ class ShardIterator:
         self._delivered_meta: collections.deque = collections.deque()  # (ids, padded) in order
         self._epoch = 0
         self._started = False  # whether `_epoch` has begun on this worker
-        self._total: int | None = None  # batches of `_epoch` for this rank
+        self._ended = False  # whether this worker received all of `_epoch`
         self._received = 0  # batches of `_epoch` this loop received
         self._requested = 0  # batches of `_epoch` asked of the reader
         self._pending: collections.deque = collections.deque()  # requests in flight
@@ -65,7 +65,7 @@ class ShardIterator:
         return self._epoch + 1 if self._finished() else self._epoch
 
     def _finished(self) -> bool:
-        return self._started and self._received >= (self._total or 0)
+        return self._started and self._ended
 
     @property
     def placement(self) -> DataParallelRank:
@@ -77,20 +77,19 @@ class ShardIterator:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
         self._epoch, self._received, self._started = epoch, 0, False
-        self._total = None
         self._close_feed()
         self._pending.clear()
         self._requested = 0
 
     def __len__(self) -> int:
-        """Exactly the number of batches the next (or current) iteration yields."""
-        if self._started and not self._finished():
-            return self._total - self._received
-        epoch = self.epoch
-        plan = ray.get(
-            self._coordinator.rank_plan.remote(self._generation, self._placement.dp_rank, epoch)
+        """The batches the current iteration still yields (the next one's, once the current
+        epoch is done). Exact for static policies; under `dynamic` exact with equal steps
+        and no churn, otherwise the coordinator's current estimate."""
+        received = self._received if self._started and not self._ended else 0
+        length = ray.get(
+            self._coordinator.length.remote(self._generation, self._placement.dp_rank, self.epoch)
         )
-        return plan.batches
+        return max(length - received, 0)
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the rest of the current epoch, or the next epoch if this one is done.
@@ -98,13 +97,17 @@ class ShardIterator:
         Breaking out of the loop and iterating again continues the same epoch: batches
         already requested or prefetched are kept, not lost.
         """
-        if not self._started or self._finished():
+        if not self._started or self._ended:
             if self._started:
                 self.set_epoch(self._epoch + 1)
             self._begin()
         epoch = self._epoch
-        while self._received < self._total:
-            batch = next(self._stream)
+        while True:
+            try:
+                batch = next(self._stream)
+            except StopIteration:
+                self._ended = True
+                return
             ids, padded = self._delivered_meta.popleft()
             self._received += 1
             self._acknowledge(epoch, ids, padded)
@@ -132,14 +135,22 @@ class ShardIterator:
         epoch, self._generation = ray.get(self._coordinator.restore.remote(state))
         self.set_epoch(epoch)
 
+    def close(self) -> None:
+        """Leave the loader: stop the device feed and the reader; under `dynamic` this
+        rank's unfinished leases go back to the queue for the others."""
+        self._close_feed()
+        ray.get(self._coordinator.leave.remote(self._generation, self._placement.dp_rank))
+        self._reader.stop.remote()
+
     def _begin(self) -> None:
         info = ray.get(self._reader.start.remote(self._generation, self._epoch))
-        self._started, self._total = True, info["batches"]
+        self._started, self._ended = True, False
+        del info
         self._close_feed()
         self._pending.clear()
         self._requested = self._received = 0
         self._delivered_meta.clear()
-        raw = self._fetch(self._generation, self._epoch, self._total)
+        raw = self._fetch(self._generation, self._epoch)
         if self._format == "torch":
             from rayshard.device import DeviceFeed
 
@@ -150,14 +161,21 @@ class ShardIterator:
         else:
             self._stream = (self._convert(batch) for batch in raw)
 
-    def _fetch(self, generation: int, epoch: int, total: int) -> Iterator[dict]:
+    def _fetch(self, generation: int, epoch: int) -> Iterator[dict]:
         """Numpy batches from the reader (zero-copy from the object store), in order,
-        keeping `prefetch_depth` requests in flight."""
-        while self._requested < total or self._pending:
-            while self._requested < total and len(self._pending) < self._depth:
+        keeping `prefetch_depth` requests in flight, until the reader says the epoch ended."""
+        more = True
+        while True:
+            while more and len(self._pending) < self._depth:
                 self._pending.append(self._reader.next.remote(generation, epoch, self._requested))
                 self._requested += 1
-            batch = ray.get(ray.get(self._pending.popleft()))
+            if not self._pending:
+                return
+            ref = ray.get(self._pending.popleft())
+            if ref is None:
+                more = False
+                continue
+            batch = ray.get(ref)
             self._delivered_meta.append((batch[INDEX_KEY], batch[PADDED_KEY]))
             yield batch
 

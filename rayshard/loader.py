@@ -9,16 +9,20 @@ The loader pickles into `train_loop_config` (it carries the coordinator's handle
 from __future__ import annotations
 
 import logging
+import os
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
 import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayshard.config import LoaderConfig
 from rayshard.errors import ConfigError
 from rayshard.iterator import ShardIterator
 from rayshard.plan import PlanConfig, check_not_empty, data_parallel_rank
 from rayshard.runtime.coordinator import Coordinator
+from rayshard.runtime.reader import ShardReader
 from rayshard.settings import LoaderSettings, as_tuple_groups
 from rayshard.sharding import assign
 from rayshard.sources import Source
@@ -52,6 +56,8 @@ class Loader:
         model_parallel_size: int = 1,
         dp_groups: Sequence[Sequence[int]] | None = None,
         state_timeout_s: float = 60.0,
+        journal_path: str | None = None,
+        coordinator_max_restarts: int = 3,
         config_file: dict | None = None,
     ) -> None:
         if not isinstance(source, Source):
@@ -83,6 +89,7 @@ class Loader:
             model_parallel_size=model_parallel_size,
             dp_groups=as_tuple_groups(dp_groups),
             state_timeout_s=state_timeout_s,
+            journal_path=journal_path,
         )
         self.source = source
         self.layout = source.layout()
@@ -96,13 +103,24 @@ class Loader:
         self.loader_id = (
             f"{name}:{self.settings.fingerprint(source.describe(), self.layout.num_samples)}"
         )
+        self.journal_path = journal_path or default_journal_path(self.namespace, name)
+        here = ray.get_runtime_context().get_node_id()
         try:
             self._coordinator = (
                 ray.remote(Coordinator)
-                .options(name=name, namespace=self.namespace, num_cpus=0, max_restarts=0)
-                .remote(self.loader_id, source, self.settings)
+                .options(
+                    name=name,
+                    namespace=self.namespace,
+                    num_cpus=0,
+                    # Restarts replay the journal; calls in flight are retried by Ray.
+                    max_restarts=coordinator_max_restarts,
+                    max_task_retries=-1,
+                    # The default journal is a local file: keep the coordinator on its node.
+                    scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
+                )
+                .remote(self.loader_id, source, self.settings, self.namespace, self.journal_path)
             )
-            ray.get(self._coordinator.describe.remote())
+            ray.get(self._coordinator.ping.remote())
         except ValueError as error:
             raise ConfigError(
                 f"a loader named {name!r} already exists in namespace {self.namespace!r}: "
@@ -184,9 +202,9 @@ class Loader:
                 world_rank,
                 world_size,
                 {"dp_rank": dp.dp_rank, "dp_size": dp.dp_size, "group": list(dp.group)},
-                ray.get_runtime_context().get_node_id(),
             )
         )
+        registration["reader"] = self._reader(registration, dp)
         return ShardIterator(
             self._coordinator,
             registration,
@@ -197,6 +215,28 @@ class Loader:
             collate_fn=collate_fn,
         )
 
+    def _reader(self, registration: dict, dp: Any) -> Any:
+        """Get or create this rank's reader on this worker's node (one per model-parallel
+        group: the first member creates it, the others find it by name)."""
+        name = registration["reader"]
+        node = ray.get_runtime_context().get_node_id()
+        reader = (
+            ray.remote(ShardReader)
+            .options(
+                name=name,
+                namespace=self.namespace,
+                get_if_exists=True,
+                num_cpus=self.settings.reader_num_cpus,
+                max_concurrency=4 + len(dp.group),
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True),
+            )
+            .remote(self._coordinator, self.source, self.settings, dp.dp_rank, len(dp.group))
+        )
+        ray.get(
+            self._coordinator.attach_reader.remote(registration["generation"], dp.dp_rank, name)
+        )
+        return reader
+
     def stats(self) -> dict:
         """Membership and progress as the coordinator sees them."""
         return ray.get(self._coordinator.describe.remote())
@@ -204,6 +244,13 @@ class Loader:
     def shutdown(self) -> None:
         """Stop the coordinator and its readers."""
         ray.kill(self._coordinator, no_restart=True)
+
+
+def default_journal_path(namespace: str, name: str) -> str:
+    """Where the coordinator journals by default: a local file under the temp folder,
+    scoped by namespace (one job) and loader name."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{namespace}-{name}")
+    return os.path.join(tempfile.gettempdir(), "rayshard", "journals", f"{safe}.jsonl")
 
 
 def _train_world(world_rank: int | None, world_size: int | None) -> tuple[int, int]:

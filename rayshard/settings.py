@@ -27,14 +27,16 @@ class LoaderSettings:
     dp_groups: tuple[tuple[int, ...], ...] | None = None
     state_timeout_s: float = 60.0
     reader_num_cpus: float = 0.0
+    lease_poll_s: float = 0.05
+    journal_path: str | None = None
 
     def __post_init__(self) -> None:
         policy = ShardingPolicy.parse(self.policy)
-        if policy in (ShardingPolicy.DYNAMIC, ShardingPolicy.HINT):
+        if policy is ShardingPolicy.HINT:
             raise ConfigError(
-                f"policy={policy.value!r} is not served by Loader yet: use 'data', 'file', "
-                "'file_or_data' or 'off' (for 'hint', shard your own pipeline with "
-                "rayshard.sharding.bind_hints)"
+                "policy='hint' is for pipelines you build yourself: shard them with "
+                "rayshard.sharding.bind_hints; the loader serves 'data', 'file', "
+                "'file_or_data', 'off' and 'dynamic'"
             )
         object.__setattr__(self, "policy", policy)
         if isinstance(self.shuffle_buffer, bool) or not isinstance(self.shuffle_buffer, int):

@@ -1,13 +1,13 @@
 """Ray Train glue: one call in `train_loop_per_worker`, and loader state in checkpoints.
 
-    def train_loop_per_worker(config):
-        batches = rayshard.train.iterator(config["loader"])   # resumes from a checkpoint
-        for epoch in range(config["epochs"]):
-            for batch in batches:
-                ...
-            with tempfile.TemporaryDirectory() as d:
-                rayshard.train.save_state(batches, d)
-                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+def train_loop_per_worker(config):
+    batches = rayshard.train.iterator(config["loader"])   # resumes from a checkpoint
+    for epoch in range(config["epochs"]):
+        for batch in batches:
+            ...
+        with tempfile.TemporaryDirectory() as d:
+            rayshard.train.save_state(batches, d)
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
 """
 
 from __future__ import annotations

@@ -1,25 +1,34 @@
-"""The coordinator: one Ray actor per loader holding epoch, membership and plan.
+"""The coordinator: one Ray actor per loader holding epoch, membership, plan and progress.
 
-It is an async actor: one event loop, so its fields need no lock, and a `state()` call
-can wait for other ranks' acknowledgements without blocking them. Clients carry the
-membership `generation` they registered under; a client of an older generation, or one
-asking for an epoch its rank has already left, is rejected as stale.
+It is an async actor: one event loop, so its fields need no lock, and `state()` can wait
+for other ranks' acknowledgements without blocking them. Every change is applied by a
+plain method (`_apply_*`) and written to the journal before the caller gets an answer; a
+restarted coordinator (Ray `max_restarts`) replays the journal through the same methods.
+
+Clients carry the membership `generation` they registered under; a client of an older
+generation, or one asking for an epoch its rank has already left, is rejected as stale.
+Readers (one per data-parallel rank) are created by the workers they feed, so they share
+the worker's fate, not the coordinator's; the coordinator watches each one and, under the
+`dynamic` policy, puts a dead reader's unacknowledged leases back into the queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from typing import Any
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayshard.errors import RayshardError, StaleClientError
+from rayshard.leases import LeaseBook
 from rayshard.plan import EpochPlan, RankPlan
 from rayshard.plan import intervals as iv
+from rayshard.runtime.journal import Journal
 from rayshard.runtime.planning import epoch_plan
 from rayshard.settings import LoaderSettings
+from rayshard.sharding import ShardingPolicy, assign
 from rayshard.sources import Source
 from rayshard.state import LoaderState
 
@@ -29,79 +38,127 @@ class _Membership:
     generation: int
     dp_size: int
     world_size: int
-    nodes: dict[int, str] = dataclasses.field(default_factory=dict)  # world rank -> node
-    readers: dict[int, Any] = dataclasses.field(default_factory=dict)  # dp rank -> actor
+    ranks: set[int] = dataclasses.field(default_factory=set)  # registered dp ranks
+    readers: dict[int, str] = dataclasses.field(default_factory=dict)  # dp rank -> actor name
 
 
 class Coordinator:
     """Epoch, membership, plan and progress of one loader (see module docstring)."""
 
-    def __init__(self, loader_id: str, source: Source, settings: LoaderSettings) -> None:
+    def __init__(
+        self,
+        loader_id: str,
+        source: Source,
+        settings: LoaderSettings,
+        namespace: str,
+        journal_path: str,
+    ) -> None:
         self._loader_id = loader_id
         self._source = source
         self._settings = settings
+        self._namespace = namespace
         self._layout = source.layout()
+        self._dynamic = settings.policy is ShardingPolicy.DYNAMIC
         self._members: _Membership | None = None
         self._plans: dict[int, EpochPlan] = {}
+        self._books: dict[int, LeaseBook] = {}
         self._rank_epoch: dict[int, int] = {}
         self._resume: LoaderState | None = None
-        # epoch -> dp rank -> (batches received, samples consumed as a list of intervals)
-        self._progress: dict[int, dict[int, tuple[int, list[iv.Interval]]]] = {}
+        # epoch -> dp rank -> batches received; epoch -> consumed intervals (all ranks)
+        self._received: dict[int, dict[int, int]] = {}
+        self._consumed: dict[int, list[iv.Interval]] = {}
+        self._events: list[dict] = []
         self._acked = asyncio.Condition()
+        self._watched: dict[str, Any] = {}
+        self._rewatch_pending = False
+        self._journal = Journal(journal_path, loader_id)
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            for entry in self._journal.replay():
+                getattr(self, f"_apply_{entry['op']}")(**entry["args"])
+            self._event("coordinator_restarted")
+            self._rewatch_pending = True
+        else:
+            self._journal.start_fresh()
 
-    async def register(self, world_rank: int, world_size: int, dp: dict, node_id: str) -> dict:
-        """Join the loader; returns the generation and the reader actor of this rank's group.
+    # -- membership ------------------------------------------------------------------------
+    async def register(self, world_rank: int, world_size: int, dp: dict) -> dict:
+        """Join the loader; returns the generation and the name of this rank's reader.
 
-        A different data-parallel size than the current membership starts a new generation:
-        progress so far becomes the resume point, and the old readers are stopped.
+        Static policies: a different data-parallel size starts a new generation, with the
+        progress so far as the resume point. Dynamic: ranks join the running epoch.
         """
-        members = self._members
-        if members is None or members.dp_size != dp["dp_size"]:
-            members = await self._new_generation(dp["dp_size"], world_size)
-        members.nodes[world_rank] = node_id
-        dp_rank = dp["dp_rank"]
-        if dp_rank not in members.readers:
-            members.readers[dp_rank] = self._start_reader(dp_rank, len(dp["group"]), node_id)
-        return {"generation": members.generation, "reader": members.readers[dp_rank]}
+        return self._record("register", world_rank=world_rank, world_size=world_size, dp=dp)
 
+    async def attach_reader(self, generation: int, dp_rank: int, name: str) -> None:
+        """A worker created (or found) the reader actor `name` of `dp_rank`; watch it."""
+        self._check(generation)
+        self._record("attach", dp_rank=dp_rank, name=name)
+        self._watch(dp_rank, name)
+
+    async def leave(self, generation: int, dp_rank: int) -> None:
+        """A rank leaves gracefully: its unfinished leases go back to the queue."""
+        if self._members is not None and generation == self._members.generation:
+            self._record("lost", dp_rank=dp_rank, reason="left")
+
+    # -- plans and leases ------------------------------------------------------------------
     async def rank_plan(self, generation: int, dp_rank: int, epoch: int) -> RankPlan:
-        """The plan of one rank for `epoch` (the rest of it, when resuming there)."""
-        members = self._check(generation)
-        last = self._rank_epoch.get(dp_rank)
-        if last is not None and epoch < last:
-            raise StaleClientError(
-                f"data-parallel rank {dp_rank} asked for epoch {epoch}, but it already started "
-                f"epoch {last}: this iterator is stale; take a new one from the loader"
-            )
-        self._rank_epoch[dp_rank] = epoch
-        if epoch not in self._plans:
-            self._plans[epoch] = epoch_plan(
-                self._settings, self._source, members.dp_size, epoch, self._resume
-            )
-        return self._plans[epoch].ranks[dp_rank]
+        """The static plan of one rank for `epoch` (the rest of it, when resuming there)."""
+        self._check_epoch(generation, dp_rank, epoch)
+        self._record("epoch", dp_rank=dp_rank, epoch=epoch)
+        return self._plan(epoch).ranks[dp_rank]
 
+    async def length(self, generation: int, dp_rank: int, epoch: int) -> int:
+        """Batches `dp_rank` yields in `epoch` (dynamic: as the lease book stands now)."""
+        self._check(generation)
+        if not self._dynamic:
+            return self._plan(epoch).ranks[dp_rank].batches
+        steps = self._book(epoch).steps(dp_rank)
+        if steps is None:  # no equal steps: an even share of what is left, as an estimate
+            book = self._book(epoch)
+            rows = book.unleased_rows() + sum(le.end - le.start for le in book.outstanding())
+            steps = -(-rows // (max(len(book.ranks), 1) * self._settings.plan.batch_size))
+        return steps
+
+    async def lease(self, generation: int, dp_rank: int, epoch: int) -> list[int] | str | None:
+        """The next split piece `[start, end)` for `dp_rank`; None when it has no more;
+        "wait" when work may still come back (ask again shortly)."""
+        self._check_epoch(generation, dp_rank, epoch)
+        piece = self._record("lease", dp_rank=dp_rank, epoch=epoch)
+        if piece is None and not self._settings.plan.equal_steps:
+            # Without equal steps nobody waits on this rank: it stays until no other rank
+            # holds unfinished work that could come back to the queue if that rank died.
+            book = self._book(epoch)
+            book.close_finished()
+            if any(le.rank != dp_rank for le in book.outstanding()):
+                return "wait"
+        return piece
+
+    async def steps(self, generation: int, dp_rank: int, epoch: int) -> int | None:
+        """Final batch count of `dp_rank` under equal steps (asked once its leases ran out)."""
+        self._check(generation)
+        return self._book(epoch).steps(dp_rank)
+
+    # -- progress and state ----------------------------------------------------------------
     async def ack(self, generation: int, dp_rank: int, epoch: int, batches: int, ids: list) -> None:
-        """A consumer of `dp_rank` received its `batches`-th batch holding samples `ids`."""
+        """A consumer of `dp_rank` received its `batches`-th batch, holding samples `ids`."""
         if self._members is None or generation != self._members.generation:
-            return  # a late acknowledgement from a previous generation: already accounted
-        ranks = self._progress.setdefault(epoch, {})
-        count, consumed = ranks.get(dp_rank, (0, []))
-        ranks[dp_rank] = (max(count, batches), [*consumed, *map(tuple, ids)])
+            return  # late acknowledgement of a previous generation: already accounted
+        self._record("ack", dp_rank=dp_rank, epoch=epoch, batches=batches, ids=ids)
         async with self._acked:
             self._acked.notify_all()
 
     async def state(self, generation: int, epoch: int, received: int) -> dict:
         """The loader-wide state once every rank acknowledged `received` batches of `epoch`
-        (or all of its batches, if it has fewer)."""
-        members = self._check(generation)
-        plan = self._plans.get(epoch)
-        if plan is None:
-            return self._state_dict(epoch, ())
+        (or all it has, if fewer)."""
+        self._check(generation)
+        if epoch not in self._plans and epoch not in self._books:
+            return self._state_dict(epoch, self._resumed_consumed(epoch))
 
         def settled() -> bool:
-            ranks = self._progress.get(epoch, {})
+            counts = self._received.get(epoch, {})
             return all(
-                ranks.get(r.rank, (0, []))[0] >= min(received, r.batches) for r in plan.ranks
+                counts.get(r, 0) >= min(received, self._total(epoch, r))
+                for r in self._active_ranks()
             )
 
         try:
@@ -115,47 +172,175 @@ class Coordinator:
                 f"state_timeout_s={self._settings.state_timeout_s}: call state_dict() at the "
                 "same step on every rank, or raise state_timeout_s"
             ) from None
-        consumed = self._consumed(epoch)
-        if self._resume is not None and self._resume.epoch == epoch:
-            consumed = iv.normalize([*consumed, *self._resume.consumed])
-        if iv.subtract(plan.delivered(), consumed) == () and received > 0:
+        consumed = self._all_consumed(epoch)
+        if received > 0 and not iv.subtract(self._epoch_samples(epoch), consumed):
             return self._state_dict(epoch + 1, ())
-        del members
         return self._state_dict(epoch, consumed)
 
     async def restore(self, state: dict) -> tuple[int, int]:
-        """Resume from a saved state; idempotent, so every rank may call it.
-
-        A new state starts a new generation (same members and readers), so readers drop
-        what they read ahead under the old plan. Returns (epoch, generation).
-        """
+        """Resume from a saved state; idempotent, so every rank may call it. A new state
+        starts a new generation (same members), so readers drop what they read ahead.
+        Returns (epoch, generation)."""
         loaded = LoaderState.from_dict(state, expect_loader=self._loader_id)
-        members = self._members
-        if members is None:
+        if self._members is None:
             raise RayshardError("restore() before any rank registered: take an iterator first")
         if self._resume != loaded:
-            self._resume = loaded
-            self._plans.clear()
-            self._progress.clear()
-            self._rank_epoch.clear()
-            members.generation += 1
-        return loaded.epoch, members.generation
+            self._record("restore", state=loaded.to_dict())
+        return loaded.epoch, self._members.generation
 
     async def describe(self) -> dict:
-        """Membership and progress, for `stats()` and debugging."""
+        """Membership, progress and events, for `stats()`, experiments and debugging."""
         members = self._members
         return {
             "loader": self._loader_id,
+            "policy": self._settings.policy.value,
             "generation": members.generation if members else 0,
             "dp_size": members.dp_size if members else 0,
-            "epochs_planned": sorted(self._plans),
-            "rank_epoch": dict(self._rank_epoch),
+            "ranks": sorted(members.ranks) if members else [],
             "readers": len(members.readers) if members else 0,
+            "epochs_planned": sorted({*self._plans, *self._books}),
+            "rank_epoch": dict(self._rank_epoch),
+            "leases": {e: b.snapshot() for e, b in self._books.items()},
+            "events": list(self._events),
         }
 
-    def _consumed(self, epoch: int) -> iv.Intervals:
-        ranks = self._progress.get(epoch, {})
-        return iv.normalize(pair for _, consumed in ranks.values() for pair in consumed)
+    async def ping(self) -> bool:
+        self._rewatch()
+        return True
+
+    # -- journaled changes -----------------------------------------------------------------
+    def _record(self, op: str, **args: Any) -> Any:
+        self._rewatch()
+        result = getattr(self, f"_apply_{op}")(**args)
+        self._journal.append({"op": op, "args": args})
+        return result
+
+    def _apply_register(self, world_rank: int, world_size: int, dp: dict) -> dict:
+        members = self._members
+        if members is None or (not self._dynamic and members.dp_size != dp["dp_size"]):
+            members = self._new_generation(dp["dp_size"], world_size)
+        dp_rank = dp["dp_rank"]
+        if self._dynamic and dp_rank not in members.ranks:
+            members.dp_size = max(members.dp_size, dp_rank + 1)
+            for book in self._books.values():
+                book.join(dp_rank)
+            if members.ranks:
+                self._event("rank_joined", dp_rank=dp_rank)
+        members.ranks.add(dp_rank)
+        name = members.readers.get(dp_rank) or (
+            f"{self._loader_id}:reader:g{members.generation}:r{dp_rank}"
+        )
+        return {"generation": members.generation, "reader": name, "dp_size": members.dp_size}
+
+    def _apply_attach(self, dp_rank: int, name: str) -> None:
+        if self._members is not None:
+            self._members.readers[dp_rank] = name
+
+    def _apply_epoch(self, dp_rank: int, epoch: int) -> None:
+        self._rank_epoch[dp_rank] = epoch
+
+    def _apply_lease(self, dp_rank: int, epoch: int) -> list[int] | None:
+        self._rank_epoch[dp_rank] = epoch
+        lease = self._book(epoch).lease(dp_rank)
+        return None if lease is None else [lease.start, lease.end]
+
+    def _apply_ack(self, dp_rank: int, epoch: int, batches: int, ids: list) -> None:
+        counts = self._received.setdefault(epoch, {})
+        counts[dp_rank] = max(counts.get(dp_rank, 0), batches)
+        pairs = [tuple(pair) for pair in ids]
+        self._consumed.setdefault(epoch, []).extend(pairs)
+        if epoch in self._books:
+            self._books[epoch].ack(pairs)
+
+    def _apply_lost(self, dp_rank: int, reason: str) -> None:
+        members = self._members
+        if members is None or dp_rank not in members.ranks:
+            return
+        members.ranks.discard(dp_rank)
+        members.readers.pop(dp_rank, None)
+        requeued = sum(book.release(dp_rank) for book in self._books.values())
+        self._event("rank_lost", dp_rank=dp_rank, reason=reason, requeued_rows=requeued)
+
+    def _apply_restore(self, state: dict) -> None:
+        self._resume = LoaderState.from_dict(state, expect_loader=self._loader_id)
+        self._plans.clear()
+        self._books.clear()
+        self._received.clear()
+        self._consumed.clear()
+        self._rank_epoch.clear()
+        self._members.generation += 1
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _new_generation(self, dp_size: int, world_size: int) -> _Membership:
+        old = self._members
+        if old is not None:
+            epochs = sorted({*self._received, *self._plans})
+            if epochs:
+                epoch = epochs[-1]
+                self._resume = LoaderState(
+                    self._loader_id,
+                    epoch,
+                    self._settings.plan.seed,
+                    self._all_consumed(epoch),
+                    old.dp_size,
+                    self._layout.num_samples,
+                )
+            self._plans.clear()
+            self._books.clear()
+            self._received.clear()
+            self._consumed.clear()
+            self._rank_epoch.clear()
+            self._event("new_generation", dp_size=dp_size)
+        generation = old.generation + 1 if old else 1
+        self._members = _Membership(generation, dp_size, world_size)
+        return self._members
+
+    def _plan(self, epoch: int) -> EpochPlan:
+        if epoch not in self._plans:
+            self._plans[epoch] = epoch_plan(
+                self._settings, self._source, self._members.dp_size, epoch, self._resume
+            )
+        return self._plans[epoch]
+
+    def _book(self, epoch: int) -> LeaseBook:
+        if epoch not in self._books:
+            members = self._members
+            assignment = assign(
+                ShardingPolicy.DYNAMIC,
+                self._settings.plan,
+                self._source,
+                max(members.dp_size, 1),
+                epoch,
+            )
+            self._books[epoch] = LeaseBook(
+                assignment.splits,
+                sorted(members.ranks),
+                self._settings.plan.batch_size,
+                equal_steps=self._settings.plan.equal_steps,
+                consumed=self._resumed_consumed(epoch),
+            )
+        return self._books[epoch]
+
+    def _resumed_consumed(self, epoch: int) -> iv.Intervals:
+        resume = self._resume
+        return resume.consumed if resume is not None and resume.epoch == epoch else ()
+
+    def _all_consumed(self, epoch: int) -> iv.Intervals:
+        return iv.normalize([*self._consumed.get(epoch, []), *self._resumed_consumed(epoch)])
+
+    def _epoch_samples(self, epoch: int) -> iv.Intervals:
+        if epoch in self._plans:
+            return iv.normalize([*self._plans[epoch].delivered(), *self._resumed_consumed(epoch)])
+        return ((0, self._layout.num_samples),)
+
+    def _active_ranks(self) -> list[int]:
+        return sorted(self._members.ranks) if self._members else []
+
+    def _total(self, epoch: int, dp_rank: int) -> int:
+        if epoch in self._plans:
+            return self._plans[epoch].ranks[dp_rank].batches
+        steps = self._books[epoch].steps(dp_rank) if epoch in self._books else None
+        return steps if steps is not None else 1 << 62
 
     def _state_dict(self, epoch: int, consumed: iv.Intervals) -> dict:
         members = self._members
@@ -163,7 +348,7 @@ class Coordinator:
             loader=self._loader_id,
             epoch=epoch,
             seed=self._settings.plan.seed,
-            consumed=consumed,
+            consumed=tuple(consumed),
             world_size=members.dp_size if members else 0,
             num_samples=self._layout.num_samples,
         ).to_dict()
@@ -178,43 +363,41 @@ class Coordinator:
             )
         return members
 
-    async def _new_generation(self, dp_size: int, world_size: int) -> _Membership:
-        old = self._members
-        if old is not None:
-            epochs = sorted(self._progress)
-            if epochs:
-                epoch = epochs[-1]
-                consumed = self._consumed(epoch)
-                if self._resume is not None and self._resume.epoch == epoch:
-                    consumed = iv.normalize([*consumed, *self._resume.consumed])
-                self._resume = LoaderState(
-                    self._loader_id,
-                    epoch,
-                    self._settings.plan.seed,
-                    consumed,
-                    old.dp_size,
-                    self._layout.num_samples,
-                )
-            for reader in old.readers.values():
-                ray.kill(reader, no_restart=True)
-            self._plans.clear()
-            self._progress.clear()
-            self._rank_epoch.clear()
-        generation = old.generation + 1 if old else 1
-        self._members = _Membership(generation, dp_size, world_size)
-        return self._members
-
-    def _start_reader(self, dp_rank: int, consumers: int, node_id: str) -> Any:
-        from rayshard.runtime.reader import ShardReader
-
-        handle = ray.get_runtime_context().current_actor
-        strategy = NodeAffinitySchedulingStrategy(node_id=node_id, soft=True)
-        return (
-            ray.remote(ShardReader)
-            .options(
-                num_cpus=self._settings.reader_num_cpus,
-                max_concurrency=4 + consumers,
-                scheduling_strategy=strategy,
+    def _check_epoch(self, generation: int, dp_rank: int, epoch: int) -> None:
+        self._check(generation)
+        last = self._rank_epoch.get(dp_rank)
+        if last is not None and epoch < last:
+            raise StaleClientError(
+                f"data-parallel rank {dp_rank} asked for epoch {epoch}, but it already started "
+                f"epoch {last}: this iterator is stale; take a new one from the loader"
             )
-            .remote(handle, self._source, self._settings, dp_rank, consumers)
-        )
+
+    def _event(self, kind: str, **details: Any) -> None:
+        self._events.append({"time": time.time(), "event": kind, **details})
+
+    def _watch(self, dp_rank: int, name: str) -> None:
+        """Watch reader `name`: its death releases `dp_rank` (once per reader)."""
+        if name in self._watched:
+            return
+
+        async def watch() -> None:
+            try:
+                reader = ray.get_actor(name, namespace=self._namespace)
+                await reader.watch.remote()
+            except Exception:  # noqa: BLE001 - any failure of the reader means it is gone
+                pass
+            members = self._members
+            if members is not None and members.readers.get(dp_rank) == name:
+                self._record("lost", dp_rank=dp_rank, reason="reader died")
+                async with self._acked:
+                    self._acked.notify_all()
+
+        self._watched[name] = asyncio.get_event_loop().create_task(watch())
+
+    def _rewatch(self) -> None:
+        """After a restart: watch the readers the journal knows about again (the first
+        call after a restart runs this, inside the event loop)."""
+        if self._rewatch_pending and self._members is not None:
+            self._rewatch_pending = False
+            for dp_rank, name in list(self._members.readers.items()):
+                self._watch(dp_rank, name)

@@ -1,12 +1,16 @@
-"""The shard reader: one Ray actor per data-parallel rank, placed on its worker's node.
+"""The shard reader: one Ray actor per data-parallel rank, created by (and placed on the
+node of) the worker it feeds, so it shares that worker's fate.
 
 It owns the rank's shard state (generation, epoch, cursor), reads and batches in its own
 process on a background thread, and keeps `prefetch_depth` batches ready in the object
-store. Every member of the rank's model-parallel group fetches the same batches, which
-are read once and dropped when the last member took them.
+store. Static policies read the rank's planned ranges; `dynamic` leases split pieces from
+the coordinator until none is left, then pads to the equal step count. Every member of
+the rank's model-parallel group fetches the same batches, read once and dropped when the
+last member took them.
 
-A threaded actor (`max_concurrency` = 4 + consumers): consumers block in `next()` while the
-reader thread works. `_cond` guards every field below it.
+A threaded actor (`max_concurrency` = 4 + consumers): consumers block in `next()` while
+the reader thread works; `watch()` blocks for the coordinator's death watch. `_cond`
+guards every field below it.
 """
 
 from __future__ import annotations
@@ -14,20 +18,23 @@ from __future__ import annotations
 import itertools
 import threading
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import ray
 
-from rayshard.batching import iter_padding, iter_rows, reading_pieces, rebatch
+from rayshard.batching import iter_padding, iter_rows, pad_rows, reading_pieces, rebatch
 from rayshard.errors import RayshardError, StaleClientError
-from rayshard.plan import RankPlan
 from rayshard.settings import LoaderSettings
+from rayshard.sharding import ShardingPolicy
 from rayshard.shuffle import shuffle_batches
 from rayshard.sources import Source
 
 
 class ShardReader:
-    """Reads one data-parallel rank's plan into batches in the object store."""
+    """Reads one data-parallel rank's share into batches in the object store."""
 
     def __init__(
         self,
@@ -43,9 +50,11 @@ class ShardReader:
         self._dp_rank = dp_rank
         self._consumers = consumers
         self._splits = source.splits()
+        self._stopped = threading.Event()
         self._cond = threading.Condition()
         self._key: tuple[int, int] | None = None  # (generation, epoch) being read
-        self._plan: RankPlan | None = None
+        self._batches: int | None = None  # expected batches of the epoch (static: exact)
+        self._final: int | None = None  # batches produced, once the reader thread is done
         self._ready: dict[int, Any] = {}  # batch index -> ObjectRef
         self._taken: dict[int, int] = {}  # batch index -> consumers that fetched it
         self._next_to_read = 0
@@ -58,37 +67,53 @@ class ShardReader:
         """Begin (or join) reading `epoch`; idempotent for the members of one group."""
         with self._cond:
             if self._key == (generation, epoch):
-                return {"batches": self._plan.batches, "samples": self._plan.samples}
+                return {"batches": self._batches}
             if self._key is not None and (generation, epoch) < self._key:
                 raise StaleClientError(
                     f"reader of rank {self._dp_rank} is at (generation, epoch) {self._key}; "
                     f"a client asked for {(generation, epoch)}: take a new iterator"
                 )
-        plan = ray.get(self._coordinator.rank_plan.remote(generation, self._dp_rank, epoch))
+        coordinator, rank = self._coordinator, self._dp_rank
+        if self._settings.policy is ShardingPolicy.DYNAMIC:
+            batches = ray.get(coordinator.length.remote(generation, rank, epoch))
+            produce = self._dynamic_rows(generation, epoch)
+        else:
+            plan = ray.get(coordinator.rank_plan.remote(generation, rank, epoch))
+            batches = plan.batches
+            produce = self._static_rows(plan, epoch)
         self._stop_thread()
         with self._cond:
-            self._key, self._plan = (generation, epoch), plan
+            self._key, self._batches, self._final = (generation, epoch), batches, None
             self._ready.clear()
             self._taken.clear()
             self._next_to_read = self._low_water = 0
             self._error = None
             self._cancel = threading.Event()
             self._thread = threading.Thread(
-                target=self._read_loop, args=(plan, epoch, self._cancel), daemon=True
+                target=self._read_loop, args=(produce, self._cancel), daemon=True
             )
             self._thread.start()
-        return {"batches": plan.batches, "samples": plan.samples}
+        return {"batches": batches}
 
     def next(self, generation: int, epoch: int, index: int) -> Any:
-        """The ObjectRef of batch `index` of `epoch` (waits until it is read)."""
+        """The ObjectRef of batch `index` of `epoch` (waits until it is read), or None
+        past the end of the epoch."""
         with self._cond:
             if self._key != (generation, epoch):
                 raise StaleClientError(
                     f"batch {index} of (generation, epoch) {(generation, epoch)} requested from a "
                     f"reader at {self._key}: call start() first or take a new iterator"
                 )
-            self._cond.wait_for(lambda: index in self._ready or self._error is not None)
+            self._cond.wait_for(
+                lambda: (
+                    index in self._ready
+                    or self._error is not None
+                    or (self._final is not None and index >= self._final)
+                )
+            )
             if index not in self._ready:
+                if self._error is None:
+                    return None
                 raise RayshardError(
                     f"reader of data-parallel rank {self._dp_rank} failed at batch {index} of "
                     f"epoch {epoch}: {self._error}"
@@ -101,19 +126,61 @@ class ShardReader:
                 self._cond.notify_all()
             return ref
 
-    def _read_loop(self, plan: RankPlan, epoch: int, cancel: threading.Event) -> None:
+    def watch(self) -> None:
+        """Blocks while the reader lives: the coordinator's death watch."""
+        self._stopped.wait()
+
+    def stop(self) -> None:
+        """End the reader thread and release the watch (graceful leave)."""
+        self._stop_thread()
+        self._stopped.set()
+
+    # -- row streams -----------------------------------------------------------------------
+    def _static_rows(self, plan: Any, epoch: int) -> Iterator[pa.RecordBatch]:
         settings = self._settings
-        key = f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}"
-        try:
-            pieces = reading_pieces(
-                plan.ranges, self._splits, shuffle=settings.shuffle, rng_key=key
+        pieces = reading_pieces(
+            plan.ranges,
+            self._splits,
+            shuffle=settings.shuffle,
+            rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}",
+        )
+        real = iter_rows(self._source, pieces, settings.columns)
+        if settings.shuffle_buffer:
+            real = shuffle_batches(
+                real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank
             )
-            real = iter_rows(self._source, pieces, settings.columns)
-            if settings.shuffle_buffer:
-                real = shuffle_batches(
-                    real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank
-                )
-            rows = itertools.chain(real, iter_padding(self._source, plan, settings.columns))
+        return itertools.chain(real, iter_padding(self._source, plan, settings.columns))
+
+    def _dynamic_rows(self, generation: int, epoch: int) -> Iterator[pa.RecordBatch]:
+        """Lease pieces until none is left, then pad up to the equal step count."""
+        settings, coordinator, rank = self._settings, self._coordinator, self._dp_rank
+        real_rows, last_index = 0, None
+        while not self._cancel.is_set():
+            piece = ray.get(coordinator.lease.remote(generation, rank, epoch))
+            if piece is None:
+                break
+            if piece == "wait":
+                self._cancel.wait(settings.lease_poll_s)
+                continue
+            for part in reading_pieces((tuple(piece),), self._splits, shuffle=False, rng_key=""):
+                for batch in iter_rows(self._source, [part], settings.columns):
+                    real_rows += batch.num_rows
+                    last_index = int(np.asarray(batch.column(-2))[-1])
+                    yield batch
+        steps = ray.get(coordinator.steps.remote(generation, rank, epoch))
+        if steps is not None:
+            yield from pad_rows(
+                self._source,
+                real_rows,
+                steps,
+                settings.plan.batch_size,
+                last_index,
+                settings.columns,
+            )
+
+    def _read_loop(self, rows: Iterator[pa.RecordBatch], cancel: threading.Event) -> None:
+        settings = self._settings
+        try:
             for batch in rebatch(rows, settings.plan.batch_size):
                 with self._cond:
                     self._cond.wait_for(
@@ -129,6 +196,9 @@ class ShardReader:
                     self._ready[self._next_to_read] = ref
                     self._next_to_read += 1
                     self._cond.notify_all()
+            with self._cond:
+                self._final = self._next_to_read
+                self._cond.notify_all()
         except BaseException as error:  # noqa: BLE001 - reported to every consumer
             with self._cond:
                 self._error = RayshardError(f"{error!r}\n{traceback.format_exc()}")

@@ -1,0 +1,104 @@
+"""The coordinator's journal: JSON lines it writes before it answers, so a restarted
+coordinator can replay them and go on with the same epoch, leases and progress.
+
+No pickle: every line is JSON. The first line names the loader; a journal of another
+loader, or one corrupt before its last line, is refused. A torn last line (a crash in the
+middle of a write) is dropped with a warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from rayshard.errors import ConfigError
+
+log = logging.getLogger(__name__)
+JOURNAL_VERSION = 1
+
+
+class Journal:
+    """Append-only JSON-lines file at `path` for loader `loader_id`."""
+
+    def __init__(self, path: str, loader_id: str, *, fsync: bool = False) -> None:
+        self.path = path
+        self.loader_id = loader_id
+        self._fsync = fsync
+        self._handle: Any = None
+
+    def start_fresh(self) -> None:
+        """Begin a new journal (first start of a coordinator). A file of another loader at
+        this path is refused rather than overwritten."""
+        if os.path.exists(self.path):
+            self._read_header()
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - kept open
+        self._write({"op": "header", "version": JOURNAL_VERSION, "loader": self.loader_id})
+
+    def replay(self) -> Iterator[dict]:
+        """The recorded entries after the header (restart), then reopen for appending."""
+        entries = list(self._entries())
+        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
+        return iter(entries)
+
+    def append(self, entry: dict) -> None:
+        self._write(entry)
+
+    def _write(self, entry: dict) -> None:
+        self._handle.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        self._handle.flush()
+        if self._fsync:
+            os.fsync(self._handle.fileno())
+
+    def _read_header(self) -> dict:
+        try:
+            with open(self.path, encoding="utf-8") as handle:
+                first = handle.readline()
+            header = json.loads(first)
+        except (OSError, ValueError) as error:
+            raise ConfigError(
+                f"journal {self.path} is corrupt (its first line is not a rayshard journal "
+                f"header: {error}); delete it or pass another journal path"
+            ) from error
+        if not isinstance(header, dict) or header.get("op") != "header":
+            raise ConfigError(
+                f"journal {self.path} is not a rayshard journal: delete it or choose another path"
+            )
+        if header.get("version") != JOURNAL_VERSION:
+            raise ConfigError(
+                f"journal {self.path} has version {header.get('version')!r}, this rayshard "
+                f"writes version {JOURNAL_VERSION}: delete it or choose another path"
+            )
+        if header.get("loader") != self.loader_id:
+            raise ConfigError(
+                f"journal {self.path} belongs to loader {header.get('loader')!r}, not to "
+                f"{self.loader_id!r}: give each loader its own journal path"
+            )
+        return header
+
+    def _entries(self) -> Iterator[dict]:
+        if not os.path.exists(self.path):
+            raise ConfigError(
+                f"journal {self.path} is missing: the coordinator cannot recover its epoch "
+                "state (was it written on another node? pass a shared journal path)"
+            )
+        self._read_header()
+        with open(self.path, encoding="utf-8") as handle:
+            lines = handle.read().split("\n")[1:]
+        if lines and lines[-1] == "":
+            lines.pop()
+        for number, line in enumerate(lines, start=2):
+            try:
+                entry = json.loads(line)
+            except ValueError as error:
+                if number == len(lines) + 1:
+                    log.warning("journal %s: dropping a torn last line", self.path)
+                    return
+                raise ConfigError(
+                    f"journal {self.path} is corrupt at line {number}: {error}; it cannot be "
+                    "replayed (delete it to start the loader afresh)"
+                ) from error
+            yield entry
