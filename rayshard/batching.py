@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -21,6 +22,7 @@ INDEX_KEY = "_index"
 PADDED_KEY = "_padded"
 
 Batch = dict[str, np.ndarray]
+FLUSH: Any = object()  # marker in a record-batch stream: emit what `rebatch` holds
 
 
 def reading_pieces(
@@ -69,10 +71,16 @@ def iter_padding(
 
 def rebatch(record_batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterator[Batch]:
     """Cut a stream of record batches into numpy dicts of exactly `batch_size` rows
-    (the last one possibly shorter)."""
+    (the last one possibly shorter). A `FLUSH` in the stream emits the rows held so far as
+    a short batch (a dynamic reader about to wait must not sit on rows others wait for)."""
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in record_batches:
+        if batch is FLUSH:
+            if rows:
+                yield to_numpy(pa.Table.from_batches(pending).combine_chunks())
+                pending, rows = [], 0
+            continue
         if batch.num_rows == 0:
             continue
         pending.append(batch)

@@ -22,6 +22,7 @@ from rayshard.errors import ConfigError
 from rayshard.iterator import ShardIterator
 from rayshard.plan import PlanConfig, check_not_empty, data_parallel_rank
 from rayshard.runtime.coordinator import Coordinator
+from rayshard.runtime.journal import Journal
 from rayshard.runtime.reader import ShardReader
 from rayshard.settings import LoaderSettings, as_tuple_groups
 from rayshard.sharding import assign
@@ -104,6 +105,7 @@ class Loader:
             f"{name}:{self.settings.fingerprint(source.describe(), self.layout.num_samples)}"
         )
         self.journal_path = journal_path or default_journal_path(self.namespace, name)
+        Journal(self.journal_path, self.loader_id).check_reusable()
         here = ray.get_runtime_context().get_node_id()
         try:
             self._coordinator = (

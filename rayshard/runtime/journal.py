@@ -29,11 +29,16 @@ class Journal:
         self._fsync = fsync
         self._handle: Any = None
 
-    def start_fresh(self) -> None:
-        """Begin a new journal (first start of a coordinator). A file of another loader at
-        this path is refused rather than overwritten."""
+    def check_reusable(self) -> None:
+        """Refuse a file at this path that is corrupt or another loader's (run on the
+        driver, before the coordinator starts, so the error reaches the user as is)."""
         if os.path.exists(self.path):
             self._read_header()
+
+    def start_fresh(self) -> None:
+        """Begin a new journal (first start of a coordinator), replacing this loader's
+        journal of an earlier run; a file of another loader is refused."""
+        self.check_reusable()
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - kept open
         self._write({"op": "header", "version": JOURNAL_VERSION, "loader": self.loader_id})

@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from rayshard.batching import iter_padding, iter_rows, pad_rows, reading_pieces, rebatch
+from rayshard.batching import FLUSH, iter_padding, iter_rows, pad_rows, reading_pieces, rebatch
 from rayshard.errors import RayshardError, StaleClientError
 from rayshard.settings import LoaderSettings
 from rayshard.sharding import ShardingPolicy
@@ -160,6 +160,7 @@ class ShardReader:
             if piece is None:
                 break
             if piece == "wait":
+                yield FLUSH  # deliver what we hold: others may be waiting for those rows
                 self._cancel.wait(settings.lease_poll_s)
                 continue
             for part in reading_pieces((tuple(piece),), self._splits, shuffle=False, rng_key=""):

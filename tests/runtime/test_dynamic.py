@@ -1,0 +1,188 @@
+"""Dynamic splitting on a real local Ray: leases, equal steps, real reader deaths, joins,
+a coordinator restart from its journal, and randomized churn (SPEC 7)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+
+import pytest
+import ray
+
+from rayshard.errors import ConfigError
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import real_ids, run_lockstep, unique_name, write_parquet
+
+pytestmark = [pytest.mark.ray]
+
+ROWS = [60, 45, 75, 40, 80]  # 300 rows, row groups of 10 -> 30 splits
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_parquet(tmp_path_factory.mktemp("dynamic"), ROWS, row_group_size=10)
+
+
+def dynamic_loader(dataset, **options):
+    options.setdefault("batch_size", 8)
+    return Loader(ParquetSource(dataset), name=unique_name("dyn"), policy="dynamic", **options)
+
+
+class Consumer(threading.Thread):
+    """Consumes one iterator in a thread, recording ids; stops at the first error."""
+
+    def __init__(self, iterator, delay=0.0, stop_after=None):
+        super().__init__(daemon=True)
+        self.iterator, self.delay, self.stop_after = iterator, delay, stop_after
+        self.ids: list[int] = []
+        self.batches = 0
+        self.error: BaseException | None = None
+        self.started_reading = threading.Event()
+
+    def run(self):
+        try:
+            for batch in self.iterator:
+                self.ids += real_ids([batch])
+                self.batches += 1
+                self.started_reading.set()
+                if self.stop_after is not None and self.batches >= self.stop_after:
+                    return
+                time.sleep(self.delay)
+        except BaseException as error:  # noqa: BLE001 - the test inspects it
+            self.error = error
+        finally:
+            self.started_reading.set()
+
+
+def test_dynamic_equal_steps_exact_coverage(ray_session, dataset):
+    loader = dynamic_loader(dataset)
+    its = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
+    lengths = [len(it) for it in its]
+    assert lengths == [13, 13, 13]  # ceil(300 / (3 * 8))
+    batches = run_lockstep(its)
+    assert [len(b) for b in batches] == lengths
+    ids = [i for rank in batches for i in real_ids(rank)]
+    assert Counter(ids) == Counter(range(300))
+    loader.shutdown()
+
+
+def test_faster_rank_reads_more_without_equal_steps(ray_session, dataset):
+    loader = dynamic_loader(dataset, equal_steps=False)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    fast, slow = Consumer(its[0]), Consumer(its[1], delay=0.05)
+    fast.start(), slow.start()
+    fast.join(60), slow.join(60)
+    assert fast.error is None and slow.error is None
+    assert Counter(fast.ids + slow.ids) == Counter(range(300))
+    assert len(fast.ids) > 2 * len(slow.ids)
+    loader.shutdown()
+
+
+def test_killed_reader_work_is_served_again(ray_session, dataset):
+    loader = dynamic_loader(dataset, equal_steps=False, prefetch_depth=2)
+    its = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
+    consumers = [Consumer(it, delay=0.02) for it in its]
+    for c in consumers:
+        c.start()
+    consumers[1].started_reading.wait(30)
+    time.sleep(0.1)
+    ray.kill(its[1]._reader, no_restart=True)  # a real actor death
+    for c in consumers:
+        c.join(90)
+    assert consumers[0].error is None and consumers[2].error is None
+    assert consumers[1].error is not None  # the dead rank's consumer saw its reader die
+    seen = Counter(consumers[0].ids + consumers[1].ids + consumers[2].ids)
+    assert set(seen) == set(range(300)), "lost samples"
+    duplicates = sum(n - 1 for n in seen.values())
+    # Only what the dead rank received but whose acknowledgement had not arrived can repeat:
+    # at most its prefetch window (depth + the batch in hand) of batches.
+    assert duplicates <= (2 + 1) * 8
+    events = [e["event"] for e in loader.stats()["events"]]
+    assert "rank_lost" in events
+    loader.shutdown()
+
+
+def test_rank_joining_mid_epoch_takes_splits_at_once(ray_session, dataset):
+    loader = dynamic_loader(dataset, equal_steps=False)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    consumers = [Consumer(it, delay=0.15) for it in its]  # ~3 s of work for two ranks
+    for c in consumers:
+        c.start()
+    consumers[0].started_reading.wait(30)
+    late = Consumer(loader.iterator(world_rank=2, world_size=3, batch_format="numpy"))
+    late.start()
+    for c in [*consumers, late]:
+        c.join(90)
+    assert all(c.error is None for c in [*consumers, late])
+    assert late.ids, "the new rank received no splits"
+    assert Counter(consumers[0].ids + consumers[1].ids + late.ids) == Counter(range(300))
+    loader.shutdown()
+
+
+def test_coordinator_restarts_from_journal_mid_epoch(ray_session, dataset):
+    loader = dynamic_loader(dataset, equal_steps=False)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    consumers = [Consumer(it, delay=0.03) for it in its]
+    for c in consumers:
+        c.start()
+    consumers[0].started_reading.wait(30)
+    time.sleep(0.2)
+    ray.kill(loader._coordinator, no_restart=False)  # the actor process dies; Ray restarts it
+    for c in consumers:
+        c.join(120)
+    assert all(c.error is None for c in consumers), [c.error for c in consumers]
+    assert Counter(consumers[0].ids + consumers[1].ids) == Counter(range(300))
+    assert "coordinator_restarted" in [e["event"] for e in loader.stats()["events"]]
+    loader.shutdown()
+
+
+def test_journal_of_another_loader_is_refused(ray_session, dataset, tmp_path):
+    journal = tmp_path / "journal.jsonl"
+    first = dynamic_loader(dataset, journal_path=str(journal))
+    first.shutdown()
+    with pytest.raises(ConfigError, match="belongs to loader"):
+        dynamic_loader(dataset, batch_size=4, journal_path=str(journal))
+    journal.write_text("not json\n")
+    with pytest.raises(ConfigError, match="corrupt"):
+        dynamic_loader(dataset, journal_path=str(journal))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trial", range(3))
+def test_randomized_churn_never_loses_a_sample(ray_session, dataset, trial):
+    rng = random.Random(1000 + trial)
+    loader = dynamic_loader(dataset, equal_steps=False, batch_size=rng.choice([4, 8, 16]))
+    consumers = []
+    rank = 0
+    for _ in range(rng.randint(2, 3)):
+        it = loader.iterator(world_rank=rank, world_size=8, batch_format="numpy")
+        consumers.append((it, Consumer(it, delay=rng.uniform(0.005, 0.03))))
+        rank += 1
+    for _, c in consumers:
+        c.start()
+    for _ in range(3):
+        time.sleep(rng.uniform(0.05, 0.3))
+        action = rng.choice(["kill", "join", "leave"])
+        alive = [(it, c) for it, c in consumers if c.is_alive()]
+        if action == "join" or len(alive) < 2:
+            it = loader.iterator(world_rank=rank, world_size=8, batch_format="numpy")
+            c = Consumer(it, delay=rng.uniform(0.005, 0.03))
+            consumers.append((it, c))
+            c.start()
+            rank += 1
+        elif action == "kill":
+            ray.kill(rng.choice(alive)[0]._reader, no_restart=True)
+        else:
+            it, c = rng.choice(alive)
+            c.stop_after = c.batches + 1  # leaves gracefully after its next batch
+            c.join(30)
+            it.close()
+    for _, c in consumers:
+        c.join(120)
+    seen = Counter(i for _, c in consumers for i in c.ids)
+    lost = 300 - len(seen)
+    assert lost == 0, f"trial {trial}: lost {lost}"
+    loader.shutdown()
