@@ -1,0 +1,225 @@
+"""Measurement helpers of the loader benchmark: memory (PSS of a process tree), per-rank
+epoch records, the summary of one loader, and the printed table.
+
+Memory is the proportional set size (PSS, `/proc/<pid>/smaps_rollup`) summed over the
+benchmark process and every process descended from it. PSS splits each shared page
+among the processes that map it, so shared memory (Ray's object store, mmapped files,
+shared libraries) counts once in the sum instead of once per process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+MB = 1e6
+
+
+def _children_map() -> dict[int, list[int]]:
+    """Parent pid -> child pids, from /proc/<pid>/stat."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as handle:
+                stat = handle.read()
+        except OSError:
+            continue  # the process exited meanwhile
+        # The command name may hold spaces and parentheses: fields start after the last ')'.
+        ppid = int(stat[stat.rindex(b")") + 2 :].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def process_tree(root: int | None = None) -> list[int]:
+    """`root` (default: this process) and all its descendants."""
+    children = _children_map()
+    out, todo = [], [root or os.getpid()]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+_KINDS = (b"Pss_Anon:", b"Pss_File:", b"Pss_Shmem:")
+
+
+def pss_bytes(pid: int) -> dict[str, int]:
+    """PSS of one process in bytes: total `Pss` and its `Pss_Anon`, `Pss_File`,
+    `Pss_Shmem` parts (Ray's object store is shmem); empty if it exited."""
+    out = {}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"Pss:") or line.startswith(_KINDS):
+                    key, value = line.split()[:2]
+                    out[key.decode().rstrip(":")] = int(value) * 1024
+    except OSError:
+        pass
+    return out
+
+
+def tree_pss() -> tuple[int, dict[str, int], dict[str, int]]:
+    """Total PSS of this process tree, PSS by process name, and PSS by kind."""
+    total, by_name, by_kind = 0, {}, {}
+    for pid in process_tree():
+        parts = pss_bytes(pid)
+        pss = parts.pop("Pss", 0)
+        total += pss
+        for kind, value in parts.items():
+            by_kind[kind] = by_kind.get(kind, 0) + value
+        try:
+            with open(f"/proc/{pid}/comm") as handle:
+                name = handle.read().strip()
+        except OSError:
+            continue
+        by_name[name] = by_name.get(name, 0) + pss
+    return total, by_name, by_kind
+
+
+class PeakPss:
+    """Samples the tree's PSS on a background thread; `peak` is the largest sum seen.
+
+    with PeakPss() as memory: ...; memory.baseline, memory.peak, memory.top, memory.kinds
+    """
+
+    def __init__(self, interval_s: float = 0.1, max_duty: float = 0.2) -> None:
+        self.interval_s = interval_s
+        self.max_duty = max_duty  # at most this share of one core goes to sampling
+        self.baseline = 0
+        self.peak = 0
+        self.top: dict[str, int] = {}  # PSS by process name at the peak
+        self.kinds: dict[str, int] = {}  # PSS by kind (anon, file, shmem) at the peak
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
+
+    def __enter__(self) -> PeakPss:
+        self.baseline = tree_pss()[0]
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        # Reading smaps_rollup walks page tables: 2-10 ms per process, so with dozens of
+        # Ray processes a sample costs 0.1 s or more. Space samples so the sampler uses
+        # at most `max_duty` of one core (it shares the machine with what it measures).
+        while not self._stop.is_set():
+            began = time.perf_counter()
+            self._sample()
+            cost = time.perf_counter() - began
+            self._stop.wait(max(self.interval_s, cost / self.max_duty - cost))
+
+    def _sample(self) -> None:
+        total, by_name, by_kind = tree_pss()
+        self.samples += 1
+        if total > self.peak:
+            self.peak, self.top, self.kinds = total, by_name, by_kind
+
+
+@dataclasses.dataclass
+class EpochRecord:
+    """What one rank saw in one epoch (wall-clock `time.time()` stamps, same machine)."""
+
+    rank: int
+    epoch: int
+    start: float  # the rank began asking for the epoch's data
+    first: float  # its first batch arrived
+    end: float  # its last batch arrived
+    rows: int
+    batches: int
+    ids: np.ndarray  # ids of the real (not padded) rows received
+
+
+class EpochTimer:
+    """Consume an iterable of batches on one rank, timing it and keeping the ids.
+
+    `ids_of(batch)` returns the ids of the batch's real rows; `check(batch)` is called on
+    the first batch (shape and dtype checks).
+    """
+
+    def __init__(self, rank: int, epoch: int, start: float | None = None) -> None:
+        self.rank, self.epoch = rank, epoch
+        self.start = time.time() if start is None else start
+
+    def consume(self, batches, ids_of, check=None) -> EpochRecord:
+        first, count, parts = None, 0, []
+        for batch in batches:
+            if first is None:
+                first = time.time()
+                if check is not None:
+                    check(batch)
+            parts.append(np.array(ids_of(batch), dtype=np.int64))
+            count += 1
+        end = time.time()
+        ids = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        return EpochRecord(
+            self.rank, self.epoch, self.start, first or end, end, int(ids.size), count, ids
+        )
+
+
+def coverage(records: Sequence[EpochRecord], num_rows: int) -> dict:
+    """Exactly-once check of one epoch: the union of ids over ranks is 0..num_rows-1."""
+    ids = np.concatenate([r.ids for r in records]) if records else np.empty(0, np.int64)
+    unique = np.unique(ids)
+    missing = num_rows - int(np.count_nonzero((unique >= 0) & (unique < num_rows)))
+    duplicates = int(ids.size - unique.size)
+    extra = int(np.count_nonzero((unique < 0) | (unique >= num_rows)))
+    return {
+        "ok": missing == 0 and duplicates == 0 and extra == 0,
+        "rows_received": int(ids.size),
+        "missing": missing,
+        "duplicates": duplicates,
+        "unknown_ids": extra,
+    }
+
+
+def summarize_epoch(records: Sequence[EpochRecord], num_rows: int, row_bytes: int) -> dict:
+    """Throughput of one epoch over all ranks: from the first rank's start to the last
+    rank's end; time to first batch is the slowest rank's."""
+    start = min(r.start for r in records)
+    end = max(r.end for r in records)
+    elapsed = max(end - start, 1e-9)
+    rows = sum(r.rows for r in records)
+    return {
+        "epoch": records[0].epoch,
+        "seconds": elapsed,
+        "rows": rows,
+        "rows_per_s": rows / elapsed,
+        "mb_per_s": rows * row_bytes / elapsed / MB,
+        "time_to_first_batch_s": max(r.first - r.start for r in records),
+        "batches": sum(r.batches for r in records),
+        "rank_rows": [r.rows for r in sorted(records, key=lambda r: r.rank)],
+        "coverage": coverage(records, num_rows),
+    }
+
+
+def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:
+    """A plain text table; `columns` is (header, key, format) per column."""
+    cells = [[header for header, _, _ in columns]]
+    for row in rows:
+        line = []
+        for _, key, fmt in columns:
+            value = row.get(key)
+            line.append("-" if value is None else format(value, fmt))
+        cells.append(line)
+    widths = [max(len(c[i]) for c in cells) for i in range(len(columns))]
+    out = []
+    for index, line in enumerate(cells):
+        out.append(
+            "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths)))
+        )
+        if index == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)

@@ -1,0 +1,60 @@
+"""Smoke test of the loader benchmark: a tiny run of `python -m benchmarks` in a subprocess
+(it starts its own local Ray) must write JSON with every loader asked for, positive
+throughput and an exactly-once coverage check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LOADERS = ("rayshard", "raw")
+
+
+@pytest.mark.slow
+def test_loader_bench_tiny_run(tmp_path: Path) -> None:
+    out = tmp_path / "loader_bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    env.pop("RAY_ADDRESS", None)
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks",
+        "--rows=20000",
+        f"--loaders={','.join(LOADERS)}",
+        "--epochs=1",
+        "--no-warmup",
+        "--ray-cpus=2",
+        f"--data={tmp_path / 'data'}",
+        f"--json={out}",
+    ]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["config"]["rows"] == 20000
+    assert set(report["results"]) == set(LOADERS)
+    for name, result in report["results"].items():
+        assert result["rows_per_s"] > 0, name
+        assert result["coverage_ok"], (name, result["epochs"][-1]["coverage"])
+        assert result["epochs"][-1]["coverage"]["rows_received"] == 20000, name
+        assert result["peak_pss_mb"] > 0, name
+    assert "rows_vs_raw" in report["targets"]
+    assert "loader" in done.stdout and "rayshard" in done.stdout  # the printed table
+
+
+def test_loader_bench_rejects_unknown_loader() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--loaders=nope"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "--loaders" in done.stderr and "nope" in done.stderr
