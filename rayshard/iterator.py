@@ -10,6 +10,7 @@ loader-wide: after every rank received the same number of batches, any rank's
 from __future__ import annotations
 
 import collections
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ import numpy as np
 import ray
 
 from rayshard.batching import INDEX_KEY, PADDED_KEY
+from rayshard.metrics import record_batch
 from rayshard.plan import DataParallelRank
 
 FORMATS = ("torch", "numpy", "arrow")
@@ -58,6 +60,8 @@ class ShardIterator:
         self._requested = 0  # batches of `_epoch` asked of the reader
         self._pending: collections.deque = collections.deque()  # requests in flight
         self.samples_received = 0
+        self.stall_seconds = 0.0
+        self._loader_name = registration.get("loader", "")
 
     @property
     def epoch(self) -> int:
@@ -103,14 +107,16 @@ class ShardIterator:
             self._begin()
         epoch = self._epoch
         while True:
+            waited = time.perf_counter()
             try:
                 batch = next(self._stream)
             except StopIteration:
                 self._ended = True
                 return
-            ids, padded = self._delivered_meta.popleft()
+            stall = time.perf_counter() - waited
+            ids, padded, nbytes = self._delivered_meta.popleft()
             self._received += 1
-            self._acknowledge(epoch, ids, padded)
+            self._acknowledge(epoch, ids, padded, nbytes, stall)
             yield batch
 
     def stats(self) -> dict:
@@ -119,6 +125,7 @@ class ShardIterator:
             "epoch": self._epoch,
             "batches_received": self._received,
             "samples_received": self.samples_received,
+            "stall_seconds": self.stall_seconds,
         }
         if self._feed is not None:
             out["feed"] = self._feed.stats().as_dict()
@@ -176,7 +183,8 @@ class ShardIterator:
                 more = False
                 continue
             batch = ray.get(ref)
-            self._delivered_meta.append((batch[INDEX_KEY], batch[PADDED_KEY]))
+            nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
+            self._delivered_meta.append((batch[INDEX_KEY], batch[PADDED_KEY], nbytes))
             yield batch
 
     def _close_feed(self) -> None:
@@ -184,11 +192,20 @@ class ShardIterator:
             self._feed.close()
             self._feed = None
 
-    def _acknowledge(self, epoch: int, ids: np.ndarray, padded: np.ndarray) -> None:
-        self.samples_received += int((~padded).sum())
-        real = np.sort(ids[~padded])
+    def _acknowledge(
+        self, epoch: int, ids: np.ndarray, padded: np.ndarray, nbytes: int, stall: float
+    ) -> None:
+        real = int((~padded).sum())
+        self.samples_received += real
+        self.stall_seconds += stall
+        record_batch(self._loader_name, self._placement.dp_rank, nbytes, stall)
         self._coordinator.ack.remote(
-            self._generation, self._placement.dp_rank, epoch, self._received, _runs(real)
+            self._generation,
+            self._placement.dp_rank,
+            epoch,
+            self._received,
+            _runs(np.sort(ids[~padded])),
+            {"samples": real, "bytes": int(nbytes), "stall_s": stall},
         )
 
     def _convert(self, batch: dict) -> Any:

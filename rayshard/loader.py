@@ -232,7 +232,14 @@ class Loader:
                 max_concurrency=4 + len(dp.group),
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True),
             )
-            .remote(self._coordinator, self.source, self.settings, dp.dp_rank, len(dp.group))
+            .remote(
+                self._coordinator,
+                self.source,
+                self.settings,
+                dp.dp_rank,
+                len(dp.group),
+                self.loader_id,
+            )
         )
         ray.get(
             self._coordinator.attach_reader.remote(registration["generation"], dp.dp_rank, name)
@@ -240,7 +247,9 @@ class Loader:
         return reader
 
     def stats(self) -> dict:
-        """Membership and progress as the coordinator sees them."""
+        """Membership, progress, dynamic leases, what every rank's consumers received
+        (batches, samples, bytes, stall seconds) and events (ranks lost or joined,
+        coordinator restarts), as the coordinator sees them."""
         return ray.get(self._coordinator.describe.remote())
 
     def shutdown(self) -> None:

@@ -15,6 +15,7 @@ def ray_session():
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     if not ray.is_initialized():
         ray.init(
+            address="local",  # a fresh local Ray, whatever else runs on the machine
             num_cpus=4,
             include_dashboard=False,
             log_to_driver=False,

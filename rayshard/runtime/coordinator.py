@@ -21,6 +21,7 @@ from typing import Any
 
 import ray
 
+from rayshard import metrics
 from rayshard.errors import RayshardError, StaleClientError
 from rayshard.leases import LeaseBook
 from rayshard.plan import EpochPlan, RankPlan
@@ -68,6 +69,7 @@ class Coordinator:
         self._received: dict[int, dict[int, int]] = {}
         self._consumed: dict[int, list[iv.Interval]] = {}
         self._events: list[dict] = []
+        self._usage: dict[int, dict] = {}  # dp rank -> totals of what its consumers got
         self._acked = asyncio.Condition()
         self._watched: dict[str, Any] = {}
         self._rewatch_pending = False
@@ -139,11 +141,26 @@ class Coordinator:
         return self._book(epoch).steps(dp_rank)
 
     # -- progress and state ----------------------------------------------------------------
-    async def ack(self, generation: int, dp_rank: int, epoch: int, batches: int, ids: list) -> None:
-        """A consumer of `dp_rank` received its `batches`-th batch, holding samples `ids`."""
+    async def ack(
+        self,
+        generation: int,
+        dp_rank: int,
+        epoch: int,
+        batches: int,
+        ids: list,
+        usage: dict | None = None,
+    ) -> None:
+        """A consumer of `dp_rank` received its `batches`-th batch, holding samples `ids`
+        (`usage`: that batch's real samples, bytes and the consumer's stall seconds)."""
         if self._members is None or generation != self._members.generation:
             return  # late acknowledgement of a previous generation: already accounted
         self._record("ack", dp_rank=dp_rank, epoch=epoch, batches=batches, ids=ids)
+        totals = self._usage.setdefault(
+            dp_rank, {"batches": 0, "samples": 0, "bytes": 0, "stall_s": 0.0}
+        )
+        totals["batches"] += 1
+        for key, value in (usage or {}).items():
+            totals[key] = totals.get(key, 0) + value
         async with self._acked:
             self._acked.notify_all()
 
@@ -201,6 +218,8 @@ class Coordinator:
             "epochs_planned": sorted({*self._plans, *self._books}),
             "rank_epoch": dict(self._rank_epoch),
             "leases": {e: b.snapshot() for e, b in self._books.items()},
+            "consumers": {r: dict(u) for r, u in sorted(self._usage.items())},
+            "reserved_samples": sum(b.requeued_rows for b in self._books.values()),
             "events": list(self._events),
         }
 
@@ -230,7 +249,12 @@ class Coordinator:
         name = members.readers.get(dp_rank) or (
             f"{self._loader_id}:reader:g{members.generation}:r{dp_rank}"
         )
-        return {"generation": members.generation, "reader": name, "dp_size": members.dp_size}
+        return {
+            "generation": members.generation,
+            "reader": name,
+            "dp_size": members.dp_size,
+            "loader": self._loader_id,
+        }
 
     def _apply_attach(self, dp_rank: int, name: str) -> None:
         if self._members is not None:
@@ -241,7 +265,9 @@ class Coordinator:
 
     def _apply_lease(self, dp_rank: int, epoch: int) -> list[int] | None:
         self._rank_epoch[dp_rank] = epoch
-        lease = self._book(epoch).lease(dp_rank)
+        book = self._book(epoch)
+        lease = book.lease(dp_rank)
+        metrics.set_leases_outstanding(self._loader_id, len(book.outstanding()))
         return None if lease is None else [lease.start, lease.end]
 
     def _apply_ack(self, dp_rank: int, epoch: int, batches: int, ids: list) -> None:
@@ -260,6 +286,7 @@ class Coordinator:
         members.readers.pop(dp_rank, None)
         requeued = sum(book.release(dp_rank) for book in self._books.values())
         self._event("rank_lost", dp_rank=dp_rank, reason=reason, requeued_rows=requeued)
+        metrics.record_reserved(self._loader_id, requeued)
 
     def _apply_restore(self, state: dict) -> None:
         self._resume = LoaderState.from_dict(state, expect_loader=self._loader_id)

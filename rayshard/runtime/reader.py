@@ -27,6 +27,7 @@ import ray
 
 from rayshard.batching import FLUSH, iter_padding, iter_rows, pad_rows, reading_pieces, rebatch
 from rayshard.errors import RayshardError, StaleClientError
+from rayshard.metrics import set_prefetch_depth
 from rayshard.settings import LoaderSettings
 from rayshard.sharding import ShardingPolicy
 from rayshard.shuffle import shuffle_batches
@@ -43,6 +44,7 @@ class ShardReader:
         settings: LoaderSettings,
         dp_rank: int,
         consumers: int,
+        loader_id: str = "",
     ) -> None:
         self._coordinator = coordinator
         self._source = source
@@ -50,6 +52,7 @@ class ShardReader:
         self._dp_rank = dp_rank
         self._consumers = consumers
         self._splits = source.splits()
+        self._loader_name = loader_id
         self._stopped = threading.Event()
         self._cond = threading.Condition()
         self._key: tuple[int, int] | None = None  # (generation, epoch) being read
@@ -124,6 +127,7 @@ class ShardReader:
                 del self._ready[index], self._taken[index]
                 self._low_water = max(self._low_water, index + 1)
                 self._cond.notify_all()
+            set_prefetch_depth(self._loader_name, self._dp_rank, len(self._ready))
             return ref
 
     def watch(self) -> None:

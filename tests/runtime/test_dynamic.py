@@ -186,3 +186,17 @@ def test_randomized_churn_never_loses_a_sample(ray_session, dataset, trial):
     lost = 300 - len(seen)
     assert lost == 0, f"trial {trial}: lost {lost}"
     loader.shutdown()
+
+
+def test_stats_report_what_consumers_received(ray_session, dataset):
+    loader = dynamic_loader(dataset, batch_size=10)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    batches = run_lockstep(its)
+    stats = loader.stats()
+    consumers = stats["consumers"]
+    assert sum(c["samples"] for c in consumers.values()) == 300
+    assert [consumers[r]["batches"] for r in range(2)] == [len(b) for b in batches]
+    assert all(c["bytes"] > 0 for c in consumers.values())
+    assert stats["leases"][0]["consumed_rows"] == 300
+    assert its[0].stats()["samples_received"] + its[1].stats()["samples_received"] == 300
+    loader.shutdown()
