@@ -524,6 +524,23 @@ TABLE = (
 )
 
 
+def _code_version() -> dict:
+    """The commit measured, and which rayshard files differ from it (shared work tree)."""
+    import subprocess
+
+    def git(*args: str) -> str:
+        try:
+            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        except OSError:
+            return ""
+        return done.stdout.strip()
+
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "modified": git("status", "--porcelain", "--", "rayshard").splitlines(),
+    }
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__.splitlines()[0]
@@ -603,6 +620,7 @@ def main(argv: list[str] | None = None) -> int:
             "ray_cpus": args.ray_cpus,
             "data": str(folder),
         },
+        "code": _code_version(),
         "machine": {
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
