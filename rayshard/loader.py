@@ -230,7 +230,8 @@ class Loader:
                 get_if_exists=True,
                 num_cpus=self.settings.reader_num_cpus,
                 max_concurrency=4 + len(dp.group),
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=True),
+                # Hard affinity: the reader must share the worker's object store (and its fate).
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             )
             .remote(
                 self._coordinator,

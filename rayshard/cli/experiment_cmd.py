@@ -1,0 +1,40 @@
+"""`rayshard experiment`: run an elastic autoscaling experiment from a YAML schedule."""
+
+from __future__ import annotations
+
+import click
+
+from rayshard.errors import ConfigError
+
+
+@click.command("experiment")
+@click.argument("schedule", type=click.Path(dir_okay=False))
+@click.option(
+    "--out",
+    default="rayshard-output/experiment",
+    show_default=True,
+    help="Folder for throughput.csv, experiment.json and throughput.png.",
+)
+@click.option(
+    "--address",
+    default=None,
+    help="Run on an existing cluster (e.g. 'auto'); node events are then skipped "
+    "and the cluster's own autoscaling is observed.",
+)
+def experiment_command(schedule: str, out: str, address: str | None) -> None:
+    """Train-shaped consumers over a dynamic loader while nodes join and leave."""
+    from rayshard.experiment.report import summary_table, write_report
+    from rayshard.experiment.runner import run_experiment
+    from rayshard.experiment.schedule import load_schedule
+
+    try:
+        parsed = load_schedule(schedule)
+    except ConfigError as error:
+        raise click.BadParameter(str(error), param_hint="SCHEDULE") from error
+    result = run_experiment(parsed, out, address=address)
+    paths = write_report(result, out)
+    click.echo(summary_table(result))
+    click.echo("wrote " + ", ".join(paths.values()))
+    lost = sum(a["lost"] for a in result["audit"].values())
+    if lost or not result["completed"]:
+        raise click.ClickException(f"experiment incomplete or lost {lost} samples")

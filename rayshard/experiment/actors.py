@@ -1,0 +1,127 @@
+"""The experiment's actors: a training-shaped consumer per rank and one recorder."""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+
+class Recorder:
+    """Per-second, per-rank throughput and stall time, events, and the coverage audit."""
+
+    def __init__(self, num_samples: int) -> None:
+        self._start = time.time()
+        self._rows: dict[tuple[int, int], list[float]] = collections.defaultdict(
+            lambda: [0, 0, 0, 0.0]  # samples, batches, bytes, stall seconds
+        )
+        self._events: list[dict] = []
+        self._counts: dict[int, np.ndarray] = {}
+        self._num_samples = num_samples
+        self._finished: set[int] = set()
+
+    def mark_start(self, when: float) -> None:
+        """Measure times from `when` (the moment the schedule's clock starts)."""
+        self._start = when
+
+    def batches(self, rank: int, records: list[tuple[float, int, int, float]]) -> None:
+        """(time, samples, bytes, stall seconds) of batches a rank consumed."""
+        for when, samples, nbytes, stall in records:
+            row = self._rows[(max(int(when - self._start), 0), rank)]
+            row[0] += samples
+            row[1] += 1
+            row[2] += nbytes
+            row[3] += stall
+
+    def ids(self, epoch: int, ids: Any) -> None:
+        counts = self._counts.setdefault(epoch, np.zeros(self._num_samples, dtype=np.int32))
+        np.add.at(counts, np.asarray(ids, dtype=np.int64), 1)
+
+    def event(self, kind: str, **details: Any) -> None:
+        self._events.append({"t": round(time.time() - self._start, 3), "event": kind, **details})
+
+    def finished(self, rank: int) -> None:
+        self._finished.add(rank)
+
+    def summary(self) -> dict:
+        audit = {
+            epoch: {
+                "seen": int(c.sum()),
+                "lost": int((c == 0).sum()),
+                "duplicates": int(np.clip(c - 1, 0, None).sum()),
+            }
+            for epoch, c in sorted(self._counts.items())
+        }
+        rows = [
+            {
+                "second": s,
+                "rank": r,
+                "samples": v[0],
+                "batches": v[1],
+                "bytes": v[2],
+                "stall_s": round(v[3], 4),
+            }
+            for (s, r), v in sorted(self._rows.items())
+        ]
+        return {
+            "throughput": rows,
+            "events": self._events,
+            "audit": audit,
+            "finished": sorted(self._finished),
+        }
+
+
+class Consumer:
+    """One rank: iterates the loader epoch after epoch with a simulated step time and
+    reports every batch to the recorder (in groups, to keep calls few)."""
+
+    def __init__(self, loader: Any, rank: int, recorder: Any, epochs: int, step_time_s: float):
+        self._iterator = loader.iterator(world_rank=rank, world_size=rank + 1, batch_format="numpy")
+        self._rank, self._recorder = rank, recorder
+        self._epochs, self._step = epochs, step_time_s
+        self._leave = threading.Event()
+        self._done = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def run(self, first_epoch: int) -> None:
+        self._iterator.set_epoch(first_epoch)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread.start()
+
+    def leave(self) -> None:
+        """Graceful leave: stop after the current batch and hand back unfinished work."""
+        self._leave.set()
+        self._done.wait(60)
+        self._iterator.close()
+
+    def wait(self) -> bool:
+        return self._done.wait(3600)
+
+    def _loop(self) -> None:
+        pending: list[tuple[float, int, int, float]] = []
+        last_flush = time.time()
+        try:
+            while self._iterator.epoch < self._epochs and not self._leave.is_set():
+                epoch = self._iterator.epoch
+                waited = time.perf_counter()
+                for batch in self._iterator:
+                    stall = time.perf_counter() - waited
+                    real = ~batch["_padded"]
+                    self._recorder.ids.remote(epoch, batch["_index"][real])
+                    nbytes = sum(v.nbytes for v in batch.values())
+                    pending.append((time.time(), int(real.sum()), nbytes, stall))
+                    if time.time() - last_flush > 0.5:
+                        self._recorder.batches.remote(self._rank, pending)
+                        pending, last_flush = [], time.time()
+                    if self._leave.is_set():
+                        break
+                    time.sleep(self._step)  # the model's step
+                    waited = time.perf_counter()
+            self._recorder.finished.remote(self._rank)
+        finally:
+            if pending:
+                self._recorder.batches.remote(self._rank, pending)
+            self._done.set()

@@ -1,0 +1,125 @@
+"""The experiment schedule: a YAML file, validated before any node starts.
+
+```yaml
+rows: 20000            # samples in the generated dataset (or `data:` a Parquet path)
+batch_size: 128
+epochs: 2
+step_time_s: 0.02      # simulated model time per batch
+initial_nodes: 2       # worker nodes (one consumer rank each) at the start
+node_cpus: 1
+duration_s: 120        # give up after this long
+events:
+  - {at: 5, action: add_node}
+  - {at: 12, action: kill_node}               # hard loss: the node's processes die
+  - {at: 20, action: remove_node, node: 0}    # graceful: the rank leaves, then the node goes
+```
+`node` is the index of a worker node in order of creation (default: the oldest alive).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from rayshard.errors import ConfigError
+
+ACTIONS = ("add_node", "kill_node", "remove_node")
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    """One scheduled change of the cluster."""
+
+    at: float
+    action: str
+    node: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A validated experiment schedule (see module docstring)."""
+
+    rows: int = 20_000
+    data: str | None = None
+    batch_size: int = 128
+    epochs: int = 2
+    step_time_s: float = 0.02
+    initial_nodes: int = 2
+    node_cpus: int = 1
+    duration_s: float = 120.0
+    seed: int = 0
+    events: tuple[Event, ...] = ()
+
+
+def load_schedule(path: str) -> Schedule:
+    """Read and validate a schedule file; errors name the file, the key and the fix."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except FileNotFoundError as error:
+        raise ConfigError(f"{path}: no such schedule file") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from error
+    return parse_schedule(document if document is not None else {}, source=path)
+
+
+def parse_schedule(document: Any, source: str = "schedule") -> Schedule:
+    """Validate a schedule given as a mapping."""
+    if not isinstance(document, Mapping):
+        raise ConfigError(f"{source}: a schedule is a mapping of settings, got {document!r}")
+    known = {f.name for f in dataclasses.fields(Schedule)}
+    unknown = sorted(set(document) - known)
+    if unknown:
+        raise ConfigError(
+            f"{source}: unknown keys {unknown}; known keys are {', '.join(sorted(known))}"
+        )
+    values = dict(document)
+    for key, minimum in (("rows", 1), ("batch_size", 1), ("epochs", 1), ("node_cpus", 1)):
+        if key in values:
+            _int(values[key], key, minimum, source)
+    if "initial_nodes" in values:
+        _int(values["initial_nodes"], "initial_nodes", 1, source)
+    for key in ("step_time_s", "duration_s"):
+        if key in values:
+            _number(values[key], key, source)
+    events = values.pop("events", None) or []
+    if not isinstance(events, list):
+        raise ConfigError(f"{source}: events must be a list of {{at, action}} entries")
+    values["events"] = tuple(
+        sorted((_event(e, i, source) for i, e in enumerate(events)), key=lambda e: e.at)
+    )
+    return Schedule(**values)
+
+
+def _event(entry: Any, index: int, source: str) -> Event:
+    where = f"{source}: events[{index}]"
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where} must be a mapping like {{at: 5, action: add_node}}")
+    unknown = sorted(set(entry) - {"at", "action", "node"})
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys {unknown}; use at, action and node")
+    if "at" not in entry or "action" not in entry:
+        raise ConfigError(f"{where} needs both 'at' (seconds) and 'action'")
+    at = _number(entry["at"], "at", where)
+    action = entry["action"]
+    if action not in ACTIONS:
+        raise ConfigError(f"{where}: action={action!r} is not one of {', '.join(ACTIONS)}")
+    node = entry.get("node")
+    if node is not None:
+        _int(node, "node", 0, where)
+    return Event(at=at, action=action, node=node)
+
+
+def _int(value: Any, key: str, minimum: int, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{where}: {key}={value!r} must be an integer >= {minimum}")
+    return value
+
+
+def _number(value: Any, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"{where}: {key}={value!r} must be a number of seconds >= 0")
+    return float(value)
