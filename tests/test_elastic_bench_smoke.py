@@ -1,0 +1,56 @@
+"""Smoke test of the elastic benchmark: `python benchmarks/elastic_bench.py --quick` in a
+subprocess (it starts its own local Ray) must write JSON with every section, positive
+rates and times, and no lost sample after a rank's death."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_elastic_bench_quick_run(tmp_path: Path) -> None:
+    out = tmp_path / "elastic_bench.json"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "benchmarks/elastic_bench.py", "--quick", f"--json={out}"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=85)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads(out.read_text())
+    results = report["results"]
+    assert set(results) == {"recovery", "throughput", "epoch"}
+
+    recovery = results["recovery"]
+    assert set(recovery["summary"]) == {"ray_kill", "sigkill"}
+    for mode, row in recovery["summary"].items():
+        assert row["runs"] >= 1, mode
+        assert row["missing"] == 0, mode
+        for key in ("detect_s_median", "relet_s_median", "served_s_median", "relet_s_max"):
+            assert row[key] is not None and row[key] > 0, (mode, key, row)
+    checks = recovery["ray_health_checks"]
+    assert checks["health_check_period_ms"] > 0 and checks["health_check_failure_threshold"] > 0
+
+    throughput = results["throughput"]
+    assert throughput["lease_book"]["leases_per_s"] > 0
+    assert throughput["lease_book"]["acks_per_s"] > 0
+    assert throughput["journal_appends_per_s"] > 0
+    assert throughput["actor"]["leases_per_s"] > 0
+    assert throughput["actor"]["leases"] == throughput["actor"]["calls"]
+    assert throughput["batched"]["leases_per_s"] > 0
+
+    epoch = results["epoch"]["summary"]
+    for policy in ("data", "dynamic"):
+        assert epoch[policy]["rows_per_s"] > 0, policy
+        assert epoch[policy]["coverage_ok"], policy
+    assert epoch["dynamic"]["ratio_vs_data"] > 0
+
+    assert set(report["targets"]) == {"recovery_s", "actor_leases_per_s"}
+    assert "relet" in done.stdout and "LeaseBook.lease" in done.stdout  # the printed tables
