@@ -72,7 +72,8 @@ def iter_padding(
 def rebatch(record_batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterator[Batch]:
     """Cut a stream of record batches into numpy dicts of exactly `batch_size` rows
     (the last one possibly shorter). A `FLUSH` in the stream emits the rows held so far as
-    a short batch (a dynamic reader about to wait must not sit on rows others wait for)."""
+    a short batch, then passes the `FLUSH` on (a dynamic reader about to wait must not sit
+    on rows others wait for)."""
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in record_batches:
@@ -80,6 +81,7 @@ def rebatch(record_batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterat
             if rows:
                 yield to_numpy(pa.Table.from_batches(pending).combine_chunks())
                 pending, rows = [], 0
+            yield FLUSH  # downstream holders (object blocks) must flush too
             continue
         if batch.num_rows == 0:
             continue

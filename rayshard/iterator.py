@@ -10,6 +10,7 @@ loader-wide: after every rank received the same number of batches, any rank's
 from __future__ import annotations
 
 import collections
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -37,6 +38,7 @@ class ShardIterator:
         batch_format: str = "torch",
         device: Any = None,
         collate_fn: Any = None,
+        ack_interval_s: float = 0.1,
     ) -> None:
         if batch_format not in FORMATS:
             raise ValueError(
@@ -62,6 +64,9 @@ class ShardIterator:
         self.samples_received = 0
         self.stall_seconds = 0.0
         self._loader_name = registration.get("loader", "")
+        self._acks = _AckSender(
+            coordinator, registration["generation"], placement.dp_rank, ack_interval_s
+        )
 
     @property
     def epoch(self) -> int:
@@ -112,6 +117,7 @@ class ShardIterator:
                 batch = next(self._stream)
             except StopIteration:
                 self._ended = True
+                self._acks.flush()
                 return
             stall = time.perf_counter() - waited
             ids, padded, nbytes = self._delivered_meta.popleft()
@@ -133,6 +139,7 @@ class ShardIterator:
 
     def state_dict(self) -> dict:
         """JSON-safe loader-wide state as of the batches received (see module docstring)."""
+        self._acks.flush()
         return ray.get(
             self._coordinator.state.remote(self._generation, self._epoch, self._received)
         )
@@ -140,12 +147,14 @@ class ShardIterator:
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` was saved: the next iteration yields the rest of its epoch."""
         epoch, self._generation = ray.get(self._coordinator.restore.remote(state))
+        self._acks.generation = self._generation
         self.set_epoch(epoch)
 
     def close(self) -> None:
         """Leave the loader: stop the device feed and the reader; under `dynamic` this
         rank's unfinished leases go back to the queue for the others."""
         self._close_feed()
+        self._acks.flush()
         ray.get(self._coordinator.leave.remote(self._generation, self._placement.dp_rank))
         self._reader.stop.remote()
 
@@ -169,11 +178,11 @@ class ShardIterator:
             self._stream = (self._convert(batch) for batch in raw)
 
     def _fetch(self, generation: int, epoch: int) -> Iterator[dict]:
-        """Numpy batches from the reader (zero-copy from the object store), in order,
-        keeping `prefetch_depth` requests in flight, until the reader says the epoch ended."""
+        """Numpy batches from the reader (zero-copy from the object store), in order. The
+        reader stores blocks of batches; two block requests stay in flight."""
         more = True
         while True:
-            while more and len(self._pending) < self._depth:
+            while more and len(self._pending) < 2:
                 self._pending.append(self._reader.next.remote(generation, epoch, self._requested))
                 self._requested += 1
             if not self._pending:
@@ -182,10 +191,10 @@ class ShardIterator:
             if ref is None:
                 more = False
                 continue
-            batch = ray.get(ref)
-            nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
-            self._delivered_meta.append((batch[INDEX_KEY], batch[PADDED_KEY], nbytes))
-            yield batch
+            for batch in ray.get(ref):
+                nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
+                self._delivered_meta.append((batch[INDEX_KEY], batch[PADDED_KEY], nbytes))
+                yield batch
 
     def _close_feed(self) -> None:
         if self._feed is not None:
@@ -195,18 +204,12 @@ class ShardIterator:
     def _acknowledge(
         self, epoch: int, ids: np.ndarray, padded: np.ndarray, nbytes: int, stall: float
     ) -> None:
+        """Record a received batch; acknowledgements go out in groups (see `_AckSender`)."""
         real = int((~padded).sum())
         self.samples_received += real
         self.stall_seconds += stall
         record_batch(self._loader_name, self._placement.dp_rank, nbytes, stall)
-        self._coordinator.ack.remote(
-            self._generation,
-            self._placement.dp_rank,
-            epoch,
-            self._received,
-            _runs(np.sort(ids[~padded])),
-            {"samples": real, "bytes": int(nbytes), "stall_s": stall},
-        )
+        self._acks.add(epoch, self._received, _runs(np.sort(ids[~padded])), real, nbytes, stall)
 
     def _convert(self, batch: dict) -> Any:
         if self._format == "numpy":
@@ -223,6 +226,48 @@ class ShardIterator:
                 for k, v in batch.items()
             }
         )
+
+
+class _AckSender:
+    """Sends acknowledgements to the coordinator in groups: every `interval_s` from a
+    background thread (so they go out even while the training loop is blocked in a
+    collective), and at once before `state_dict()`, at the end of an epoch and on close.
+    `interval_s <= 0` acknowledges every batch as it is received. The interval bounds what
+    a lost rank had received without acknowledging: the samples served again."""
+
+    def __init__(self, coordinator: Any, generation: int, dp_rank: int, interval_s: float = 0.1):
+        self._coordinator, self.generation, self._rank = coordinator, generation, dp_rank
+        self._lock = threading.Lock()
+        # epoch -> [last batch count, runs, samples, bytes, stall seconds, batches in group]
+        self._pending: dict[int, list] = {}
+        self._wake = threading.Event()
+        self._interval = interval_s
+        if interval_s > 0:
+            thread = threading.Thread(target=self._run, daemon=True, name="rayshard-acks")
+            thread.start()
+
+    def add(self, epoch: int, batches: int, runs: list, samples: int, nbytes: int, stall: float):
+        with self._lock:
+            entry = self._pending.setdefault(epoch, [0, [], 0, 0, 0.0, 0])
+            entry[0] = batches
+            entry[5] += 1
+            entry[1].extend(runs)
+            entry[2] += samples
+            entry[3] += nbytes
+            entry[4] += stall
+        if self._interval <= 0:
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        for epoch, (batches, runs, samples, nbytes, stall, count) in sorted(pending.items()):
+            usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
+            self._coordinator.ack.remote(self.generation, self._rank, epoch, batches, runs, usage)
+
+    def _run(self) -> None:
+        while not self._wake.wait(self._interval):
+            self.flush()
 
 
 def _runs(sorted_ids: np.ndarray) -> list[list[int]]:

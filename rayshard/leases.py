@@ -70,6 +70,10 @@ class LeaseBook:
     def outstanding(self, rank: int | None = None) -> list[Lease]:
         return [le for le in self._leases.values() if rank is None or le.rank == rank]
 
+    def outstanding_count(self) -> int:
+        """Leases handed out and not closed (O(1), for metrics on every lease)."""
+        return len(self._leases)
+
     def steps(self, rank: int) -> int | None:
         """Batches `rank` yields this epoch (None without equal steps: until the data ends)."""
         cap = self._capacity.get(rank)

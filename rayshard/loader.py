@@ -54,6 +54,8 @@ class Loader:
         shuffle: bool = False,
         shuffle_buffer: int = 0,
         prefetch_depth: int = 2,
+        batches_per_object: int = 4,
+        ack_interval_s: float = 0.1,
         model_parallel_size: int = 1,
         dp_groups: Sequence[Sequence[int]] | None = None,
         state_timeout_s: float = 60.0,
@@ -87,6 +89,8 @@ class Loader:
             shuffle=shuffle,
             shuffle_buffer=shuffle_buffer,
             prefetch_depth=prefetch_depth,
+            batches_per_object=batches_per_object,
+            ack_interval_s=ack_interval_s,
             model_parallel_size=model_parallel_size,
             dp_groups=as_tuple_groups(dp_groups),
             state_timeout_s=state_timeout_s,
@@ -215,6 +219,7 @@ class Loader:
             batch_format=batch_format,
             device=device,
             collate_fn=collate_fn,
+            ack_interval_s=self.settings.ack_interval_s,
         )
 
     def _reader(self, registration: dict, dp: Any) -> Any:

@@ -28,6 +28,8 @@ class LoaderSettings:
     state_timeout_s: float = 60.0
     reader_num_cpus: float = 0.0
     lease_poll_s: float = 0.05
+    batches_per_object: int = 4
+    ack_interval_s: float = 0.1
     journal_path: str | None = None
 
     def __post_init__(self) -> None:
@@ -50,6 +52,14 @@ class LoaderSettings:
         if self.prefetch_depth < 1:
             raise ConfigError(
                 f"prefetch_depth={self.prefetch_depth} is not in the range prefetch_depth>=1"
+            )
+        if (
+            isinstance(self.batches_per_object, bool)
+            or not isinstance(self.batches_per_object, int)
+            or self.batches_per_object < 1
+        ):
+            raise ConfigError(
+                f"batches_per_object={self.batches_per_object!r} must be an integer >= 1"
             )
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))

@@ -150,15 +150,14 @@ class Coordinator:
         ids: list,
         usage: dict | None = None,
     ) -> None:
-        """A consumer of `dp_rank` received its `batches`-th batch, holding samples `ids`
-        (`usage`: that batch's real samples, bytes and the consumer's stall seconds)."""
+        """A consumer of `dp_rank` received batches up to its `batches`-th, holding samples
+        `ids` (`usage`: their real samples, bytes and the consumer's stall seconds)."""
         if self._members is None or generation != self._members.generation:
             return  # late acknowledgement of a previous generation: already accounted
         self._record("ack", dp_rank=dp_rank, epoch=epoch, batches=batches, ids=ids)
         totals = self._usage.setdefault(
             dp_rank, {"batches": 0, "samples": 0, "bytes": 0, "stall_s": 0.0}
         )
-        totals["batches"] += 1
         for key, value in (usage or {}).items():
             totals[key] = totals.get(key, 0) + value
         async with self._acked:
@@ -267,7 +266,7 @@ class Coordinator:
         self._rank_epoch[dp_rank] = epoch
         book = self._book(epoch)
         lease = book.lease(dp_rank)
-        metrics.set_leases_outstanding(self._loader_id, len(book.outstanding()))
+        metrics.set_leases_outstanding(self._loader_id, book.outstanding_count())
         return None if lease is None else [lease.start, lease.end]
 
     def _apply_ack(self, dp_rank: int, epoch: int, batches: int, ids: list) -> None:

@@ -99,8 +99,8 @@ class ShardReader:
         return {"batches": batches}
 
     def next(self, generation: int, epoch: int, index: int) -> Any:
-        """The ObjectRef of batch `index` of `epoch` (waits until it is read), or None
-        past the end of the epoch."""
+        """The ObjectRef of block `index` of `epoch` (a list of batches; waits until it is
+        read), or None past the end of the epoch."""
         with self._cond:
             if self._key != (generation, epoch):
                 raise StaleClientError(
@@ -184,19 +184,27 @@ class ShardReader:
             )
 
     def _read_loop(self, rows: Iterator[pa.RecordBatch], cancel: threading.Event) -> None:
+        """Batches go to the object store in blocks of `batches_per_object` (one `ray.put`
+        and one fetch per block, not per batch); index `i` of `next()` is block `i`."""
         settings = self._settings
+        per_object = settings.batches_per_object
+        # Blocks ready ahead of the consumers: at least `prefetch_depth` batches.
+        ahead = max(1, -(-settings.prefetch_depth // per_object))
+        block: list[dict] = []
         try:
-            for batch in rebatch(rows, settings.plan.batch_size):
+            for batch in itertools.chain(rebatch(rows, settings.plan.batch_size), [FLUSH]):
+                if batch is not FLUSH:
+                    block.append(batch)
+                if not block or (batch is not FLUSH and len(block) < per_object):
+                    continue
                 with self._cond:
                     self._cond.wait_for(
-                        lambda: (
-                            cancel.is_set()
-                            or self._next_to_read - self._low_water < settings.prefetch_depth
-                        )
+                        lambda: cancel.is_set() or self._next_to_read - self._low_water < ahead
                     )
                     if cancel.is_set():
                         return
-                ref = ray.put(batch)
+                ref = ray.put(block)
+                block = []
                 with self._cond:
                     self._ready[self._next_to_read] = ref
                     self._next_to_read += 1
