@@ -1,0 +1,713 @@
+"""Multi-node scenarios of issue 5, each in its own process with its own Ray cluster.
+
+Run one from the repository root:
+
+    PYTHONPATH=. python -m tests.multinode.scenarios <name>
+
+Every scenario builds a `ray.cluster_utils.Cluster` (a head and worker nodes, all on this
+machine, each its own raylet), does real damage to it (`cluster.remove_node` kills a node's
+raylet and every process on it; `os.kill(pid, SIGKILL)` kills an actor's process) and
+prints one line `RESULT_JSON: {...}` that `test_multinode.py` parses and asserts on.
+Nothing is mocked.
+
+Placement: the head carries the custom resource `head`, worker node k the resource `nk`;
+consumers and trainers ask for those resources so they land on the node we mean. The loader
+is built on the driver (head), so its coordinator and journal are on the head; the audit
+actor is pinned to the head too, so no id it holds is lost with a worker node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from typing import Any
+
+import ray
+from ray.cluster_utils import Cluster
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULT_PREFIX = "RESULT_JSON: "
+
+# Node-death detection: the GCS declares a node dead after `health_check_failure_threshold`
+# failed health checks, one every `health_check_period_ms` (each may take up to
+# `health_check_timeout_ms`). Ray's defaults (3000 ms period, 5 failures, 10000 ms timeout)
+# would take ~15-30 s to notice a killed raylet; these make it ~1-2 s. The names are those
+# of the installed Ray (ray_config_def.h, seen as strings in core/src/ray/gcs/gcs_server).
+FAST_HEALTH_CHECKS = {
+    "health_check_initial_delay_ms": 0,
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 500,
+    "health_check_failure_threshold": 3,
+}
+
+
+# -- cluster plumbing ------------------------------------------------------------------------
+def start_cluster(worker_nodes: int, *, head_cpus: int = 1, node_cpus: int = 1) -> tuple:
+    """A head (resource `head`) and `worker_nodes` nodes (resources n1..nk), connected."""
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    env = {
+        "PYTHONPATH": REPO_ROOT,  # workers on every node import `tests.*` from the repo
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        # Ray Train waits this long for a worker group it cannot place (after a node loss
+        # its resource view may still count the dead node's CPUs): 60 s by default.
+        "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10",
+        # Ray Train's controller polls workers (and takes their reports, one queued per
+        # worker, `ray.train.report` blocks while it is full) every 2 s by default.
+        "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    }
+    os.environ.update(env)
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": head_cpus,
+            "resources": {"head": 100},
+            "include_dashboard": False,
+            "_system_config": FAST_HEALTH_CHECKS,
+        },
+    )
+    _CLUSTER["cluster"] = cluster
+    nodes = {
+        f"n{k}": cluster.add_node(num_cpus=node_cpus, resources={f"n{k}": 100})
+        for k in range(1, worker_nodes + 1)
+    }
+    ray.init(
+        address=cluster.address,
+        log_to_driver=False,
+        namespace="rayshard-multinode",
+        runtime_env={"env_vars": env},
+    )
+    cluster.wait_for_nodes()
+    return cluster, nodes
+
+
+def add_node(cluster: Cluster, nodes: dict, label: str, cpus: int = 1) -> Any:
+    node = cluster.add_node(num_cpus=cpus, resources={label: 100})
+    cluster.wait_for_nodes()
+    nodes[label] = node
+    return node
+
+
+def remove_node(cluster: Cluster, nodes: dict, label: str) -> float:
+    """Kill node `label` without grace (SIGKILL to its raylet and processes): a real node
+    loss. Returns the wall time of the kill."""
+    killed_at = time.time()
+    cluster.remove_node(nodes.pop(label), allow_graceful=False)
+    return killed_at
+
+
+def node_id_of(label: str) -> str:
+    for node in ray.nodes():
+        if node["Alive"] and node["Resources"].get(label):
+            return node["NodeID"]
+    raise LookupError(label)
+
+
+def node_labels() -> dict[str, str]:
+    """Node id -> our label (head, n1, ...) of the alive nodes."""
+    labels = {}
+    for node in ray.nodes():
+        if node["Alive"]:
+            mine = [
+                r for r in node["Resources"] if r == "head" or (r[0] == "n" and r[1:].isdigit())
+            ]
+            labels[node["NodeID"]] = mine[0] if mine else "?"
+    return labels
+
+
+def note(message: str) -> None:
+    """Progress on stderr (the test prints it on failure)."""
+    print(f"[scenario {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def emit(result: dict) -> None:
+    print(RESULT_PREFIX + json.dumps(result, default=str), flush=True)
+
+
+def event_times(loader: Any, kind: str) -> list[dict]:
+    return [e for e in loader.stats()["events"] if e["event"] == kind]
+
+
+def wait_until(predicate, timeout: float, what: str, poll: float = 0.05) -> float:
+    """Wait for `predicate()`; returns the seconds it took. Raises on timeout."""
+    start = time.time()
+    while not predicate():
+        if time.time() - start > timeout:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
+    return time.time() - start
+
+
+def make_dataset(rows: list[int], row_group_size: int) -> str:
+    from tests.runtime.helpers import write_parquet
+
+    folder = tempfile.mkdtemp(prefix="rayshard-multinode-")
+    return write_parquet(os.path.join(folder, "data"), rows, row_group_size=row_group_size)
+
+
+# -- a consumer: one rank of a dynamic loader, on one node -----------------------------------
+@ray.remote(num_cpus=0, max_concurrency=2)
+class NodeConsumer:
+    """Takes its iterator *inside* the actor (so its reader is placed on this node), then
+    consumes one epoch with a delay per batch, sending every batch's ids to the audit
+    (synchronously, so what this consumer received is in the audit before it goes on)."""
+
+    def __init__(self, loader, audit, rank: int, world_size: int, delay: float) -> None:
+        self.iterator = loader.iterator(
+            world_rank=rank, world_size=world_size, batch_format="numpy"
+        )
+        self.audit, self.rank, self.delay = audit, rank, delay
+        self.batches = 0
+        self.samples = 0
+
+    def node(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def reader_node(self) -> str:
+        """Node of this rank's reader (it must be this consumer's node)."""
+        reader_id = self.iterator._reader._actor_id.hex()
+        info = ray._private.state.actors(actor_id=reader_id)
+        return info["Address"]["NodeID"]
+
+    def progress(self) -> int:
+        return self.batches
+
+    def run(self) -> dict:
+        epoch = self.iterator.epoch
+        for batch in self.iterator:
+            ids = batch["id"][~batch["_padded"]]
+            ray.get(self.audit.add.remote(epoch, ids))
+            self.batches += 1
+            self.samples += int(ids.size)
+            time.sleep(self.delay)
+        return {"rank": self.rank, "batches": self.batches, "samples": self.samples}
+
+
+def start_consumer(loader, audit, rank: int, world_size: int, label: str, delay: float):
+    consumer = NodeConsumer.options(resources={label: 1}).remote(
+        loader, audit, rank, world_size, delay
+    )
+    return consumer, consumer.run.remote()
+
+
+def head_audit(num_samples: int) -> Any:
+    """The coverage audit, pinned to the head (it must outlive every worker node)."""
+    from rayshard.audit import CoverageAudit
+
+    return ray.remote(CoverageAudit).options(num_cpus=0, resources={"head": 1}).remote(num_samples)
+
+
+def dynamic_loader(data: str, name: str, **options) -> Any:
+    from rayshard.loader import Loader
+    from rayshard.sources.parquet import ParquetSource
+
+    journal = os.path.join(tempfile.mkdtemp(prefix="rayshard-journal-"), f"{name}.jsonl")
+    return Loader(
+        ParquetSource(data),
+        name=name,
+        policy="dynamic",
+        equal_steps=False,  # consumers are not in lockstep
+        journal_path=journal,
+        **options,
+    )
+
+
+def reader_placement_probe(data: str, per_node: int, labels: tuple) -> dict:
+    """Where readers land: a throwaway loader with `per_node` ranks on each of `labels`;
+    returns {"ranks": n, "misplaced": [(rank, consumer node, reader node), ...]}."""
+    loader = dynamic_loader(data, "probe", batch_size=8)
+    audit = head_audit(1)
+    world = per_node * len(labels)
+    consumers = [
+        NodeConsumer.options(resources={label: 1}).remote(loader, audit, rank, world, 0.0)
+        for rank, label in enumerate(lab for lab in labels for _ in range(per_node))
+    ]
+    names = node_labels()
+    where = [
+        (rank, names[ray.get(c.node.remote())], names[ray.get(c.reader_node.remote())])
+        for rank, c in enumerate(consumers)
+    ]
+    for consumer in consumers:  # their readers die with them (the readers' owners)
+        ray.kill(consumer)
+    loader.shutdown()
+    return {"ranks": world, "misplaced": [w for w in where if w[1] != w[2]]}
+
+
+# -- scenario 1: node loss and node join under the dynamic policy ----------------------------
+def scenario_dynamic_node_churn() -> dict:
+    """3 ranks on 3 nodes; node n2 is killed mid-epoch; node n4 joins and a new rank (3)
+    starts there. Coverage must be exact (nothing lost), duplicates bounded."""
+    rows, batch_size, delay, prefetch = 1200, 8, 0.25, 2
+    data = make_dataset([300, 250, 350, 300], row_group_size=10)  # 120 splits of 10 rows
+    cluster, nodes = start_cluster(3)
+    started = time.time()
+    loader = dynamic_loader(data, "churn", batch_size=batch_size, prefetch_depth=prefetch)
+    audit = head_audit(rows)
+    consumers = {}
+    for rank, label in enumerate(["n1", "n2", "n3"]):
+        consumers[rank] = (label, *start_consumer(loader, audit, rank, 3, label, delay))
+    # Where each rank's consumer and reader are: a reader should be on its consumer's node.
+    labels = node_labels()
+    placement = {
+        rank: {
+            "consumer": labels[ray.get(c.node.remote())],
+            "reader": labels[ray.get(c.reader_node.remote())],
+        }
+        for rank, (_, c, _) in consumers.items()
+    }
+    probe = reader_placement_probe(data, per_node=2, labels=("n1", "n2", "n3"))
+    victim = consumers[1][1]
+    wait_until(lambda: ray.get(victim.progress.remote()) >= 8, 60, "rank 1 to read 8 batches")
+    seen_before_kill = sum(ray.get(audit.seen.remote()).values())
+    killed_at = remove_node(cluster, nodes, "n2")
+    wait_until(lambda: event_times(loader, "rank_lost"), 30, "rank_lost")
+    lost_event = event_times(loader, "rank_lost")[0]
+    add_started = time.time()
+    add_node(cluster, nodes, "n4")
+    newcomer, newcomer_run = start_consumer(loader, audit, 3, 4, "n4", delay)
+    joined_after_s = time.time() - add_started
+    labels = node_labels()
+    placement[3] = {
+        "consumer": labels[ray.get(newcomer.node.remote())],
+        "reader": labels.get(ray.get(newcomer.reader_node.remote()), "dead node"),
+    }
+    outcomes, errors = {}, {}
+    for rank, (_, _, run) in {**consumers, 3: ("n4", newcomer, newcomer_run)}.items():
+        try:
+            outcomes[rank] = ray.get(run, timeout=90)
+        except Exception as error:  # noqa: BLE001 - the dead rank's consumer must fail
+            errors[rank] = type(error).__name__
+    report = ray.get(audit.report.remote())
+    stats = loader.stats()
+    events = [e["event"] for e in stats["events"]]
+    result = {
+        "rows": rows,
+        "batch_size": batch_size,
+        "prefetch_depth": prefetch,
+        "placement": placement,
+        "placement_probe": probe,
+        "killed_node": "n2",
+        "seen_before_kill": seen_before_kill,
+        "report": report,
+        "outcomes": outcomes,
+        "errors": errors,
+        "events": events,
+        "requeued_rows": lost_event.get("requeued_rows"),
+        "lost_reason": lost_event.get("reason"),
+        "loss_detected_s": round(lost_event["time"] - killed_at, 2),
+        "new_rank_started_s": round(joined_after_s, 2),
+        "epoch_s": round(time.time() - started, 2),
+    }
+    loader.shutdown()
+    return result
+
+
+# -- scenario 3: SIGKILL the coordinator's process mid-epoch, across nodes -------------------
+def coordinator_pid(loader: Any) -> int:
+    info = ray._private.state.actors(actor_id=loader._coordinator._actor_id.hex())
+    return int(info["Pid"])
+
+
+def scenario_coordinator_sigkill() -> dict:
+    """2 ranks on 2 worker nodes, coordinator on the head. Its process gets SIGKILL mid-epoch
+    (not `ray.kill`): Ray restarts it, it replays its journal, the epoch completes with
+    nothing lost and nothing repeated. Then node n2 is killed: the restarted coordinator
+    must still notice the reader's death (it re-watches the readers named in the journal)
+    and requeue that rank's work."""
+    rows, batch_size, delay = 800, 8, 0.1
+    data = make_dataset([200, 200, 250, 150], row_group_size=10)
+    cluster, nodes = start_cluster(3)
+    started = time.time()
+    loader = dynamic_loader(data, "ckill", batch_size=batch_size, prefetch_depth=2)
+    audit = head_audit(rows)
+    consumers = {
+        rank: (label, *start_consumer(loader, audit, rank, 3, label, delay))
+        for rank, label in enumerate(["n1", "n2", "n3"])
+    }
+    first = consumers[0][1]
+    wait_until(lambda: ray.get(first.progress.remote()) >= 5, 60, "rank 0 to read 5 batches")
+    pid_before = coordinator_pid(loader)
+    killed_at = time.time()
+    os.kill(pid_before, signal.SIGKILL)
+    # Back when it answers again, from a new process, with the event its replay records.
+    wait_until(
+        lambda: _safe(lambda: event_times(loader, "coordinator_restarted")),
+        60,
+        "the coordinator to come back",
+        poll=0.1,
+    )
+    back_s = time.time() - killed_at
+    pid_after = coordinator_pid(loader)
+    progress_at_restart = {r: ray.get(c.progress.remote()) for r, (_, c, _) in consumers.items()}
+    # Let them read on through the restarted coordinator, then lose node n2.
+    wait_until(
+        lambda: ray.get(first.progress.remote()) >= progress_at_restart[0] + 5,
+        60,
+        "progress after the restart",
+    )
+    node_killed_at = remove_node(cluster, nodes, "n2")
+    wait_until(lambda: event_times(loader, "rank_lost"), 30, "rank_lost after the restart")
+    lost_event = event_times(loader, "rank_lost")[0]
+    outcomes, errors = {}, {}
+    for rank, (_, _, run) in consumers.items():
+        try:
+            outcomes[rank] = ray.get(run, timeout=90)
+        except Exception as error:  # noqa: BLE001 - rank 1 dies with its node
+            errors[rank] = type(error).__name__
+    report = ray.get(audit.report.remote())
+    result = {
+        "rows": rows,
+        "batch_size": batch_size,
+        "pid_before": pid_before,
+        "pid_after": pid_after,
+        "coordinator_back_s": round(back_s, 2),
+        "progress_at_restart": progress_at_restart,
+        "loss_detected_s": round(lost_event["time"] - node_killed_at, 2),
+        "requeued_rows": lost_event.get("requeued_rows"),
+        "report": report,
+        "outcomes": outcomes,
+        "errors": errors,
+        "events": [e["event"] for e in loader.stats()["events"]],
+        "epoch_s": round(time.time() - started, 2),
+    }
+    loader.shutdown()
+    return result
+
+
+def _safe(call):
+    try:
+        return call()
+    except Exception:  # noqa: BLE001 - not reachable yet
+        return None
+
+
+# -- scenario 2: an elastic TorchTrainer, world size 2 -> 3 -> 1 across checkpoints ----------
+MARKER_FILE = "multinode_marker.json"
+
+
+class TrainLedger:
+    """What the training workers received, batch by batch, tagged with the attempt (one
+    worker group's life) and the attempt's batch counter; the checkpoints; and which
+    checkpoint each attempt resumed from (read back from the checkpoint itself)."""
+
+    def __init__(self) -> None:
+        self.attempts: list[dict] = []
+        self.batches: list[tuple] = []  # (attempt, rank, epoch, seq, ids)
+        self.checkpoints: list[dict] = []
+
+    def new_attempt(self, world_size: int, resumed_from: dict | None) -> int:
+        self.attempts.append(
+            {"world_size": world_size, "resumed_from": resumed_from, "started": time.time()}
+        )
+        return len(self.attempts) - 1
+
+    def batch(self, attempt: int, rank: int, epoch: int, seq: int, ids: list) -> None:
+        self.batches.append((attempt, rank, epoch, seq, list(ids)))
+
+    def checkpoint(self, marker: dict) -> None:
+        self.checkpoints.append({**marker, "time": time.time()})
+
+    def progress(self) -> dict:
+        return {"attempts": self.attempts, "checkpoints": self.checkpoints}
+
+    def audit(self, num_samples: int, epochs: int) -> dict:
+        """Per epoch: coverage of the ids the model received *up to the checkpoints*: the
+        last attempt counts whole; each attempt before it in the resume chain counts up to
+        the checkpoint its successor resumed from; batches after that (or of an attempt no
+        one resumed from) were undone by the restart and are excluded."""
+        from collections import Counter
+
+        last = len(self.attempts) - 1
+        limits: dict[int, float] = {last: float("inf")}
+        chain = [last]
+        attempt = last
+        while self.attempts[attempt]["resumed_from"] is not None:
+            marker = self.attempts[attempt]["resumed_from"]
+            attempt = marker["attempt"]
+            limits[attempt] = marker["seq"]
+            chain.append(attempt)
+        counts = {epoch: Counter() for epoch in range(epochs)}
+        excluded = 0
+        for a, _rank, epoch, seq, ids in self.batches:
+            if seq <= limits.get(a, -1):
+                counts[epoch].update(ids)
+            else:
+                excluded += len(ids)
+        per_epoch = {}
+        for epoch, counter in counts.items():
+            per_epoch[epoch] = {
+                "seen": sum(counter.values()),
+                "distinct": len(counter),
+                "lost": sum(1 for i in range(num_samples) if i not in counter),
+                "duplicates": sum(n - 1 for n in counter.values()),
+                "foreign": sum(1 for i in counter if not 0 <= i < num_samples),
+            }
+        return {
+            "chain": list(reversed(chain)),
+            "world_sizes": [a["world_size"] for a in self.attempts],
+            "resumed_from": [a["resumed_from"] for a in self.attempts],
+            "per_epoch": per_epoch,
+            "excluded_after_checkpoint": excluded,
+        }
+
+
+def elastic_loop(config: dict) -> None:
+    """Train worker: static rayshard iterator (resumed from Train's latest checkpoint),
+    every batch's ids to the ledger, a checkpoint every `every` batches (mid-epoch) and at
+    the end of each epoch. No model: the loader is what is under test."""
+    from ray.train import Checkpoint
+    from ray.train.collective import broadcast_from_rank_zero
+
+    import rayshard.train
+
+    context = ray.train.get_context()
+    rank, world = context.get_world_rank(), context.get_world_size()
+    ledger = config["ledger"]
+    resumed_from = None
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with (
+            checkpoint.as_directory() as folder,
+            open(os.path.join(folder, MARKER_FILE)) as handle,
+        ):
+            resumed_from = json.load(handle)
+    batches = rayshard.train.iterator(config["loader"], batch_format="numpy")
+    attempt = ray.get(ledger.new_attempt.remote(world, resumed_from)) if rank == 0 else None
+    attempt = broadcast_from_rank_zero(attempt)
+    seq = 0
+
+    def save(epoch: int) -> None:
+        marker = {"attempt": attempt, "seq": seq, "epoch": epoch, "world_size": world}
+        with tempfile.TemporaryDirectory() as folder:
+            state = rayshard.train.save_state(batches, folder)
+            with open(os.path.join(folder, MARKER_FILE), "w") as handle:
+                json.dump(marker, handle)
+            ray.train.report(
+                {"attempt": attempt, "seq": seq, "epoch": epoch},
+                checkpoint=Checkpoint.from_directory(folder),
+            )
+        if rank == 0:  # reported (not necessarily registered yet: the driver's cue only)
+            ray.get(ledger.checkpoint.remote({**marker, "state_epoch": state["epoch"]}))
+
+    while batches.epoch < config["epochs"]:
+        epoch = batches.epoch
+        for batch in batches:
+            seq += 1
+            ids = batch["id"][~batch["_padded"]].tolist()
+            ray.get(ledger.batch.remote(attempt, rank, epoch, seq, ids))
+            time.sleep(config["delay"])
+            if seq % config["every"] == 0:
+                save(epoch)
+        save(epoch)
+
+
+def scenario_elastic_trainer() -> dict:
+    """TorchTrainer with ScalingConfig(num_workers=(1, 3)) on 1-CPU nodes (the head has no
+    CPU, so workers go to worker nodes only): it starts with 2 workers on n1, n2; after a
+    checkpoint node n3 joins and Ray Train's elastic policy resizes to 3 (a restart from
+    the latest checkpoint); after a checkpoint at 3, nodes n2 and n3 are killed and the
+    group restarts with 1 worker, which finishes the run. Static policy `data`."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2.api.config import ScalingConfig
+
+    rows, batch_size, epochs = 480, 4, 2
+    data = make_dataset([160, 170, 150], row_group_size=16)
+    cluster, nodes = start_cluster(2, head_cpus=0)
+    started = time.time()
+    from rayshard.loader import Loader
+    from rayshard.sources.parquet import ParquetSource
+
+    journal = os.path.join(tempfile.mkdtemp(prefix="rayshard-journal-"), "elastic.jsonl")
+    loader = Loader(
+        ParquetSource(data),
+        batch_size=batch_size,
+        name="elastic",
+        policy="data",
+        journal_path=journal,
+    )
+    ledger = ray.remote(TrainLedger).options(num_cpus=0, resources={"head": 1}).remote()
+    trainer = TorchTrainer(
+        elastic_loop,
+        train_loop_config={
+            "loader": loader,
+            "ledger": ledger,
+            "epochs": epochs,
+            "every": 4,
+            "delay": 0.15,
+        },
+        scaling_config=ScalingConfig(
+            num_workers=(1, 3),
+            resources_per_worker={"CPU": 1},
+            elastic_resize_monitor_interval_s=2.0,  # consider growing every 2 s (default 60)
+        ),
+        run_config=RunConfig(
+            name="elastic",
+            storage_path=tempfile.mkdtemp(prefix="rayshard-train-"),
+            failure_config=FailureConfig(max_failures=4),
+            checkpoint_config=CheckpointConfig(num_to_keep=None),
+        ),
+    )
+    outcome: dict = {}
+
+    def fit() -> None:
+        try:
+            result = trainer.fit()
+            outcome["error"] = repr(result.error) if result.error else None
+        except BaseException as error:  # noqa: BLE001 - reported
+            outcome["error"] = repr(error)
+
+    runner = threading.Thread(target=fit, daemon=True)
+    runner.start()
+
+    def checkpoints_at(world: int, count: int = 1) -> list:
+        """Cue: `count` checkpoints reported at this world size. A worker's reports queue
+        one deep, so once its second report returned the first was taken by Train's
+        controller; one more poll interval and it is the run's latest checkpoint."""
+        progress = ray.get(ledger.progress.remote())
+        found = [c for c in progress["checkpoints"] if c["world_size"] == world]
+        return found if len(found) >= count else []
+
+    timeline = {}
+    note("fit started")
+    timeline["first_ckpt_at_2_s"] = wait_until(lambda: checkpoints_at(2, 2), 90, "checkpoints at 2")
+    note("checkpoint at 2: adding n3")
+    t = time.time()
+    add_node(cluster, nodes, "n3")
+    timeline["node_added_at_s"] = round(t - started, 2)
+    timeline["grown_to_3_after_s"] = round(
+        wait_until(lambda: checkpoints_at(3, 2), 90, "checkpoints at 3"), 2
+    )
+    time.sleep(1.0)
+    note("checkpoint at 3: removing n3, n2")
+    t = time.time()
+    remove_node(cluster, nodes, "n3")
+    remove_node(cluster, nodes, "n2")
+    timeline["nodes_removed_at_s"] = round(t - started, 2)
+    timeline["shrunk_to_1_after_s"] = round(
+        wait_until(lambda: checkpoints_at(1), 90, "a checkpoint at 1"), 2
+    )
+    note(f"timeline {timeline}")
+    runner.join(120)
+    if runner.is_alive():
+        progress = ray.get(ledger.progress.remote())
+        note(f"fit still running: attempts {progress['attempts']}")
+        note(f"checkpoints {progress['checkpoints'][-5:]}")
+        note(f"loader {loader.stats()}")
+    audit = ray.get(ledger.audit.remote(rows, epochs))
+    result = {
+        "rows": rows,
+        "batch_size": batch_size,
+        "epochs": epochs,
+        "fit_error": outcome.get("error", "fit did not return"),
+        "audit": audit,
+        "checkpoints": [
+            (c["attempt"], c["epoch"], c["seq"])
+            for c in ray.get(ledger.progress.remote())["checkpoints"]
+        ],
+        "timeline": timeline,
+        "loader_events": [{k: e[k] for k in e if k != "time"} for e in loader.stats()["events"]],
+        "run_s": round(time.time() - started, 2),
+    }
+    loader.shutdown()
+    return result
+
+
+# -- a rank that comes back on a replacement node under the same rank number -----------------
+def scenario_rank_rejoins_same_number() -> dict:
+    """Ranks 0 (n1) and 1 (n2); n2 is killed; a replacement node n3 joins and a consumer
+    there takes rank 1 again (as a restarted worker keeps its rank); then n3 is killed too.
+    Expected: the second loss is noticed like the first (rank_lost), rank 1's leases go
+    back to the queue and rank 0 finishes the epoch with nothing lost."""
+    rows, batch_size, delay = 600, 8, 0.2
+    data = make_dataset([300, 300], row_group_size=10)
+    cluster, nodes = start_cluster(2)
+    started = time.time()
+    loader = dynamic_loader(data, "rejoin", batch_size=batch_size, prefetch_depth=2)
+    audit = head_audit(rows)
+    first, first_run = start_consumer(loader, audit, 0, 2, "n1", delay)
+    second, _ = start_consumer(loader, audit, 1, 2, "n2", delay)
+    wait_until(lambda: ray.get(second.progress.remote()) >= 4, 60, "rank 1 to read")
+    remove_node(cluster, nodes, "n2")
+    wait_until(lambda: len(event_times(loader, "rank_lost")) >= 1, 30, "the first rank_lost")
+    add_node(cluster, nodes, "n3")
+    again, _ = start_consumer(loader, audit, 1, 2, "n3", delay)
+    wait_until(lambda: ray.get(again.progress.remote()) >= 3, 60, "rank 1 (again) to read")
+    killed_at = remove_node(cluster, nodes, "n3")
+    try:
+        noticed_s = wait_until(
+            lambda: len(event_times(loader, "rank_lost")) >= 2, 20, "the second rank_lost"
+        )
+    except TimeoutError:
+        noticed_s = None
+    note(f"second loss noticed after {noticed_s} s")
+    try:
+        rank0 = ray.get(first_run, timeout=40)
+    except Exception as error:  # noqa: BLE001 - reported
+        rank0 = {"error": type(error).__name__}
+    stats = loader.stats()
+    result = {
+        "rows": rows,
+        "batch_size": batch_size,
+        "second_loss_noticed_s": noticed_s,
+        "rank0": rank0,
+        "report": ray.get(audit.report.remote()),
+        "events": [e["event"] for e in stats["events"]],
+        "ranks": stats["ranks"],
+        "leases": stats["leases"],
+        "killed_at": killed_at,
+        "epoch_s": round(time.time() - started, 2),
+    }
+    loader.shutdown()
+    return result
+
+
+SCENARIOS = {
+    "dynamic_node_churn": scenario_dynamic_node_churn,
+    "coordinator_sigkill": scenario_coordinator_sigkill,
+    "elastic_trainer": scenario_elastic_trainer,
+    "rank_rejoins_same_number": scenario_rank_rejoins_same_number,
+}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in SCENARIOS:
+        print(f"usage: python -m tests.multinode.scenarios {{{','.join(SCENARIOS)}}}")
+        return 2
+    sys.path.insert(0, REPO_ROOT)
+    started = time.time()
+    try:
+        result = SCENARIOS[argv[0]]()
+        result["scenario_s"] = round(time.time() - started, 2)
+        emit(result)
+        return 0
+    except BaseException as error:  # noqa: BLE001 - reported to the test
+        traceback.print_exc()
+        emit({"error": f"{type(error).__name__}: {error}", "scenario_s": time.time() - started})
+        return 1
+    finally:
+        # Shut down hard-killed clusters without waiting on anything that may hang.
+        done = threading.Event()
+
+        def shutdown():
+            try:
+                ray.shutdown()
+            finally:
+                done.set()
+
+        threading.Thread(target=shutdown, daemon=True).start()
+        done.wait(30)
+        cluster = _CLUSTER.get("cluster")
+        if cluster is not None:
+            cluster.shutdown()
+
+
+_CLUSTER: dict[str, Any] = {}
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
