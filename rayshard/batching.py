@@ -124,20 +124,16 @@ def _tag(batch: pa.RecordBatch, index: np.ndarray, *, padded: bool) -> pa.Record
 
 def pad_rows(
     source: Source,
-    real_rows: int,
-    steps: int,
-    batch_size: int,
+    count: int,
     last_index: int | None,
     columns: Sequence[str] | None,
+    cache: dict[int, pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """Padding (`_padded` True) after `real_rows` rows so the stream makes exactly `steps`
-    batches, the last one possibly short: the least padding that does it. The padding
-    repeats sample `last_index` (sample 0 if the rank read nothing)."""
-    needed = 0 if steps == 0 else max((steps - 1) * batch_size + 1 - real_rows, 0)
-    if needed == 0:
-        return
+    """`count` padding rows (`_padded` True) repeating sample `last_index` (sample 0 if
+    the rank read nothing); the row is read once per `cache`."""
     index = 0 if last_index is None else last_index
-    row = pa.Table.from_batches(list(source.read(index, index + 1, columns))).combine_chunks()
-    one = row.to_batches()[0]
-    for _ in range(needed):
-        yield _tag(one, np.array([index]), padded=True)
+    if count > 0 and index not in cache:
+        rows = pa.Table.from_batches(list(source.read(index, index + 1, columns)))
+        cache[index] = rows.combine_chunks().to_batches()[0]
+    for _ in range(count):
+        yield _tag(cache[index], np.array([index]), padded=True)

@@ -121,14 +121,16 @@ class Coordinator:
             steps = -(-rows // (max(len(book.ranks), 1) * self._settings.plan.batch_size))
         return steps
 
-    async def lease(self, generation: int, dp_rank: int, epoch: int) -> list[int] | str | None:
+    async def lease(
+        self, generation: int, dp_rank: int, epoch: int, finishing: bool = False
+    ) -> list[int] | str | None:
         """The next split piece `[start, end)` for `dp_rank`; None when it has no more;
         "wait" when work may still come back (ask again shortly)."""
         self._check_epoch(generation, dp_rank, epoch)
         piece = self._record("lease", dp_rank=dp_rank, epoch=epoch)
-        if piece is None and not self._settings.plan.equal_steps:
-            # Without equal steps nobody waits on this rank: it stays until no other rank
-            # holds unfinished work that could come back to the queue if that rank died.
+        if piece is None and (finishing or not self._settings.plan.equal_steps):
+            # A rank that may end (no equal steps, or past its last step) stays until no
+            # other rank holds unfinished work that could come back if that rank died.
             book = self._book(epoch)
             book.close_finished()
             if any(le.rank != dp_rank for le in book.outstanding()):

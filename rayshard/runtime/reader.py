@@ -156,32 +156,44 @@ class ShardReader:
         return itertools.chain(real, iter_padding(self._source, plan, settings.columns))
 
     def _dynamic_rows(self, generation: int, epoch: int) -> Iterator[pa.RecordBatch]:
-        """Lease pieces until none is left, then pad up to the equal step count."""
+        """Lease pieces until none is left, then pad up to the equal step count.
+
+        Padding goes one batch at a time with a lease request in between: if a lost
+        rank's work comes back (and this rank's capacity grows) while it pads, it reads
+        that work instead of losing it. After its last step it ends only once no other
+        rank holds unfinished work that could come back; that wait is after the last
+        batch, so it never holds up a collective of the epoch.
+        """
         settings, coordinator, rank = self._settings, self._coordinator, self._dp_rank
-        real_rows, last_index = 0, None
+        batch_size = settings.plan.batch_size
+        rows_out, last_index = 0, None
+        pad_cache: dict[int, pa.RecordBatch] = {}
+        finishing = False  # reached the equal step count: only returned work may follow
         while not self._cancel.is_set():
-            piece = ray.get(coordinator.lease.remote(generation, rank, epoch))
-            if piece is None:
-                break
+            piece = ray.get(coordinator.lease.remote(generation, rank, epoch, finishing))
             if piece == "wait":
                 yield FLUSH  # deliver what we hold: others may be waiting for those rows
                 self._cancel.wait(settings.lease_poll_s)
                 continue
-            for part in reading_pieces((tuple(piece),), self._splits, shuffle=False, rng_key=""):
-                for batch in iter_rows(self._source, [part], settings.columns):
-                    real_rows += batch.num_rows
+            if piece is not None:
+                parts = reading_pieces((tuple(piece),), self._splits, shuffle=False, rng_key="")
+                for batch in iter_rows(self._source, parts, settings.columns):
+                    rows_out += batch.num_rows
                     last_index = int(np.asarray(batch.column(-2))[-1])
                     yield batch
-        steps = ray.get(coordinator.steps.remote(generation, rank, epoch))
-        if steps is not None:
-            yield from pad_rows(
-                self._source,
-                real_rows,
-                steps,
-                settings.plan.batch_size,
-                last_index,
-                settings.columns,
-            )
+                continue
+            if finishing:
+                return
+            steps = ray.get(coordinator.steps.remote(generation, rank, epoch))
+            target = 0 if not steps else (steps - 1) * batch_size + 1
+            if rows_out >= target:
+                # Done, unless a lost rank's work comes back: ask once more as finishing
+                # (the coordinator then waits for the others' open leases).
+                finishing = True
+                continue
+            count = min(batch_size - rows_out % batch_size, target - rows_out)
+            yield from pad_rows(self._source, count, last_index, settings.columns, pad_cache)
+            rows_out += count
 
     def _read_loop(self, rows: Iterator[pa.RecordBatch], cancel: threading.Event) -> None:
         """Batches go to the object store in blocks of `batches_per_object` (one `ray.put`

@@ -70,7 +70,8 @@ def test_dynamic_equal_steps_exact_coverage(ray_session, dataset):
 
 
 def test_faster_rank_reads_more_without_equal_steps(ray_session, dataset):
-    loader = dynamic_loader(dataset, equal_steps=False)
+    # One batch per object: read-ahead stays small next to this 300-row dataset.
+    loader = dynamic_loader(dataset, equal_steps=False, batches_per_object=1)
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     fast, slow = Consumer(its[0]), Consumer(its[1], delay=0.15)
     fast.start(), slow.start()
@@ -81,9 +82,11 @@ def test_faster_rank_reads_more_without_equal_steps(ray_session, dataset):
     loader.shutdown()
 
 
-def test_killed_reader_work_is_served_again(ray_session, dataset):
+@pytest.mark.parametrize("equal_steps", [False, True])
+def test_killed_reader_work_is_served_again(ray_session, dataset, equal_steps):
     # Every batch acknowledged on receipt: only batches in the consumer's hand can repeat.
-    loader = dynamic_loader(dataset, equal_steps=False, prefetch_depth=2, ack_interval_s=0)
+    # With equal steps the survivors' capacities grow to take the returned work.
+    loader = dynamic_loader(dataset, equal_steps=equal_steps, prefetch_depth=2, ack_interval_s=0)
     its = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
     consumers = [Consumer(it, delay=0.02) for it in its]
     for c in consumers:
@@ -108,9 +111,10 @@ def test_killed_reader_work_is_served_again(ray_session, dataset):
 
 
 def test_rank_joining_mid_epoch_takes_splits_at_once(ray_session, dataset):
-    loader = dynamic_loader(dataset, equal_steps=False)
+    loader = dynamic_loader(dataset, equal_steps=False, batches_per_object=1)
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-    consumers = [Consumer(it, delay=0.3) for it in its]  # ~6 s of work for two ranks
+    # ~9 s of work for two ranks: time for the new rank's reader process to start.
+    consumers = [Consumer(it, delay=0.5) for it in its]
     for c in consumers:
         c.start()
     consumers[0].started_reading.wait(30)
