@@ -245,12 +245,19 @@ def scenario_dynamic_node_churn() -> dict:
     rows, batch_size, delay, prefetch = 1200, 8, 0.25, 2
     data = make_dataset([300, 250, 350, 300], row_group_size=10)  # 120 splits of 10 rows
     cluster, nodes = start_cluster(3)
+    # First (before the epoch under test starts): where do readers land?
+    probe = reader_placement_probe(data, per_node=2, labels=("n1", "n2", "n3"))
     started = time.time()
     loader = dynamic_loader(data, "churn", batch_size=batch_size, prefetch_depth=prefetch)
     audit = head_audit(rows)
     consumers = {}
     for rank, label in enumerate(["n1", "n2", "n3"]):
         consumers[rank] = (label, *start_consumer(loader, audit, rank, 3, label, delay))
+    t0 = time.time()
+    consumer_start_s = {}
+    for rank, (_, c, _) in consumers.items():  # first batch of each rank, from now
+        wait_until(lambda c=c: ray.get(c.progress.remote()) >= 1, 60, f"rank {rank} to start")
+        consumer_start_s[rank] = round(time.time() - t0, 2)
     # Where each rank's consumer and reader are: a reader should be on its consumer's node.
     labels = node_labels()
     placement = {
@@ -260,10 +267,11 @@ def scenario_dynamic_node_churn() -> dict:
         }
         for rank, (_, c, _) in consumers.items()
     }
-    probe = reader_placement_probe(data, per_node=2, labels=("n1", "n2", "n3"))
     victim = consumers[1][1]
-    wait_until(lambda: ray.get(victim.progress.remote()) >= 8, 60, "rank 1 to read 8 batches")
+    # Early in the epoch, so that plenty is left for the rank that joins later.
+    wait_until(lambda: ray.get(victim.progress.remote()) >= 3, 60, "rank 1 to read 3 batches")
     seen_before_kill = sum(ray.get(audit.seen.remote()).values())
+    progress_at_kill = {r: ray.get(c.progress.remote()) for r, (_, c, _) in consumers.items()}
     killed_at = remove_node(cluster, nodes, "n2")
     wait_until(lambda: event_times(loader, "rank_lost"), 30, "rank_lost")
     lost_event = event_times(loader, "rank_lost")[0]
@@ -293,6 +301,8 @@ def scenario_dynamic_node_churn() -> dict:
         "placement_probe": probe,
         "killed_node": "n2",
         "seen_before_kill": seen_before_kill,
+        "progress_at_kill": progress_at_kill,
+        "consumer_start_s": consumer_start_s,
         "report": report,
         "outcomes": outcomes,
         "errors": errors,
