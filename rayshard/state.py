@@ -58,7 +58,8 @@ class LoaderState:
         if data["version"] != STATE_VERSION:
             raise ConfigError(
                 f"loader state version {data['version']!r} is not supported: this rayshard "
-                f"reads version {STATE_VERSION}; rewrite it with `rayshard state` or start fresh"
+                f"reads version {STATE_VERSION}; resume with the rayshard release that saved "
+                "it, or start the epoch afresh"
             )
         if expect_loader is not None and data["loader"] != expect_loader:
             raise ConfigError(

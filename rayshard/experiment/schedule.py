@@ -14,6 +14,12 @@ events:
   - {at: 20, action: remove_node, node: 0}    # graceful: the rank leaves, then the node goes
 ```
 `node` is the index of a worker node in order of creation (default: the oldest alive).
+
+With `autoscaler: true` (optional `max_workers`, default 4, and `idle_timeout_s`, default
+5) Ray's fake-multinode autoscaler owns the nodes (`rayshard.experiment.autoscaling`):
+`initial_nodes` and `add_node` demand consumer ranks that need a worker-only resource,
+so the autoscaler adds a node for each; `remove_node` makes a rank (`node`: its index in
+order of demand) leave, and its node is scaled down once idle. `kill_node` is refused.
 """
 
 from __future__ import annotations
@@ -50,6 +56,10 @@ class Schedule:
     duration_s: float = 120.0
     seed: int = 0
     events: tuple[Event, ...] = ()
+    # Fake-multinode autoscaler mode (see the module docstring).
+    autoscaler: bool = False
+    max_workers: int = 4
+    idle_timeout_s: float = 5.0
 
 
 def load_schedule(path: str) -> Schedule:
@@ -91,7 +101,30 @@ def parse_schedule(document: Any, source: str = "schedule") -> Schedule:
     values["events"] = tuple(
         sorted((_event(e, i, source) for i, e in enumerate(events)), key=lambda e: e.at)
     )
+    _check_autoscaler(values, source)
     return Schedule(**values)
+
+
+def _check_autoscaler(values: dict, source: str) -> None:
+    """The autoscaler mode's keys; it cannot kill nodes (the autoscaler owns them)."""
+    mode = values.get("autoscaler", False)
+    if not isinstance(mode, bool):
+        raise ConfigError(f"{source}: autoscaler={mode!r} must be true or false")
+    if "max_workers" in values:
+        _int(values["max_workers"], "max_workers", 1, source)
+    if "idle_timeout_s" in values:
+        _number(values["idle_timeout_s"], "idle_timeout_s", source)
+    if not mode:
+        for key in ("max_workers", "idle_timeout_s"):
+            if key in values:
+                raise ConfigError(f"{source}: {key} needs autoscaler: true")
+        return
+    for event in values["events"]:
+        if event.action == "kill_node":
+            raise ConfigError(
+                f"{source}: the kill_node event at {event.at:g} s is not supported with "
+                "autoscaler: true (the autoscaler owns the nodes); use remove_node"
+            )
 
 
 def _event(entry: Any, index: int, source: str) -> Event:

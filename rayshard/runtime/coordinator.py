@@ -128,10 +128,16 @@ class Coordinator:
         "wait" when work may still come back (ask again shortly)."""
         self._check_epoch(generation, dp_rank, epoch)
         piece = self._record("lease", dp_rank=dp_rank, epoch=epoch)
+        book = self._book(epoch)
+        absent = [r for r in book.ranks if r not in self._members.ranks]
+        if piece is None and finishing and book.unleased_rows() and absent:
+            # Capacity held for declared ranks that never came: give it to the living.
+            for rank in absent:
+                self._record("release", epoch=epoch, dp_rank=rank)
+            piece = self._record("lease", dp_rank=dp_rank, epoch=epoch)
         if piece is None and (finishing or not self._settings.plan.equal_steps):
             # A rank that may end (no equal steps, or past its last step) stays until no
             # other rank holds unfinished work that could come back if that rank died.
-            book = self._book(epoch)
             book.close_finished()
             if any(le.rank != dp_rank for le in book.outstanding()):
                 return "wait"
@@ -289,6 +295,9 @@ class Coordinator:
         self._event("rank_lost", dp_rank=dp_rank, reason=reason, requeued_rows=requeued)
         metrics.record_reserved(self._loader_id, requeued)
 
+    def _apply_release(self, epoch: int, dp_rank: int) -> None:
+        self._book(epoch).release(dp_rank)
+
     def _apply_restore(self, state: dict) -> None:
         self._resume = LoaderState.from_dict(state, expect_loader=self._loader_id)
         self._plans.clear()
@@ -340,9 +349,11 @@ class Coordinator:
                 max(members.dp_size, 1),
                 epoch,
             )
+            # Every declared rank gets a share from the start, registered yet or not, so
+            # equal steps hold when ranks register at slightly different times.
             self._books[epoch] = LeaseBook(
                 assignment.splits,
-                sorted(members.ranks),
+                sorted(members.ranks | set(range(members.dp_size))),
                 self._settings.plan.batch_size,
                 equal_steps=self._settings.plan.equal_steps,
                 consumed=self._resumed_consumed(epoch),
