@@ -69,6 +69,7 @@ class Coordinator:
         self._received: dict[int, dict[int, int]] = {}
         self._consumed: dict[int, list[iv.Interval]] = {}
         self._events: list[dict] = []
+        self._readers_named = 0
         self._usage: dict[int, dict] = {}  # dp rank -> totals of what its consumers got
         self._acked = asyncio.Condition()
         self._watched: dict[str, Any] = {}
@@ -253,9 +254,14 @@ class Coordinator:
             if members.ranks:
                 self._event("rank_joined", dp_rank=dp_rank)
         members.ranks.add(dp_rank)
-        name = members.readers.get(dp_rank) or (
-            f"{self._loader_id}:reader:g{members.generation}:r{dp_rank}"
-        )
+        if dp_rank not in members.readers:
+            # A fresh name per reader: a rank that comes back after its reader died gets a
+            # new reader, watched anew. Members of one group share the name given first.
+            self._readers_named += 1
+            members.readers[dp_rank] = (
+                f"{self._loader_id}:reader:g{members.generation}:r{dp_rank}:{self._readers_named}"
+            )
+        name = members.readers[dp_rank]
         return {
             "generation": members.generation,
             "reader": name,
@@ -265,7 +271,7 @@ class Coordinator:
 
     def _apply_attach(self, dp_rank: int, name: str) -> None:
         if self._members is not None:
-            self._members.readers[dp_rank] = name
+            self._members.readers.setdefault(dp_rank, name)
 
     def _apply_epoch(self, dp_rank: int, epoch: int) -> None:
         self._rank_epoch[dp_rank] = epoch

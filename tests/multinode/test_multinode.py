@@ -160,16 +160,6 @@ def test_coordinator_sigkill_mid_epoch_then_node_loss():
     check(r, r["coordinator_back_s"] < 30, f"coordinator back after {r['coordinator_back_s']} s")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "library bug: a dynamic rank that re-registers under the same number in the same "
-        "generation gets a reader with the same actor name (coordinator._apply_register: "
-        "f'...:reader:g{generation}:r{dp_rank}'), and Coordinator._watch skips names it "
-        "watched before (`if name in self._watched: return`), so the new reader's death is "
-        "never noticed: its leases are never requeued and the other ranks wait forever"
-    ),
-)
 def test_rank_rejoining_under_same_number_is_watched_again():
     """Rank 1 dies with its node, comes back on a replacement node as rank 1, and dies
     again: the second loss must be noticed and the epoch must still complete."""

@@ -207,3 +207,24 @@ def test_stats_report_what_consumers_received(ray_session, dataset):
     assert stats["leases"][0]["consumed_rows"] == 300
     assert its[0].stats()["samples_received"] + its[1].stats()["samples_received"] == 300
     loader.shutdown()
+
+
+def test_rank_back_under_same_number_is_watched_again(ray_session, dataset):
+    loader = dynamic_loader(dataset, equal_steps=False, batches_per_object=1)
+    first = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
+    taken = real_ids([next(iter(first))])
+    ray.kill(first._reader, no_restart=True)
+    again = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
+    taken += real_ids([next(iter(again))])
+    ray.kill(again._reader, no_restart=True)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        lost = [e for e in loader.stats()["events"] if e["event"] == "rank_lost"]
+        if len(lost) == 2:
+            break
+        time.sleep(0.2)
+    assert len(lost) == 2, "the second reader's death was not noticed"
+    survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+    ids = real_ids(list(survivor))
+    assert set(ids) | set(taken) == set(range(300)), "work of the second reader was lost"
+    loader.shutdown()
