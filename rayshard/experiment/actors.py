@@ -36,6 +36,11 @@ class Recorder:
             row[2] += nbytes
             row[3] += stall
 
+    def batch(self, rank: int, epoch: int, ids: Any, record: tuple) -> None:
+        """One batch a rank received: its sample ids and (time, samples, bytes, stall)."""
+        self.ids(epoch, ids)
+        self.batches(rank, [record])
+
     def ids(self, epoch: int, ids: Any) -> None:
         counts = self._counts.setdefault(epoch, np.zeros(self._num_samples, dtype=np.int32))
         np.add.at(counts, np.asarray(ids, dtype=np.int64), 1)
@@ -101,8 +106,6 @@ class Consumer:
         return self._done.wait(3600)
 
     def _loop(self) -> None:
-        pending: list[tuple[float, int, int, float]] = []
-        last_flush = time.time()
         try:
             while self._iterator.epoch < self._epochs and not self._leave.is_set():
                 epoch = self._iterator.epoch
@@ -110,18 +113,19 @@ class Consumer:
                 for batch in self._iterator:
                     stall = time.perf_counter() - waited
                     real = ~batch["_padded"]
-                    self._recorder.ids.remote(epoch, batch["_index"][real])
                     nbytes = sum(v.nbytes for v in batch.values())
-                    pending.append((time.time(), int(real.sum()), nbytes, stall))
-                    if time.time() - last_flush > 0.5:
-                        self._recorder.batches.remote(self._rank, pending)
-                        pending, last_flush = [], time.time()
+                    # One call per batch carries both its ids (audit) and its timing, so
+                    # a rank killed mid-run has reported exactly what it received.
+                    self._recorder.batch.remote(
+                        self._rank,
+                        epoch,
+                        batch["_index"][real],
+                        (time.time(), int(real.sum()), nbytes, stall),
+                    )
                     if self._leave.is_set():
                         break
                     time.sleep(self._step)  # the model's step
                     waited = time.perf_counter()
             self._recorder.finished.remote(self._rank)
         finally:
-            if pending:
-                self._recorder.batches.remote(self._rank, pending)
             self._done.set()

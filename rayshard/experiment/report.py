@@ -44,7 +44,7 @@ def plot(result: dict, path: str) -> None:
     for rank in sorted(per_rank):
         ax.plot(seconds, [per_rank[rank].get(s, 0) for s in seconds], label=f"rank {rank}")
     for event in result["events"]:
-        if event["event"] in ("add_node", "kill_node", "remove_node"):
+        if event["event"] in ("add_node", "kill_node", "remove_node", "node_added", "node_removed"):
             ax.axvline(event["t"], color="red", linestyle="--", alpha=0.6)
             ax.annotate(
                 event["event"],
