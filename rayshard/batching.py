@@ -7,6 +7,8 @@ runs `iter_rank_batches` in its reader thread.
 from __future__ import annotations
 
 import bisect
+import collections
+import itertools
 import random
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -55,6 +57,26 @@ def iter_rows(
         for batch in source.read(start, end, columns):
             yield _tag(batch, np.arange(offset, offset + batch.num_rows), padded=False)
             offset += batch.num_rows
+
+
+def iter_rows_parallel(
+    source: Source,
+    pieces: Sequence[tuple[int, int]],
+    columns: Sequence[str] | None,
+    pool: Any,
+) -> Iterator[pa.RecordBatch]:
+    """`iter_rows` with pieces read by the threads of `pool` (a `ThreadPoolExecutor`), as
+    many pieces ahead as it has threads, yielded in piece order."""
+    ahead = max(getattr(pool, "_max_workers", 1), 1)
+    futures: collections.deque = collections.deque()
+    queue = iter(pieces)
+    for piece in itertools.islice(queue, ahead):
+        futures.append(pool.submit(lambda p=piece: list(iter_rows(source, [p], columns))))
+    while futures:
+        batches = futures.popleft().result()
+        for piece in itertools.islice(queue, 1):
+            futures.append(pool.submit(lambda p=piece: list(iter_rows(source, [p], columns))))
+        yield from batches
 
 
 def iter_padding(

@@ -29,6 +29,7 @@ class LoaderSettings:
     reader_num_cpus: float = 0.0
     lease_poll_s: float = 0.05
     batches_per_object: int = 4
+    reader_threads: int = 1
     ack_interval_s: float = 0.1
     journal_path: str | None = None
 
@@ -61,6 +62,12 @@ class LoaderSettings:
             raise ConfigError(
                 f"batches_per_object={self.batches_per_object!r} must be an integer >= 1"
             )
+        if (
+            isinstance(self.reader_threads, bool)
+            or not isinstance(self.reader_threads, int)
+            or (self.reader_threads < 1)
+        ):
+            raise ConfigError(f"reader_threads={self.reader_threads!r} must be an integer >= 1")
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
 

@@ -7,8 +7,25 @@ from rayshard.device.affinity import (
     pin_current_thread,
     reader_pool,
 )
-from rayshard.device.feed import DeviceFeed, FeedStats, default_device
-from rayshard.device.pinned_pool import HostBufferPool, PoolStats
+
+# The feed and the pool need torch; load them on first use so that processes which only
+# need the affinity helpers (shard readers) do not import torch.
+_LAZY = {
+    "DeviceFeed": "rayshard.device.feed",
+    "FeedStats": "rayshard.device.feed",
+    "default_device": "rayshard.device.feed",
+    "HostBufferPool": "rayshard.device.pinned_pool",
+    "PoolStats": "rayshard.device.pinned_pool",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rayshard.device' has no attribute {name!r}")
+
 
 __all__ = [
     "DeviceFeed",

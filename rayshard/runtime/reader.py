@@ -25,7 +25,16 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from rayshard.batching import FLUSH, iter_padding, iter_rows, pad_rows, reading_pieces, rebatch
+from rayshard.batching import (
+    FLUSH,
+    iter_padding,
+    iter_rows,
+    iter_rows_parallel,
+    pad_rows,
+    reading_pieces,
+    rebatch,
+)
+from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, StaleClientError
 from rayshard.metrics import set_prefetch_depth
 from rayshard.settings import LoaderSettings
@@ -65,6 +74,7 @@ class ShardReader:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
+        self._threads: Any = None  # reader thread pool, made on first use
 
     def start(self, generation: int, epoch: int) -> dict:
         """Begin (or join) reading `epoch`; idempotent for the members of one group."""
@@ -148,12 +158,19 @@ class ShardReader:
             shuffle=settings.shuffle,
             rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}",
         )
-        real = iter_rows(self._source, pieces, settings.columns)
+        real = iter_rows_parallel(self._source, pieces, settings.columns, self._pool())
         if settings.shuffle_buffer:
             real = shuffle_batches(
                 real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank
             )
         return itertools.chain(real, iter_padding(self._source, plan, settings.columns))
+
+    def _pool(self) -> Any:
+        """The reader threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`
+        (thread i on the i-th CPU id; threads past the list keep the default affinity)."""
+        if self._threads is None:
+            self._threads = reader_pool(self._settings.reader_threads)
+        return self._threads
 
     def _dynamic_rows(self, generation: int, epoch: int) -> Iterator[pa.RecordBatch]:
         """Lease pieces until none is left, then pad up to the equal step count.

@@ -262,3 +262,16 @@ def test_loader_from_yaml_explicit_wins(ray_session, dataset, tmp_path):
     it = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
     assert len(it) == 4  # replicate: every rank reads all 100 rows, in batches of 25
     loader.shutdown()
+
+
+def test_reader_threads_read_ahead_in_order(ray_session, dataset):
+    def order(threads):
+        loader = make_loader(dataset, shuffle=True, seed=9, reader_threads=threads)
+        its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+        out = [real_ids(b) for b in run_lockstep(its)]
+        loader.shutdown()
+        return out
+
+    one, three = order(1), order(3)
+    assert one == three  # threads read pieces ahead, the order stays the plan's
+    assert sorted(three[0] + three[1]) == list(range(100))
