@@ -59,7 +59,7 @@ class ShardIterator:
         self._started = False  # whether `_epoch` has begun on this worker
         self._ended = False  # whether this worker received all of `_epoch`
         self._received = 0  # batches of `_epoch` this loop received
-        self._requested = 0  # batches of `_epoch` asked of the reader
+        self._requested = 0  # blocks of `_epoch` asked of the reader
         self._pending: collections.deque = collections.deque()  # requests in flight
         self.samples_received = 0
         self.stall_seconds = 0.0
@@ -154,14 +154,13 @@ class ShardIterator:
         """Leave the loader: stop the device feed and the reader; under `dynamic` this
         rank's unfinished leases go back to the queue for the others."""
         self._close_feed()
-        self._acks.flush()
+        self._acks.stop()
         ray.get(self._coordinator.leave.remote(self._generation, self._placement.dp_rank))
         self._reader.stop.remote()
 
     def _begin(self) -> None:
-        info = ray.get(self._reader.start.remote(self._generation, self._epoch))
+        ray.get(self._reader.start.remote(self._generation, self._epoch))
         self._started, self._ended = True, False
-        del info
         self._close_feed()
         self._pending.clear()
         self._requested = self._received = 0
@@ -264,6 +263,11 @@ class _AckSender:
         for epoch, (batches, runs, samples, nbytes, stall, count) in sorted(pending.items()):
             usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
             self._coordinator.ack.remote(self.generation, self._rank, epoch, batches, runs, usage)
+
+    def stop(self) -> None:
+        """Send what is pending and end the background thread."""
+        self._wake.set()
+        self.flush()
 
     def _run(self) -> None:
         while not self._wake.wait(self._interval):
