@@ -130,12 +130,13 @@ class Coordinator:
         self._check_epoch(generation, dp_rank, epoch)
         piece = self._record("lease", dp_rank=dp_rank, epoch=epoch)
         book = self._book(epoch)
-        absent = [r for r in book.ranks if r not in self._members.ranks]
-        if piece is None and finishing and book.unleased_rows() and absent:
+        if piece is None and finishing and book.unleased_rows():
             # Capacity held for declared ranks that never came: give it to the living.
+            absent = [r for r in book.ranks if r not in self._members.ranks]
             for rank in absent:
                 self._record("release", epoch=epoch, dp_rank=rank)
-            piece = self._record("lease", dp_rank=dp_rank, epoch=epoch)
+            if absent:
+                piece = self._record("lease", dp_rank=dp_rank, epoch=epoch)
         if piece is None and (finishing or not self._settings.plan.equal_steps):
             # A rank that may end (no equal steps, or past its last step) stays until no
             # other rank holds unfinished work that could come back if that rank died.
@@ -143,6 +144,22 @@ class Coordinator:
             if any(le.rank != dp_rank for le in book.outstanding()):
                 return "wait"
         return piece
+
+    async def lease_many(
+        self, generation: int, dp_rank: int, epoch: int, count: int, finishing: bool = False
+    ) -> list[list[int]] | str | None:
+        """Up to `count` pieces in one call (one round trip instead of `count`); the rules
+        are `lease`'s: None when there is no more, "wait" to ask again shortly."""
+        first = await self.lease(generation, dp_rank, epoch, finishing)
+        if not isinstance(first, list):
+            return first
+        pieces = [first]
+        while len(pieces) < count:
+            piece = self._record("lease", dp_rank=dp_rank, epoch=epoch)
+            if piece is None:
+                break
+            pieces.append(piece)
+        return pieces
 
     async def steps(self, generation: int, dp_rank: int, epoch: int) -> int | None:
         """Final batch count of `dp_rank` under equal steps (asked once its leases ran out)."""

@@ -186,14 +186,21 @@ class ShardReader:
         rows_out, last_index = 0, None
         pad_cache: dict[int, pa.RecordBatch] = {}
         finishing = False  # reached the equal step count: only returned work may follow
+        # Enough pieces per lease call to fill one object's worth of batches.
+        sizes = sorted(end - start for start, end in self._splits) or [1]
+        count = max(1, -(-settings.batches_per_object * batch_size // sizes[len(sizes) // 2]))
         while not self._cancel.is_set():
-            piece = ray.get(coordinator.lease.remote(generation, rank, epoch, finishing))
-            if piece == "wait":
+            pieces = ray.get(
+                coordinator.lease_many.remote(generation, rank, epoch, count, finishing)
+            )
+            if pieces == "wait":
                 yield FLUSH  # deliver what we hold: others may be waiting for those rows
                 self._cancel.wait(settings.lease_poll_s)
                 continue
-            if piece is not None:
-                parts = reading_pieces((tuple(piece),), self._splits, shuffle=False, rng_key="")
+            if pieces is not None:
+                parts = reading_pieces(
+                    [tuple(p) for p in pieces], self._splits, shuffle=False, rng_key=""
+                )
                 for batch in iter_rows(self._source, parts, settings.columns):
                     rows_out += batch.num_rows
                     last_index = int(np.asarray(batch.column(-2))[-1])
