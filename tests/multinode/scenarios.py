@@ -618,7 +618,7 @@ def scenario_elastic_trainer() -> dict:
         "fit_error": outcome.get("error", "fit did not return"),
         "audit": audit,
         "checkpoints": [
-            (c["attempt"], c["epoch"], c["seq"])
+            {k: c[k] for k in ("attempt", "epoch", "seq", "state_epoch")}
             for c in ray.get(ledger.progress.remote())["checkpoints"]
         ],
         "timeline": timeline,
