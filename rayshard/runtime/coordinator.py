@@ -40,6 +40,7 @@ class _Membership:
     dp_size: int
     world_size: int
     ranks: set[int] = dataclasses.field(default_factory=set)  # registered dp ranks
+    world: dict[int, int] = dataclasses.field(default_factory=dict)  # world rank -> dp rank
     readers: dict[int, str] = dataclasses.field(default_factory=dict)  # dp rank -> actor name
 
 
@@ -264,6 +265,11 @@ class Coordinator:
         if members is None or (not self._dynamic and members.dp_size != dp["dp_size"]):
             members = self._new_generation(dp["dp_size"], world_size)
         dp_rank = dp["dp_rank"]
+        if members.world.get(world_rank) == dp_rank and dp_rank in members.ranks:
+            # The same worker registers again (a restarted worker, a new iterator): the old
+            # one is gone, even if its reader's death has not been noticed yet.
+            self._apply_lost(dp_rank, reason="replaced")
+        members.world[world_rank] = dp_rank
         if self._dynamic and dp_rank not in members.ranks:
             members.dp_size = max(members.dp_size, dp_rank + 1)
             for book in self._books.values():
