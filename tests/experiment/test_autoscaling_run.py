@@ -62,7 +62,10 @@ def test_autoscaler_schedule_refuses_kill_node():
     assert schedule.autoscaler and schedule.max_workers == 2 and schedule.idle_timeout_s == 3
 
 
+# Whole multi-node clusters on a shared 2-core machine: one rerun absorbs a scheduling
+# hiccup; a real failure fails twice.
 @pytest.mark.slow
+@pytest.mark.flaky(reruns=1)
 def test_demand_scales_up_and_idle_nodes_scale_down(tmp_path):
     schedule = tmp_path / "schedule.yaml"
     schedule.write_text(SCHEDULE)
