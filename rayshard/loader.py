@@ -111,7 +111,8 @@ class Loader:
             f"{name}:{self.settings.fingerprint(source.describe(), self.layout.num_samples)}"
         )
         self.journal_path = journal_path or default_journal_path(self.namespace, name)
-        Journal(self.journal_path, self.loader_id).check_reusable()
+        if journal_path is not None:
+            Journal(self.journal_path, self.loader_id).check_reusable()
         here = ray.get_runtime_context().get_node_id()
         try:
             self._coordinator = (
@@ -126,7 +127,14 @@ class Loader:
                     # The default journal is a local file: keep the coordinator on its node.
                     scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
                 )
-                .remote(self.loader_id, source, self.settings, self.namespace, self.journal_path)
+                .remote(
+                    self.loader_id,
+                    source,
+                    self.settings,
+                    self.namespace,
+                    self.journal_path,
+                    journal_path is None,
+                )
             )
             ray.get(self._coordinator.ping.remote())
         except ValueError as error:
@@ -266,10 +274,16 @@ class Loader:
 
 
 def default_journal_path(namespace: str, name: str) -> str:
-    """Where the coordinator journals by default: a local file under the temp folder,
-    scoped by namespace (one job) and loader name."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{namespace}-{name}")
-    return os.path.join(tempfile.gettempdir(), "rayshard", "journals", f"{safe}.jsonl")
+    """Where the coordinator journals by default: a local file in a folder of this user
+    under the temp folder, named by the cluster (its GCS address), the namespace (one job)
+    and the loader, so users, clusters and jobs never share one."""
+    try:
+        cluster = ray.get_runtime_context().gcs_address or "local"
+    except Exception:  # noqa: BLE001 - no cluster address known: one local cluster
+        cluster = "local"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{cluster}-{namespace}-{name}")
+    folder = os.path.join(tempfile.gettempdir(), f"rayshard-{os.getuid()}", "journals")
+    return os.path.join(folder, f"{safe}.jsonl")
 
 
 def _train_world(world_rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -54,6 +54,7 @@ class Coordinator:
         settings: LoaderSettings,
         namespace: str,
         journal_path: str,
+        journal_is_default: bool = False,
     ) -> None:
         self._loader_id = loader_id
         self._source = source
@@ -82,7 +83,7 @@ class Coordinator:
             self._event("coordinator_restarted")
             self._rewatch_pending = True
         else:
-            self._journal.start_fresh()
+            self._journal.start_fresh(replace_any=journal_is_default)
 
     # -- membership ------------------------------------------------------------------------
     async def register(self, world_rank: int, world_size: int, dp: dict) -> dict:

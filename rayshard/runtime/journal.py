@@ -35,10 +35,12 @@ class Journal:
         if os.path.exists(self.path):
             self._read_header()
 
-    def start_fresh(self) -> None:
+    def start_fresh(self, *, replace_any: bool = False) -> None:
         """Begin a new journal (first start of a coordinator), replacing this loader's
-        journal of an earlier run; a file of another loader is refused."""
-        self.check_reusable()
+        journal of an earlier run; a file of another loader is refused unless
+        `replace_any` (the default path, private to one job, may hold a stale file)."""
+        if not replace_any:
+            self.check_reusable()
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
         self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - kept open
         self._write({"op": "header", "version": JOURNAL_VERSION, "loader": self.loader_id})

@@ -228,3 +228,14 @@ def test_rank_back_under_same_number_is_watched_again(ray_session, dataset):
     ids = real_ids(list(survivor))
     assert set(ids) | set(taken) == set(range(300)), "work of the second reader was lost"
     loader.shutdown()
+
+
+def test_default_journal_is_private_to_user_cluster_and_job(ray_session):
+    import os
+
+    from rayshard.loader import default_journal_path
+
+    path = default_journal_path("rayshard-01000000", "demo")
+    address = ray.get_runtime_context().gcs_address.replace(":", "_")
+    assert f"rayshard-{os.getuid()}" in path  # another user's folder is never shared
+    assert os.path.basename(path) == f"{address}-rayshard-01000000-demo.jsonl"
