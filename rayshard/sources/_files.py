@@ -147,7 +147,7 @@ class ChunkedFileSource(Source):
 
     # -- process-local state: never pickled ------------------------------------------------
     def _init_process_state(self) -> None:
-        self._handles: collections.OrderedDict[int, Any] = collections.OrderedDict()
+        self._handles: collections.OrderedDict[tuple[int, int], Any] = collections.OrderedDict()
         # Guards `_handles`: a shard actor may read from several threads at once.
         self._handles_lock = threading.Lock()
         self._stats = {"chunks_read": 0, "rows_decoded": 0, "files_opened": 0}
@@ -244,10 +244,13 @@ class ChunkedFileSource(Source):
     _chunk_name = "chunk"
 
     def _handle(self, f: int) -> Any:
+        # One handle per (thread, file): pyarrow's file readers are not safe to read from
+        # several threads at once (a shard reader with reader_threads > 1 does).
+        key = (threading.get_ident(), f)
         with self._handles_lock:
-            handle = self._handles.get(f)
+            handle = self._handles.get(key)
             if handle is not None:
-                self._handles.move_to_end(f)
+                self._handles.move_to_end(key)
                 return handle
         file = self._files[f]
         try:
@@ -256,7 +259,7 @@ class ChunkedFileSource(Source):
             raise DataError(f"{file.display}: cannot open the file any more ({error})") from error
         with self._handles_lock:
             self._stats["files_opened"] += 1
-            self._handles[f] = handle
+            self._handles[key] = handle
             while len(self._handles) > OPEN_FILES_CACHE:
                 self._handles.popitem(last=False)
         return handle
