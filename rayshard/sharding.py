@@ -23,6 +23,7 @@ from rayshard.plan import (
     batch_layouts,
     parse_choice,
     plan_epoch,
+    rank_plan_for,
     shard_of,
     validate,
 )
@@ -225,26 +226,7 @@ def _plan_off(
     ranks = []
     for rank, lay in enumerate(layouts):
         order = tuple(split_order(splits, config.seed, epoch, rank))
-        delivered = iv.take(order, 0, lay.delivered)
-        if lay.pad_mode == "wrap":
-            pad_source = delivered
-        elif delivered:
-            last = delivered[-1][1] - 1
-            pad_source = ((last, last + 1),)
-        else:
-            pad_source = ((n - 1, n),) if n else ()
-        ranks.append(
-            RankPlan(
-                rank=rank,
-                shard=None,
-                ranges=delivered,
-                samples=lay.delivered,
-                padded=lay.padded,
-                dropped=lay.dropped,
-                batches=lay.batches,
-                pad_source=pad_source,
-            )
-        )
+        ranks.append(rank_plan_for(rank, None, order, lay, layout, None, None))
     return EpochPlan(epoch, world_size, 1, tuple(ranks))
 
 

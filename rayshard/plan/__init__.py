@@ -14,6 +14,7 @@ from rayshard.plan.planner import (
     padding_indices,
     plan_epoch,
     plan_remaining,
+    rank_plan_for,
 )
 from rayshard.plan.shards import balanced_range, balanced_ranges, shard_of
 from rayshard.plan.validate import check_coverage, check_not_empty, validate
@@ -40,6 +41,7 @@ __all__ = [
     "parse_choice",
     "plan_epoch",
     "plan_remaining",
+    "rank_plan_for",
     "shard_of",
     "validate",
 ]

@@ -122,7 +122,7 @@ def plan_epoch(
         config.equal_steps and world_size > 1,
     )
     ranks = tuple(
-        _rank_plan(rank, shard, ranges, lay, layout, files, order)
+        rank_plan_for(rank, shard, ranges, lay, layout, files, order)
         for rank, ((shard, _, files, order), ranges, lay) in enumerate(
             zip(assigned, sample_ranges, layouts)
         )
@@ -175,7 +175,7 @@ def plan_remaining(
         allow_drop=False,
     )
     ranks = tuple(
-        _rank_plan(rank, shard, ranges, lay, layout, files, order)
+        rank_plan_for(rank, shard, ranges, lay, layout, files, order)
         for rank, ((shard, ranges, files, order), lay) in enumerate(zip(kept, layouts))
     )
     if world_size == previous_world_size:
@@ -270,7 +270,7 @@ def _samples_of_files(layout: DataLayout, files: iv.Intervals) -> iv.Intervals:
     return iv.concat((offsets[a], offsets[b]) for a, b in files)
 
 
-def _rank_plan(
+def rank_plan_for(
     rank: int,
     shard: int | None,
     ranges: iv.Intervals,
@@ -279,6 +279,9 @@ def _rank_plan(
     files: iv.Intervals | None,
     order: tuple[int, ...] | None,
 ) -> RankPlan:
+    """A rank's plan from its ranges (in reading order) and batch layout: the first
+    `lay.delivered` samples are read, padding comes from `pad_source` (the delivered
+    samples cycled for `wrap`, else the last one; the dataset's when none)."""
     delivered = iv.take(ranges, 0, lay.delivered)
     if lay.pad_mode == "wrap":
         pad_source = delivered or iv.concat([(0, layout.num_samples)])
