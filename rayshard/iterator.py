@@ -117,7 +117,7 @@ class ShardIterator:
                 batch = next(self._stream)
             except StopIteration:
                 self._ended = True
-                self._acks.flush()
+                self._acks.flush(wait=True)
                 return
             stall = time.perf_counter() - waited
             ids, padded, nbytes = self._delivered_meta.popleft()
@@ -139,7 +139,7 @@ class ShardIterator:
 
     def state_dict(self) -> dict:
         """JSON-safe loader-wide state as of the batches received (see module docstring)."""
-        self._acks.flush()
+        self._acks.flush(wait=True)
         return ray.get(
             self._coordinator.state.remote(self._generation, self._epoch, self._received)
         )
@@ -170,7 +170,11 @@ class ShardIterator:
             from rayshard.device import DeviceFeed
 
             self._feed = DeviceFeed(
-                raw, device=self._device, prefetch_depth=self._depth, collate_fn=self._collate_fn
+                raw,
+                device=self._device,
+                prefetch_depth=self._depth,
+                collate_fn=self._collate_fn,
+                on_wait=self._acks.flush,
             )
             self._stream = self._feed
         else:
@@ -186,7 +190,12 @@ class ShardIterator:
                 self._requested += 1
             if not self._pending:
                 return
-            ref = ray.get(self._pending.popleft())
+            request = self._pending.popleft()
+            if not ray.wait([request], timeout=0)[0]:
+                # About to wait for the reader: tell the coordinator what arrived so far.
+                # At the end of an epoch the other ranks' readers wait for exactly that.
+                self._acks.flush()
+            ref = ray.get(request)
             if ref is None:
                 more = False
                 continue
@@ -232,13 +241,20 @@ class _AckSender:
     background thread (so they go out even while the training loop is blocked in a
     collective), and at once before `state_dict()`, at the end of an epoch and on close.
     `interval_s <= 0` acknowledges every batch as it is received. The interval bounds what
-    a lost rank had received without acknowledging: the samples served again."""
+    a lost rank had received without acknowledging: the samples served again.
+
+    `flush(wait=True)` returns once the coordinator recorded every acknowledgement sent so
+    far. The end of an epoch and `close()` wait: a worker that finishes an epoch and exits
+    takes its reader with it, and the coordinator must not see that death before the
+    acknowledgements (an async actor does not run one caller's calls in order), or it
+    would serve the last rows again to the other ranks."""
 
     def __init__(self, coordinator: Any, generation: int, dp_rank: int, interval_s: float = 0.1):
         self._coordinator, self.generation, self._rank = coordinator, generation, dp_rank
         self._lock = threading.Lock()
         # epoch -> [last batch count, runs, samples, bytes, stall seconds, batches in group]
         self._pending: dict[int, list] = {}
+        self._sent: list[Any] = []  # ObjectRefs of acknowledgements not known to be recorded
         self._wake = threading.Event()
         self._interval = interval_s
         if interval_s > 0:
@@ -257,17 +273,31 @@ class _AckSender:
         if self._interval <= 0:
             self.flush()
 
-    def flush(self) -> None:
+    def flush(self, wait: bool = False) -> None:
+        """Send what is pending; with `wait`, block until everything sent was recorded."""
         with self._lock:
             pending, self._pending = self._pending, {}
-        for epoch, (batches, runs, samples, nbytes, stall, count) in sorted(pending.items()):
-            usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
-            self._coordinator.ack.remote(self.generation, self._rank, epoch, batches, runs, usage)
+            for epoch, (batches, runs, samples, nbytes, stall, count) in sorted(pending.items()):
+                usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
+                self._sent.append(
+                    self._coordinator.ack.remote(
+                        self.generation, self._rank, epoch, batches, runs, usage
+                    )
+                )
+            sent = self._sent
+            if wait or len(sent) > 64:
+                self._sent = []
+        if wait:
+            ray.get(sent)
+        elif len(sent) > 64:  # keep the list short: drop the ones already recorded
+            _, busy = ray.wait(sent, num_returns=len(sent), timeout=0)
+            with self._lock:
+                self._sent = busy + self._sent
 
     def stop(self) -> None:
-        """Send what is pending and end the background thread."""
+        """Send what is pending, wait until it is recorded, end the background thread."""
         self._wake.set()
-        self.flush()
+        self.flush(wait=True)
 
     def _run(self) -> None:
         while not self._wake.wait(self._interval):

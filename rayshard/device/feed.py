@@ -101,7 +101,8 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
     right after every batch before it has been delivered. The staging thread starts on
     the first `next()` (or `start()`); `close()` (or leaving a `with` block) stops it.
     Staged columns of one batch share one allocation, so keeping one column alive keeps
-    the batch's memory alive.
+    the batch's memory alive. `on_wait` is called whenever `next()` finds no batch ready
+    and is about to wait (the loader sends its pending acknowledgements then).
     """
 
     def __init__(
@@ -115,6 +116,7 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         bytes_per_sample_hint: int = 0,
         batch_size: int = 0,
         cpus: Iterable[int] | None = None,
+        on_wait: Callable[[], None] | None = None,
     ) -> None:
         if isinstance(prefetch_depth, bool) or not isinstance(prefetch_depth, int):
             raise ConfigError(f"prefetch_depth={prefetch_depth!r} must be an integer >= 1")
@@ -132,6 +134,7 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
             # As many buffers as can be in use at once (see `_stager`), sized from the hint.
             self._stager.pool.presize(bytes_per_sample_hint, batch_size, prefetch_depth + 1)
         self._cpus = None if cpus is None else frozenset(cpus)
+        self._on_wait = on_wait  # called when `next()` is about to wait for a batch
         self._channel = Channel(prefetch_depth)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -168,6 +171,8 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
             raise StopIteration
         self.start()
         waited_from = time.perf_counter()
+        if self._on_wait is not None and not len(self._channel):
+            self._on_wait()
         item = self._channel.get()
         self._stall += time.perf_counter() - waited_from
         if item is _END or item is CLOSED:

@@ -207,6 +207,29 @@ def test_stall_time_counts_waiting_for_a_slow_source():
         assert feed.stats().stall_seconds >= 0.1
 
 
+def test_on_wait_is_called_only_when_no_batch_is_ready():
+    waits = []
+
+    def slow():
+        for index in range(3):
+            time.sleep(0.1)
+            yield {"index": np.array([index])}
+
+    with DeviceFeed(slow(), device="cpu", on_wait=lambda: waits.append(1)) as feed:
+        assert len(list(feed)) == 3
+    assert len(waits) >= 3  # every batch (and the end) came after the consumer asked
+
+    waits.clear()
+    ready = [{"index": np.array([i])} for i in range(2)]
+    with DeviceFeed(ready, device="cpu", on_wait=lambda: waits.append(1)) as feed:
+        feed.start()
+        deadline = time.time() + 5
+        while len(feed._channel) < 2 and time.time() < deadline:
+            time.sleep(0.01)
+        next(feed), next(feed)
+    assert waits == []  # both batches were waiting in the queue
+
+
 def test_stats_track_batch_bytes_on_cpu():
     source = [{"x": np.zeros((8, 100), dtype=np.float32)}, {"x": np.zeros((2, 10), np.float32)}]
     with DeviceFeed(source, device="cpu") as feed:

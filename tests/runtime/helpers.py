@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -59,3 +60,13 @@ def run_lockstep(iterators, steps=None):
 def real_ids(batches) -> list[int]:
     """Sample ids of the real (not padded) rows of numpy batches."""
     return [int(i) for b in batches for i in b["id"][~b["_padded"]]]
+
+
+def epoch_in_task(loader, rank: int, world: int, delay: float) -> list[int]:
+    """One rank's epoch, meant to run as its own Ray task (its reader dies when the task
+    returns); returns the real ids received."""
+    ids = []
+    for batch in loader.iterator(world_rank=rank, world_size=world, batch_format="numpy"):
+        ids += real_ids([batch])
+        time.sleep(delay)
+    return ids

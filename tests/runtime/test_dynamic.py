@@ -14,7 +14,13 @@ import ray
 from rayshard.errors import ConfigError
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import real_ids, run_lockstep, unique_name, write_parquet
+from tests.runtime.helpers import (
+    epoch_in_task,
+    real_ids,
+    run_lockstep,
+    unique_name,
+    write_parquet,
+)
 
 pytestmark = [pytest.mark.ray]
 
@@ -239,3 +245,20 @@ def test_default_journal_is_private_to_user_cluster_and_job(ray_session):
     address = ray.get_runtime_context().gcs_address.replace(":", "_")
     assert f"rayshard-{os.getuid()}" in path  # another user's folder is never shared
     assert os.path.basename(path) == f"{address}-rayshard-01000000-demo.jsonl"
+
+
+@pytest.mark.timeout(45)  # the epoch must not end only when the 60 s ack timer fires
+@pytest.mark.parametrize("trial", range(3))
+def test_rank_that_finishes_and_exits_serves_nothing_again(ray_session, dataset, trial):
+    # A worker that ends its epoch and exits takes its reader along; the coordinator sees
+    # that death. Acknowledgements go out when a consumer waits and at the end of the
+    # epoch (the timer's interval is long): they must be recorded before the epoch ends
+    # for the worker, or its rows go back to the queue and the slower rank reads them a
+    # second time.
+    loader = dynamic_loader(dataset, batch_size=10, ack_interval_s=60)
+    task = ray.remote(num_cpus=0)(epoch_in_task)
+    fast, slow = task.remote(loader, 0, 2, 0.0), task.remote(loader, 1, 2, 0.05)
+    seen = Counter(ray.get(fast) + ray.get(slow))
+    assert seen == Counter(range(300)), f"duplicates {sum(seen.values()) - len(seen)}"
+    assert loader.stats()["reserved_samples"] == 0
+    loader.shutdown()
