@@ -23,6 +23,7 @@ from rayshard.metrics import record_batch
 from rayshard.plan import DataParallelRank
 
 FORMATS = ("torch", "numpy", "arrow")
+STALL_FLUSH_S = 0.02  # a consumer waiting this long for a batch sends its pending acks
 
 
 class ShardIterator:
@@ -175,6 +176,7 @@ class ShardIterator:
                 prefetch_depth=self._depth,
                 collate_fn=self._collate_fn,
                 on_wait=self._acks.flush,
+                on_wait_after_s=STALL_FLUSH_S,
             )
             self._stream = self._feed
         else:
@@ -191,11 +193,13 @@ class ShardIterator:
             if not self._pending:
                 return
             request = self._pending.popleft()
-            if not ray.wait([request], timeout=0)[0]:
-                # About to wait for the reader: tell the coordinator what arrived so far.
-                # At the end of an epoch the other ranks' readers wait for exactly that.
+            try:
+                ref = ray.get(request, timeout=STALL_FLUSH_S)
+            except ray.exceptions.GetTimeoutError:
+                # Waiting for the reader: tell the coordinator what arrived so far. At the
+                # end of an epoch the other ranks' readers wait for exactly that.
                 self._acks.flush()
-            ref = ray.get(request)
+                ref = ray.get(request)
             if ref is None:
                 more = False
                 continue

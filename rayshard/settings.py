@@ -28,7 +28,8 @@ class LoaderSettings:
     state_timeout_s: float = 60.0
     reader_num_cpus: float = 0.0
     lease_poll_s: float = 0.05
-    batches_per_object: int = 4
+    batches_per_object: int = 16
+    object_bytes: int = 8 << 20
     reader_threads: int = 1
     ack_interval_s: float = 0.1
     journal_path: str | None = None
@@ -61,6 +62,15 @@ class LoaderSettings:
         ):
             raise ConfigError(
                 f"batches_per_object={self.batches_per_object!r} must be an integer >= 1"
+            )
+        if (
+            isinstance(self.object_bytes, bool)
+            or not isinstance(self.object_bytes, int)
+            or self.object_bytes < 1
+        ):
+            raise ConfigError(
+                f"object_bytes={self.object_bytes!r} must be an integer >= 1 (bytes per object "
+                "store block; 8 MiB is the default)"
             )
         if (
             isinstance(self.reader_threads, bool)

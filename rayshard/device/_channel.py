@@ -14,6 +14,9 @@ from typing import Any
 CLOSED = object()
 """What `get()` returns once the channel is closed."""
 
+EMPTY = object()
+"""What `get(timeout=...)` returns when no item came in time."""
+
 
 class Channel:
     """At most `capacity` items in flight; `put` blocks while full, `get` while empty."""
@@ -38,11 +41,12 @@ class Channel:
             self._changed.notify_all()
             return True
 
-    def get(self) -> Any:
-        """The oldest item, waiting for one; `CLOSED` once the channel is closed."""
+    def get(self, timeout: float | None = None) -> Any:
+        """The oldest item, waiting for one; `CLOSED` once the channel is closed; `EMPTY`
+        if `timeout` seconds passed without one."""
         with self._changed:
-            while not self._items and not self._closed:
-                self._changed.wait()
+            if not self._changed.wait_for(lambda: self._items or self._closed, timeout):
+                return EMPTY
             if self._closed:
                 return CLOSED
             item = self._items.popleft()

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rayshard.device._channel import CLOSED, Channel
+from rayshard.device._channel import CLOSED, EMPTY, Channel
 from rayshard.device._stager import Stager
 from rayshard.device.pinned_pool import HostBufferPool
 from rayshard.errors import ConfigError
@@ -101,8 +101,9 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
     right after every batch before it has been delivered. The staging thread starts on
     the first `next()` (or `start()`); `close()` (or leaving a `with` block) stops it.
     Staged columns of one batch share one allocation, so keeping one column alive keeps
-    the batch's memory alive. `on_wait` is called whenever `next()` finds no batch ready
-    and is about to wait (the loader sends its pending acknowledgements then).
+    the batch's memory alive. `on_wait` is called whenever `next()` has waited
+    `on_wait_after_s` for a batch and goes on waiting (the loader sends its pending
+    acknowledgements then).
     """
 
     def __init__(
@@ -117,6 +118,7 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         batch_size: int = 0,
         cpus: Iterable[int] | None = None,
         on_wait: Callable[[], None] | None = None,
+        on_wait_after_s: float = 0.0,
     ) -> None:
         if isinstance(prefetch_depth, bool) or not isinstance(prefetch_depth, int):
             raise ConfigError(f"prefetch_depth={prefetch_depth!r} must be an integer >= 1")
@@ -134,7 +136,8 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
             # As many buffers as can be in use at once (see `_stager`), sized from the hint.
             self._stager.pool.presize(bytes_per_sample_hint, batch_size, prefetch_depth + 1)
         self._cpus = None if cpus is None else frozenset(cpus)
-        self._on_wait = on_wait  # called when `next()` is about to wait for a batch
+        self._on_wait = on_wait  # called when `next()` waited `on_wait_after_s` for a batch
+        self._on_wait_after_s = on_wait_after_s
         self._channel = Channel(prefetch_depth)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -171,9 +174,13 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
             raise StopIteration
         self.start()
         waited_from = time.perf_counter()
-        if self._on_wait is not None and not len(self._channel):
-            self._on_wait()
-        item = self._channel.get()
+        if self._on_wait is None:
+            item = self._channel.get()
+        else:
+            item = self._channel.get(timeout=self._on_wait_after_s)
+            if item is EMPTY:
+                self._on_wait()
+                item = self._channel.get()
         self._stall += time.perf_counter() - waited_from
         if item is _END or item is CLOSED:
             self.close()

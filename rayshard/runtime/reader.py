@@ -42,6 +42,8 @@ from rayshard.sharding import ShardingPolicy
 from rayshard.shuffle import shuffle_batches
 from rayshard.sources import Source
 
+LEASE_BATCHES = 4  # `dynamic`: batches' worth of rows asked for per lease call (at most)
+
 
 class ShardReader:
     """Reads one data-parallel rank's share into batches in the object store."""
@@ -186,9 +188,11 @@ class ShardReader:
         rows_out, last_index = 0, None
         pad_cache: dict[int, pa.RecordBatch] = {}
         finishing = False  # reached the equal step count: only returned work may follow
-        # Enough pieces per lease call to fill one object's worth of batches.
+        # Enough pieces per lease call for a few batches: small leases let faster ranks
+        # take more, and a lost rank holds less.
         sizes = sorted(end - start for start, end in self._splits) or [1]
-        count = max(1, -(-settings.batches_per_object * batch_size // sizes[len(sizes) // 2]))
+        lease_rows = min(settings.batches_per_object, LEASE_BATCHES) * batch_size
+        count = max(1, -(-lease_rows // sizes[len(sizes) // 2]))
         while not self._cancel.is_set():
             pieces = ray.get(
                 coordinator.lease_many.remote(generation, rank, epoch, count, finishing)
@@ -220,18 +224,22 @@ class ShardReader:
             rows_out += count
 
     def _read_loop(self, rows: Iterator[pa.RecordBatch], cancel: threading.Event) -> None:
-        """Batches go to the object store in blocks of `batches_per_object` (one `ray.put`
-        and one fetch per block, not per batch); index `i` of `next()` is block `i`."""
+        """Batches go to the object store in blocks (one `ray.put` and one fetch per block,
+        not per batch): a block closes at `batches_per_object` batches or `object_bytes`
+        bytes, whichever comes first. Index `i` of `next()` is block `i`."""
         settings = self._settings
         per_object = settings.batches_per_object
         # Blocks ready ahead of the consumers: at least `prefetch_depth` batches.
         ahead = max(1, -(-settings.prefetch_depth // per_object))
         block: list[dict] = []
+        block_bytes = 0
         try:
             for batch in itertools.chain(rebatch(rows, settings.plan.batch_size), [FLUSH]):
                 if batch is not FLUSH:
                     block.append(batch)
-                if not block or (batch is not FLUSH and len(block) < per_object):
+                    block_bytes += sum(column.nbytes for column in batch.values())
+                full = len(block) >= per_object or block_bytes >= settings.object_bytes
+                if not block or (batch is not FLUSH and not full):
                     continue
                 with self._cond:
                     self._cond.wait_for(
@@ -240,7 +248,7 @@ class ShardReader:
                     if cancel.is_set():
                         return
                 ref = ray.put(block)
-                block = []
+                block, block_bytes = [], 0
                 with self._cond:
                     self._ready[self._next_to_read] = ref
                     self._next_to_read += 1

@@ -207,7 +207,7 @@ def test_stall_time_counts_waiting_for_a_slow_source():
         assert feed.stats().stall_seconds >= 0.1
 
 
-def test_on_wait_is_called_only_when_no_batch_is_ready():
+def test_on_wait_is_called_only_when_the_consumer_waits():
     waits = []
 
     def slow():
@@ -218,6 +218,12 @@ def test_on_wait_is_called_only_when_no_batch_is_ready():
     with DeviceFeed(slow(), device="cpu", on_wait=lambda: waits.append(1)) as feed:
         assert len(list(feed)) == 3
     assert len(waits) >= 3  # every batch (and the end) came after the consumer asked
+
+    waits.clear()
+    feed = DeviceFeed(slow(), device="cpu", on_wait=lambda: waits.append(1), on_wait_after_s=2)
+    with feed:
+        assert len(list(feed)) == 3
+    assert waits == []  # no wait lasted 2 s
 
     waits.clear()
     ready = [{"index": np.array([i])} for i in range(2)]
