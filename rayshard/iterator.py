@@ -19,7 +19,7 @@ import numpy as np
 import ray
 
 from rayshard.batching import INDEX_KEY, PADDED_KEY
-from rayshard.metrics import record_batch
+from rayshard.metrics import record_batches
 from rayshard.plan import DataParallelRank
 
 FORMATS = ("torch", "numpy", "arrow")
@@ -66,7 +66,11 @@ class ShardIterator:
         self.stall_seconds = 0.0
         self._loader_name = registration.get("loader", "")
         self._acks = _AckSender(
-            coordinator, registration["generation"], placement.dp_rank, ack_interval_s
+            coordinator,
+            registration["generation"],
+            placement.dp_rank,
+            ack_interval_s,
+            loader_name=self._loader_name,
         )
 
     @property
@@ -220,8 +224,10 @@ class ShardIterator:
         real = int((~padded).sum())
         self.samples_received += real
         self.stall_seconds += stall
-        record_batch(self._loader_name, self._placement.dp_rank, nbytes, stall)
-        self._acks.add(epoch, self._received, _runs(np.sort(ids[~padded])), real, nbytes, stall)
+        real_ids = ids[~padded]
+        if real_ids.size > 1 and not (real_ids[1:] > real_ids[:-1]).all():
+            real_ids = np.sort(real_ids)  # shuffled: `_runs` needs them in order
+        self._acks.add(epoch, self._received, _runs(real_ids), real, nbytes, stall)
 
     def _convert(self, batch: dict) -> Any:
         if self._format == "numpy":
@@ -253,8 +259,16 @@ class _AckSender:
     acknowledgements (an async actor does not run one caller's calls in order), or it
     would serve the last rows again to the other ranks."""
 
-    def __init__(self, coordinator: Any, generation: int, dp_rank: int, interval_s: float = 0.1):
+    def __init__(
+        self,
+        coordinator: Any,
+        generation: int,
+        dp_rank: int,
+        interval_s: float = 0.1,
+        loader_name: str = "",
+    ) -> None:
         self._coordinator, self.generation, self._rank = coordinator, generation, dp_rank
+        self._loader_name = loader_name
         self._lock = threading.Lock()
         # epoch -> [last batch count, runs, samples, bytes, stall seconds, batches in group]
         self._pending: dict[int, list] = {}
@@ -283,6 +297,7 @@ class _AckSender:
             pending, self._pending = self._pending, {}
             for epoch, (batches, runs, samples, nbytes, stall, count) in sorted(pending.items()):
                 usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
+                record_batches(self._loader_name, self._rank, count, nbytes, stall)
                 self._sent.append(
                     self._coordinator.ack.remote(
                         self.generation, self._rank, epoch, batches, runs, usage

@@ -33,10 +33,11 @@ def _tags(loader: str, rank: int | None) -> dict[str, str]:
     return {"loader": loader, "rank": "" if rank is None else str(rank)}
 
 
-def record_batch(loader: str, rank: int, nbytes: int, stall_s: float) -> None:
-    """One batch reached a training loop after waiting `stall_s` seconds."""
+def record_batches(loader: str, rank: int, batches: int, nbytes: int, stall_s: float) -> None:
+    """`batches` batches (`nbytes` bytes) reached a training loop, which waited `stall_s`
+    seconds for them."""
     tags = _tags(loader, rank)
-    _metric("Counter", "rayshard_batches", "batches received by training loops").inc(1, tags)
+    _metric("Counter", "rayshard_batches", "batches received by training loops").inc(batches, tags)
     _metric("Counter", "rayshard_bytes", "bytes received by training loops").inc(nbytes, tags)
     if stall_s > 0:
         _metric(
