@@ -92,7 +92,9 @@ def test_faster_rank_reads_more_without_equal_steps(ray_session, dataset):
 def test_killed_reader_work_is_served_again(ray_session, dataset, equal_steps):
     # Every batch acknowledged on receipt: only batches in the consumer's hand can repeat.
     # With equal steps the survivors' capacities grow to take the returned work.
-    loader = dynamic_loader(dataset, equal_steps=equal_steps, prefetch_depth=2, ack_interval_s=0)
+    loader = dynamic_loader(
+        dataset, equal_steps=equal_steps, prefetch_depth=2, ack_interval_s=0, batches_per_object=4
+    )
     its = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
     consumers = [Consumer(it, delay=0.02) for it in its]
     for c in consumers:
@@ -108,8 +110,9 @@ def test_killed_reader_work_is_served_again(ray_session, dataset, equal_steps):
     assert set(seen) == set(range(300)), "lost samples"
     duplicates = sum(n - 1 for n in seen.values())
     # Only what the dead rank's consumer received without its acknowledgement arriving
-    # first can repeat: its in-flight window, the two blocks it fetches ahead
-    # (2 x batches_per_object=4 batches of 8 rows), acknowledged one batch at a time.
+    # first can repeat. Its loop outlives the reader here, so that is the two blocks it
+    # had fetched (2 x batches_per_object=4 batches of 8 rows), acknowledged one batch at a
+    # time after the reader's work went back to the queue.
     assert duplicates <= 2 * 4 * 8
     events = [e["event"] for e in loader.stats()["events"]]
     assert "rank_lost" in events
