@@ -54,7 +54,7 @@ class Loader:
         shuffle: bool = False,
         shuffle_buffer: int = 0,
         prefetch_depth: int = 2,
-        batches_per_object: int = 16,
+        batches_per_object: int | None = None,
         object_bytes: int = 8 << 20,
         reader_threads: int = 1,
         ack_interval_s: float = 0.1,

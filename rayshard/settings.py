@@ -28,7 +28,7 @@ class LoaderSettings:
     state_timeout_s: float = 60.0
     reader_num_cpus: float = 0.0
     lease_poll_s: float = 0.05
-    batches_per_object: int = 16
+    batches_per_object: int | None = None  # None: 16 (static policies) or 4 (`dynamic`)
     object_bytes: int = 8 << 20
     reader_threads: int = 1
     ack_interval_s: float = 0.1
@@ -55,7 +55,7 @@ class LoaderSettings:
             raise ConfigError(
                 f"prefetch_depth={self.prefetch_depth} is not in the range prefetch_depth>=1"
             )
-        if (
+        if self.batches_per_object is not None and (
             isinstance(self.batches_per_object, bool)
             or not isinstance(self.batches_per_object, int)
             or self.batches_per_object < 1
@@ -80,6 +80,16 @@ class LoaderSettings:
             raise ConfigError(f"reader_threads={self.reader_threads!r} must be an integer >= 1")
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
+
+    @property
+    def block_batches(self) -> int:
+        """Batches per object-store block: `batches_per_object`, or by default 16 for the
+        static policies (fewer, larger objects: less per-object overhead) and 4 for
+        `dynamic` (a reader holds fewer leased rows ahead, so the work stays spread and a
+        rank that joins late still finds some)."""
+        if self.batches_per_object is not None:
+            return self.batches_per_object
+        return 4 if self.policy is ShardingPolicy.DYNAMIC else 16
 
     def fingerprint(self, source_name: str, num_samples: int) -> str:
         """A short id of (settings, source) that a saved state must match."""

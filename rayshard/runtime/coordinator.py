@@ -95,8 +95,14 @@ class Coordinator:
         return self._record("register", world_rank=world_rank, world_size=world_size, dp=dp)
 
     async def attach_reader(self, generation: int, dp_rank: int, name: str) -> None:
-        """A worker created (or found) the reader actor `name` of `dp_rank`; watch it."""
-        self._check(generation)
+        """A worker created (or found) the reader actor `name` of `dp_rank`; watch it.
+
+        The reader named at registration is attached even if the generation moved on
+        since (another worker of a restarted group restored the checkpoint in between;
+        this worker's own restore then moves it to the new generation)."""
+        members = self._members
+        if members is None or members.readers.get(dp_rank) != name:
+            self._check(generation)
         self._record("attach", dp_rank=dp_rank, name=name)
         self._watch(dp_rank, name)
 

@@ -42,8 +42,6 @@ from rayshard.sharding import ShardingPolicy
 from rayshard.shuffle import shuffle_batches
 from rayshard.sources import Source
 
-LEASE_BATCHES = 4  # `dynamic`: batches' worth of rows asked for per lease call (at most)
-
 
 class ShardReader:
     """Reads one data-parallel rank's share into batches in the object store."""
@@ -188,11 +186,9 @@ class ShardReader:
         rows_out, last_index = 0, None
         pad_cache: dict[int, pa.RecordBatch] = {}
         finishing = False  # reached the equal step count: only returned work may follow
-        # Enough pieces per lease call for a few batches: small leases let faster ranks
-        # take more, and a lost rank holds less.
+        # Enough pieces per lease call to fill one object's worth of batches.
         sizes = sorted(end - start for start, end in self._splits) or [1]
-        lease_rows = min(settings.batches_per_object, LEASE_BATCHES) * batch_size
-        count = max(1, -(-lease_rows // sizes[len(sizes) // 2]))
+        count = max(1, -(-settings.block_batches * batch_size // sizes[len(sizes) // 2]))
         while not self._cancel.is_set():
             pieces = ray.get(
                 coordinator.lease_many.remote(generation, rank, epoch, count, finishing)
@@ -225,10 +221,10 @@ class ShardReader:
 
     def _read_loop(self, rows: Iterator[pa.RecordBatch], cancel: threading.Event) -> None:
         """Batches go to the object store in blocks (one `ray.put` and one fetch per block,
-        not per batch): a block closes at `batches_per_object` batches or `object_bytes`
-        bytes, whichever comes first. Index `i` of `next()` is block `i`."""
+        not per batch): a block closes at `block_batches` batches or `object_bytes` bytes,
+        whichever comes first. Index `i` of `next()` is block `i`."""
         settings = self._settings
-        per_object = settings.batches_per_object
+        per_object = settings.block_batches
         # Blocks ready ahead of the consumers: at least `prefetch_depth` batches.
         ahead = max(1, -(-settings.prefetch_depth // per_object))
         block: list[dict] = []

@@ -176,6 +176,32 @@ def test_same_name_other_namespace_does_not_collide(ray_session, dataset):
     b.shutdown()
 
 
+def test_restarted_group_restoring_while_a_worker_registers(ray_session, dataset):
+    # A restarted Ray Train group: worker 1 registered, then worker 0 restored the
+    # checkpoint (a new generation) before worker 1 attached its reader. Worker 1 must
+    # still get its reader, and its own restore moves it to the new generation.
+    import ray
+
+    from rayshard.plan import data_parallel_rank
+
+    loader = make_loader(dataset)
+    first = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    received = [i for rank in run_lockstep(first, steps=2) for i in real_ids(rank)]
+    state = first[0].state_dict()
+    dp = data_parallel_rank(1, 2, 1, None)
+    registration = ray.get(
+        loader._coordinator.register.remote(1, 2, {"dp_rank": 1, "dp_size": 2, "group": [1]})
+    )
+    worker0 = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+    worker0.load_state_dict(state)  # the generation moves on
+    loader._reader(registration, dp)  # worker 1 attaches the reader named at registration
+    worker1 = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
+    worker1.load_state_dict(state)
+    rest = [i for rank in run_lockstep([worker0, worker1]) for i in real_ids(rank)]
+    assert Counter(received + rest) == Counter(range(100))
+    loader.shutdown()
+
+
 def test_stale_iterator_is_rejected(ray_session, dataset):
     loader = make_loader(dataset)
     old = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")

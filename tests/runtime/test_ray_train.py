@@ -8,13 +8,14 @@ import os
 
 import pytest
 import ray
-from ray.train import RunConfig, ScalingConfig
+from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import rayshard.train
 from rayshard.audit import start_audit
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
+from tests.multinode.scenarios import TrainLedger, elastic_loop
 from tests.runtime.helpers import unique_name, write_parquet
 from tests.runtime.train_loops import ddp_loop
 
@@ -44,4 +45,44 @@ def test_torch_trainer_two_workers_two_epochs_exact(ray_session, tmp_path):
     ):
         state = json.load(handle)
     assert state["epoch"] == 2 and state["consumed"] == []
+    loader.shutdown()
+
+
+def test_same_size_restart_after_a_worker_dies_resumes_exactly(ray_session, tmp_path):
+    # Rank 1's process exits mid-epoch 0, after mid-epoch checkpoints; Ray Train restarts
+    # the group with the same 2 workers from the latest checkpoint. The new workers take
+    # the same ranks again (the old readers are replaced). Relative to the checkpoint the
+    # run resumed from, every epoch is covered exactly once.
+    rows = 120
+    data = write_parquet(tmp_path / "data", [40, 50, 30], row_group_size=8)
+    loader = Loader(ParquetSource(data), batch_size=4, name=unique_name("restart"))
+    ledger = ray.remote(TrainLedger).options(num_cpus=0).remote()
+    trainer = TorchTrainer(
+        elastic_loop,
+        train_loop_config={
+            "loader": loader,
+            "ledger": ledger,
+            "epochs": 2,
+            "every": 4,
+            "delay": 0.02,
+            "crash_at": 10,
+        },
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name=unique_name("run"),
+            storage_path=str(tmp_path / "results"),
+            failure_config=FailureConfig(max_failures=1),
+        ),
+    )
+    result = trainer.fit()
+    assert result.error is None, result.error
+    audit = ray.get(ledger.audit.remote(rows, 2))
+    assert audit["world_sizes"] == [2, 2], audit["world_sizes"]
+    resumed = audit["resumed_from"][1]
+    assert resumed is not None and resumed["epoch"] == 0, f"resumed from {resumed}"
+    assert audit["excluded_after_checkpoint"] > 0  # batches after it were undone and re-read
+    for epoch, row in audit["per_epoch"].items():
+        assert row["lost"] == 0 and row["duplicates"] == 0 and row["seen"] == rows, (epoch, row)
+    events = [e["event"] for e in loader.stats()["events"]]
+    assert "rank_lost" in events, events
     loader.shutdown()
