@@ -8,6 +8,7 @@ The loader pickles into `train_loop_config` (it carries the coordinator's handle
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -271,7 +272,14 @@ class Loader:
         return ray.get(self._coordinator.describe.remote())
 
     def shutdown(self) -> None:
-        """Stop the coordinator and its readers."""
+        """Stop the readers and the coordinator (iterators of this loader stop working)."""
+        try:
+            names = ray.get(self._coordinator.reader_names.remote(), timeout=30)
+        except Exception:  # noqa: BLE001 - a dead coordinator: its readers die with their workers
+            names = []
+        for name in names:
+            with contextlib.suppress(ValueError):  # ValueError: already gone
+                ray.kill(ray.get_actor(name, namespace=self.namespace), no_restart=True)
         ray.kill(self._coordinator, no_restart=True)
 
 

@@ -256,6 +256,13 @@ class Coordinator:
             "events": list(self._events),
         }
 
+    async def reader_names(self) -> list[str]:
+        """Every reader this loader named and saw attached (for `Loader.shutdown`)."""
+        names = set(self._watched)
+        if self._members is not None:
+            names.update(self._members.readers.values())
+        return sorted(names)
+
     async def ping(self) -> bool:
         self._rewatch()
         return True

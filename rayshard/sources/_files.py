@@ -11,6 +11,7 @@ import abc
 import bisect
 import collections
 import dataclasses
+import os
 import threading
 import warnings
 from collections.abc import Iterator, Sequence
@@ -84,18 +85,20 @@ def check_columns(columns: Sequence[str] | None, schema: pa.Schema, where: str) 
 class ChunkedFileSource(Source):
     """A source over files made of chunks; `read` touches only the chunks it needs.
 
-    Subclasses fill `_files`, `_filesystems`, `_schema` (full file schema) and `_columns`
-    in `__init__` (see `_init_files`), and implement `_open` and `_read_chunk`.
+    Subclasses implement `_inspect` (chunk sizes and schema from metadata), `_open` and
+    `_read_chunk`; construction (paths, columns, filesystem, `split_rows`) and its checks
+    are shared.
     """
 
     _kind = "data"
 
-    def _init_files(
+    def __init__(
         self,
-        paths: Any,
-        columns: Sequence[str] | None,
-        filesystem: pafs.FileSystem | None,
-        split_rows: int | None,
+        paths: str | os.PathLike | Sequence[str | os.PathLike],
+        columns: Sequence[str] | None = None,
+        filesystem: pafs.FileSystem | None = None,
+        *,
+        split_rows: int | None = None,
     ) -> None:
         if split_rows is not None and (
             isinstance(split_rows, bool) or not isinstance(split_rows, int) or split_rows < 1

@@ -7,8 +7,6 @@ filesystems by reading the batches once. Reads then decode only the batches they
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -27,16 +25,6 @@ class ArrowFileSource(ChunkedFileSource):
 
     _kind = "Arrow IPC"
     _chunk_name = "record batch"
-
-    def __init__(
-        self,
-        paths: str | os.PathLike | Sequence[str | os.PathLike],
-        columns: Sequence[str] | None = None,
-        filesystem: pafs.FileSystem | None = None,
-        *,
-        split_rows: int | None = None,
-    ) -> None:
-        self._init_files(paths, columns, filesystem, split_rows)
 
     def _inspect(self, fs: pafs.FileSystem, path: str, display: str) -> tuple[list[int], pa.Schema]:
         try:

@@ -8,8 +8,6 @@ only the requested columns, and slices inside the first and last one.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -40,16 +38,6 @@ class ParquetSource(ChunkedFileSource):
 
     _kind = "Parquet"
     _chunk_name = "row group"
-
-    def __init__(
-        self,
-        paths: str | os.PathLike | Sequence[str | os.PathLike],
-        columns: Sequence[str] | None = None,
-        filesystem: pafs.FileSystem | None = None,
-        *,
-        split_rows: int | None = None,
-    ) -> None:
-        self._init_files(paths, columns, filesystem, split_rows)
 
     def _inspect(self, fs: pafs.FileSystem, path: str, display: str) -> tuple[list[int], pa.Schema]:
         try:

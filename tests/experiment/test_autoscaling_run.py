@@ -7,15 +7,13 @@ the CSV and PNG are written, and no process the run started is left."""
 from __future__ import annotations
 
 import csv
-import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from rayshard.errors import ConfigError
 from rayshard.experiment.schedule import parse_schedule
+from tests.experiment.runner import run_experiment
 
 IDLE_TIMEOUT_S = 4
 SCHEDULE = f"""\
@@ -67,20 +65,7 @@ def test_autoscaler_schedule_refuses_kill_node():
 @pytest.mark.slow
 @pytest.mark.flaky(reruns=1)
 def test_demand_scales_up_and_idle_nodes_scale_down(tmp_path):
-    schedule = tmp_path / "schedule.yaml"
-    schedule.write_text(SCHEDULE)
-    out = tmp_path / "out"
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run(
-        [sys.executable, "examples/elastic_experiment.py", str(schedule), "--out", str(out)],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": repo},
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads((out / "experiment.json").read_text())
+    result, stdout, out = run_experiment(tmp_path, SCHEDULE, timeout=300)
     scaling = result["autoscaling"]
 
     # Nothing the run started is left: no process names its private Ray folder, which
@@ -120,4 +105,4 @@ def test_demand_scales_up_and_idle_nodes_scale_down(tmp_path):
         rows = list(csv.DictReader(handle))
     assert rows and sum(int(r["samples"]) for r in rows) >= 120000
     assert (out / "throughput.png").stat().st_size > 10_000
-    assert "lost" in proc.stdout and "wrote" in proc.stdout
+    assert "lost" in stdout and "wrote" in stdout

@@ -5,12 +5,10 @@ lost sample, and the CSV, JSON and PNG are written and non-empty."""
 from __future__ import annotations
 
 import csv
-import json
-import os
-import subprocess
-import sys
 
 import pytest
+
+from tests.experiment.runner import run_experiment
 
 # Whole multi-node clusters on a shared 2-core machine: one rerun absorbs a scheduling
 # hiccup; a real failure fails twice.
@@ -31,20 +29,7 @@ events:
 
 
 def test_short_experiment_loses_nothing(tmp_path):
-    schedule = tmp_path / "schedule.yaml"
-    schedule.write_text(SCHEDULE)
-    out = tmp_path / "out"
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run(
-        [sys.executable, "examples/elastic_experiment.py", str(schedule), "--out", str(out)],
-        cwd=repo,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        env={**os.environ, "PYTHONPATH": repo},
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    result = json.loads((out / "experiment.json").read_text())
+    result, stdout, out = run_experiment(tmp_path, SCHEDULE, timeout=400)
     assert result["completed"]
     assert {int(e) for e in result["audit"]} == {0, 1}
     for epoch, audit in result["audit"].items():
@@ -57,4 +42,4 @@ def test_short_experiment_loses_nothing(tmp_path):
         rows = list(csv.DictReader(handle))
     assert rows and sum(int(r["samples"]) for r in rows) >= 24000
     assert (out / "throughput.png").stat().st_size > 10_000
-    assert "lost" in proc.stdout and "wrote" in proc.stdout
+    assert "lost" in stdout and "wrote" in stdout

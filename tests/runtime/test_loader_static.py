@@ -202,6 +202,18 @@ def test_restarted_group_restoring_while_a_worker_registers(ray_session, dataset
     loader.shutdown()
 
 
+def test_shutdown_stops_the_readers_too(ray_session, dataset):
+    import ray
+
+    loader = make_loader(dataset)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    run_lockstep(its, steps=1)
+    loader.shutdown()  # the iterators (and so the readers' handles) are still alive here
+    for it in its:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(it._reader.watch.remote(), timeout=20)  # blocks while a reader lives
+
+
 def test_stale_iterator_is_rejected(ray_session, dataset):
     loader = make_loader(dataset)
     old = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
