@@ -681,6 +681,9 @@ def start_ray(num_cpus: int) -> None:
     import ray
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    from rayshard.ray_tuning import apply_ray_env_defaults
+
+    apply_ray_env_defaults()
     if not ray.is_initialized():
         ray.init(
             address="local",

@@ -57,6 +57,7 @@ from benchmarks._measure import (
     EpochTimer,
     PeakPss,
     format_table,
+    process_tree,
     summarize_epoch,
 )
 
@@ -421,6 +422,9 @@ def start_ray(num_cpus: int) -> None:
     import ray
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    from rayshard.ray_tuning import apply_ray_env_defaults
+
+    apply_ray_env_defaults()
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "0")
     if ray.is_initialized():
         return
@@ -435,6 +439,23 @@ def start_ray(num_cpus: int) -> None:
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 
+def _wait_for_exit(names: tuple[str, ...], timeout_s: float) -> None:
+    """Wait until no process of this tree has one of these names (killed actors take a
+    few seconds to exit, and would count in the next measurement's memory)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        alive = []
+        for pid in process_tree():
+            try:
+                with open(f"/proc/{pid}/comm") as handle:
+                    alive.append(handle.read().strip())
+            except OSError:
+                continue
+        if not any(name in names for name in alive):
+            return
+        time.sleep(0.2)
+
+
 def measure(name: str, paths: list[str], num_rows: int, epochs: int, warmup: bool) -> dict:
     """Warm up once, then measure a fresh loader over `epochs` epochs."""
     run = RUNNERS[name]
@@ -442,6 +463,7 @@ def measure(name: str, paths: list[str], num_rows: int, epochs: int, warmup: boo
         run(paths, 1)
         gc.collect()
         time.sleep(1.0)  # let finished actors and processes exit before the baseline
+        _wait_for_exit(("ray::ShardReade", "ray::Coordinato"), timeout_s=30)
     begun = time.time()
     with PeakPss() as memory:
         records, started = run(paths, epochs)

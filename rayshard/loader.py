@@ -22,6 +22,7 @@ from rayshard.config import LoaderConfig
 from rayshard.errors import ConfigError
 from rayshard.iterator import ShardIterator
 from rayshard.plan import PlanConfig, check_not_empty, data_parallel_rank
+from rayshard.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.reader import ShardReader
@@ -107,6 +108,7 @@ class Loader:
         if expected_world_size is not None:
             self.check_world(expected_world_size * model_parallel_size)
         if not ray.is_initialized():
+            apply_ray_env_defaults()
             ray.init()
         self.name = name
         self.namespace = namespace or f"rayshard-{ray.get_runtime_context().get_job_id()}"

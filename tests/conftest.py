@@ -12,7 +12,10 @@ def ray_session():
     """A real local Ray with a few CPUs and no dashboard, shared by every Ray test."""
     import ray
 
+    from rayshard.ray_tuning import apply_ray_env_defaults
+
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    apply_ray_env_defaults()
     if not ray.is_initialized():
         ray.init(
             address="local",  # a fresh local Ray, whatever else runs on the machine

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from rayshard.ray_tuning import RAY_ENV_DEFAULTS
+
 yaml = pytest.importorskip("yaml")
 jsonschema = pytest.importorskip("jsonschema")
 ray_util = pytest.importorskip("ray.autoscaler._private.util")
@@ -91,6 +93,9 @@ def test_start_commands(prepared):
     worker = " ".join(prepared["worker_start_ray_commands"])
     assert "ray start --head" in head and "--autoscaling-config=~/ray_bootstrap_config.yaml" in head
     assert "ray start --address=$RAY_HEAD_IP:6379" in worker
+    for name, value in RAY_ENV_DEFAULTS.items():  # every node starts with rayshard's tuning
+        export = f"export {name}={value}; ray start"
+        assert export in head and export in worker
 
 
 def test_ray_up_would_use_this_ssh_user(prepared):

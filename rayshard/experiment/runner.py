@@ -18,6 +18,7 @@ from rayshard.experiment.actors import Consumer, Recorder
 from rayshard.experiment.cluster import HEALTH_CHECK, LocalCluster
 from rayshard.experiment.schedule import Event, Schedule
 from rayshard.loader import Loader
+from rayshard.ray_tuning import apply_ray_env_defaults
 from rayshard.sources.parquet import ParquetSource
 
 
@@ -44,6 +45,7 @@ class _Run:
 
     def __init__(self, schedule: Schedule, out_dir: str, address: str | None) -> None:
         self.schedule = schedule
+        apply_ray_env_defaults()  # inherited by the local nodes started below
         self.cluster = None if address else LocalCluster(schedule.node_cpus)
         ray.init(
             address=address or self.cluster.address,
@@ -187,6 +189,7 @@ class _AutoscalingRun(_Run):
     def __init__(self, schedule: Schedule, out_dir: str) -> None:
         from rayshard.experiment.autoscaling import FakeAutoscalingCluster
 
+        apply_ray_env_defaults()
         cluster = FakeAutoscalingCluster(
             worker_cpus=schedule.node_cpus,
             max_workers=schedule.max_workers,
