@@ -14,9 +14,10 @@ int64; 8 files) read with the same columns and batch size (1024) by 2 ranks thro
              the row groups: the ceiling
 
 Each loader runs once to warm up (Ray workers, imports, page cache), then is measured
-over `--epochs` epochs (default 2) with a fresh loader. The first measured epoch gives
+over `--epochs` epochs (default 4) with a fresh loader. The first measured epoch gives
 the cold-loader time to first batch (iterator creation and reader start-up included);
-the last one is the warm epoch that rows/s, MB/s and the ratios come from. Coverage is
+rows/s, MB/s, the warm time to first batch and the ratios are the median over the warm
+epochs after it (one epoch lasts about a second here, on a shared machine). Coverage is
 checked on every measured epoch.
 
 Memory: peak PSS summed over the benchmark process and all its descendants, sampled
@@ -472,7 +473,9 @@ def measure(name: str, paths: list[str], num_rows: int, epochs: int, warmup: boo
         summarize_epoch([r for r in records if r.epoch == e], num_rows, ROW_BYTES)
         for e in range(epochs)
     ]
-    warm, cold = epochs_out[-1], epochs_out[0]
+    cold = epochs_out[0]
+    warm_epochs = sorted(epochs_out[1:], key=lambda e: e["rows_per_s"])
+    warm = warm_epochs[len(warm_epochs) // 2]  # the median warm epoch (the upper one of two)
     return {
         "loader": name,
         "rows_per_s": warm["rows_per_s"],
@@ -570,7 +573,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rows", type=int, default=1_000_000, help="rows to generate")
     parser.add_argument("--quick", action="store_true", help="100k rows (smoke test)")
     parser.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated subset")
-    parser.add_argument("--epochs", type=int, default=2, help="measured epochs (last is warm)")
+    parser.add_argument(
+        "--epochs", type=int, default=4, help="measured epochs (the first is cold; >= 2)"
+    )
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up run")
     parser.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs for ray.init")
     parser.add_argument("--data", type=Path, help="dataset folder (default: a temp folder)")
@@ -585,7 +590,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"argument --loaders: invalid choice {','.join(unknown) or args.loaders!r} "
             f"(choose from {', '.join(LOADERS)})"
         )
-    for option, value, low in (("--rows", args.rows, 1), ("--epochs", args.epochs, 1)):
+    for option, value, low in (("--rows", args.rows, 1), ("--epochs", args.epochs, 2)):
         if value < low:
             parser.error(f"Invalid value for '{option}': {value} is not in the range x>={low}.")
     # Non-Ray loaders first, before Ray starts, so their process tree holds no Ray.

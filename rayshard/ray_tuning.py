@@ -25,4 +25,3 @@ def apply_ray_env_defaults() -> None:
     Ray instance started from here inherits them."""
     for name, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
-

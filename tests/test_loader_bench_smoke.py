@@ -27,7 +27,7 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         "benchmarks",
         "--rows=20000",
         f"--loaders={','.join(LOADERS)}",
-        "--epochs=1",
+        "--epochs=2",
         "--no-warmup",
         "--ray-cpus=2",
         f"--data={tmp_path / 'data'}",
