@@ -157,10 +157,14 @@ class ShardIterator:
 
     def close(self) -> None:
         """Leave the loader: stop the device feed and the reader; under `dynamic` this
-        rank's unfinished leases go back to the queue for the others."""
+        rank's unfinished leases go back to the queue for the others. After
+        `Loader.shutdown()` there is nothing left to leave: a no-op."""
         self._close_feed()
-        self._acks.stop()
-        ray.get(self._coordinator.leave.remote(self._generation, self._placement.dp_rank))
+        try:
+            self._acks.stop()
+            ray.get(self._coordinator.leave.remote(self._generation, self._placement.dp_rank))
+        except ray.exceptions.RayActorError:
+            return  # the loader was shut down: coordinator and readers are gone
         self._reader.stop.remote()
 
     def _begin(self) -> None:
