@@ -1,0 +1,1 @@
+"""The sections of `benchmarks/elastic_bench.py`: recovery, coordinator lease rate, epochs."""

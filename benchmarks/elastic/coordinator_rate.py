@@ -1,0 +1,252 @@
+"""Lease throughput of the coordinator with many ranks (see `benchmarks/elastic_bench.py`)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks.elastic.common import pid_of
+
+RANKS = 1000
+TINY_SPLIT = 16
+
+
+def _lease_book_rates(splits: int, ranks: int) -> dict:
+    from rayshard.leases import LeaseBook
+
+    book = LeaseBook(
+        [(i * TINY_SPLIT, (i + 1) * TINY_SPLIT) for i in range(splits)],
+        range(ranks),
+        batch_size=1024,
+    )
+    began = time.perf_counter()
+    pieces = []
+    for i in range(splits):
+        lease = book.lease(i % ranks)
+        if lease is not None:
+            pieces.append((lease.start, lease.end))
+    lease_s = time.perf_counter() - began
+    began = time.perf_counter()
+    for piece in pieces:
+        book.ack([piece])
+    ack_s = time.perf_counter() - began
+    if len(pieces) != splits or book.unleased_rows():
+        raise RuntimeError(f"LeaseBook leased {len(pieces)} of {splits} splits")
+    return {
+        "leases": len(pieces),
+        "leases_per_s": len(pieces) / lease_s,
+        "acks_per_s": len(pieces) / ack_s,
+    }
+
+
+def _journal_rate(workdir: Path, count: int) -> float:
+    from rayshard.runtime.journal import Journal
+
+    journal = Journal(str(workdir / "journal-bench.jsonl"), "bench")
+    journal.start_fresh()
+    began = time.perf_counter()
+    for i in range(count):
+        journal.append({"op": "lease", "args": {"dp_rank": i % RANKS, "epoch": 0}})
+    return count / (time.perf_counter() - began)
+
+
+class _Caller:
+    """Simulated ranks in one process: `lease.remote` for its ranks, round robin, with
+    `inflight` calls outstanding."""
+
+    def __init__(self, coordinator) -> None:
+        self.coordinator = coordinator
+
+    async def run(self, generation: int, ranks: list[int], calls: int, inflight: int) -> tuple:
+        got = 0
+
+        async def worker(first: int) -> None:
+            nonlocal got
+            for i in range(first, calls, inflight):
+                piece = await self.coordinator.lease.remote(generation, ranks[i % len(ranks)], 0)
+                got += piece is not None
+
+        began = time.time()
+        await asyncio.gather(*(worker(k) for k in range(inflight)))
+        return got, calls, began, time.time()
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process used so far."""
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _py_spy_top(raw: Path, limit: int = 15) -> list[dict]:
+    """Self and inclusive sample shares per frame from py-spy's collapsed stacks."""
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    total = 0
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        frames, n = stack.split(";"), int(count)
+        total += n
+        own[frames[-1]] = own.get(frames[-1], 0) + n
+        for frame in set(frames):
+            inclusive[frame] = inclusive.get(frame, 0) + n
+    top = sorted(own.items(), key=lambda kv: -kv[1])[:limit]
+    return {
+        "samples": total,
+        "top_self": [
+            {"frame": f, "self": n / max(total, 1), "inclusive": inclusive[f] / max(total, 1)}
+            for f, n in top
+        ],
+        "coordinator_methods_inclusive": {
+            f: n / max(total, 1)
+            for f, n in sorted(inclusive.items(), key=lambda kv: -kv[1])
+            if "(rayshard/" in f
+        },
+    }
+
+
+def _drive(actors: list, generation: int, per: int, inflight: int, pids: list[int]) -> dict:
+    """Every caller issues `per` lease calls; rates over the span of all of them, and the
+    CPU the coordinator (pids[0]) and the callers used per call."""
+    import ray
+
+    ranks = len(actors)
+    cpu_before = [_cpu_s(p) for p in pids]
+    results = ray.get(
+        [
+            a.run.remote(generation, list(range(i, RANKS, ranks)), per, inflight)
+            for i, a in enumerate(actors)
+        ]
+    )
+    cpu = [_cpu_s(p) - before for p, before in zip(pids, cpu_before)]
+    got = sum(r[0] for r in results)
+    issued = sum(r[1] for r in results)
+    wall = max(r[3] for r in results) - min(r[2] for r in results)
+    return {
+        "calls": issued,
+        "leases": got,
+        "seconds": wall,
+        "calls_per_s": issued / wall,
+        "leases_per_s": got / wall,
+        "coordinator_cpu_share": cpu[0] / wall,
+        "coordinator_cpu_us_per_call": cpu[0] / issued * 1e6,
+        "callers_cpu_us_per_call": sum(cpu[1:]) / issued * 1e6,
+    }
+
+
+def run_throughput(
+    workdir: Path, splits: int, calls: int, callers: int, inflight: int, profile: str | None
+) -> dict:
+    import ray
+
+    from rayshard.loader import Loader
+    from rayshard.sources.parquet import ParquetSource
+
+    book = _lease_book_rates(splits, RANKS)
+    journal_per_s = _journal_rate(workdir, min(splits, 100_000))
+    folder = workdir / "throughput"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "tiny.parquet"
+    pq.write_table(
+        pa.table({"id": np.arange(splits * TINY_SPLIT, dtype=np.int64)}),
+        path,
+        row_group_size=1 << 20,
+    )
+    loader = Loader(
+        ParquetSource([str(path)], split_rows=TINY_SPLIT),
+        batch_size=1024,
+        name=f"leases-{uuid.uuid4().hex[:8]}",
+        policy="dynamic",
+    )
+    coordinator = loader._coordinator
+    out = {
+        "config": {
+            "ranks": RANKS,
+            "splits": splits,
+            "split_rows": TINY_SPLIT,
+            "calls": calls,
+            "callers": callers,
+            "inflight_per_caller": inflight,
+        },
+        "lease_book": book,
+        "journal_appends_per_s": journal_per_s,
+    }
+    try:
+        regs = ray.get(
+            [
+                coordinator.register.remote(
+                    r, RANKS, {"dp_rank": r, "dp_size": RANKS, "group": [r]}
+                )
+                for r in range(RANKS)
+            ]
+        )
+        generation = regs[-1]["generation"]
+        ray.get(coordinator.length.remote(generation, 0, 0))  # builds the epoch's lease book
+        actors = [ray.remote(num_cpus=0)(_Caller).remote(coordinator) for _ in range(callers)]
+        ray.get(
+            [
+                a.run.remote(generation, list(range(i, RANKS, callers)), 200, inflight)
+                for i, a in enumerate(actors)
+            ]
+        )  # warm-up
+        pid = ray.get(coordinator.__ray_call__.remote(pid_of))
+        pids = [pid, *ray.get([a.__ray_call__.remote(pid_of) for a in actors])]
+        out["actor"] = _drive(actors, generation, calls // callers, inflight, pids)
+        if profile:  # a second pass: py-spy takes CPU from this 2-core machine
+            raw = workdir / "coordinator.pyspy.txt"
+            spy = subprocess.Popen(
+                [
+                    profile,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--rate",
+                    "250",
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "-o",
+                    str(raw),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            time.sleep(1.0)  # py-spy attaches
+            out["actor_profiled"] = _drive(actors, generation, calls // callers, inflight, pids)
+            spy.send_signal(signal.SIGINT)
+            spy.wait(60)
+            out["profile"] = _py_spy_top(raw) if raw.exists() else "py-spy wrote nothing"
+        batch, rounds = 100, max(calls // 100, 1)
+        cpu_before = _cpu_s(pid)
+        began = time.time()
+        # The library's batched call: `lease_many` hands a rank up to `batch` pieces in
+        # one round trip (readers use it to fill a block of batches per call).
+        answers = ray.get(
+            [coordinator.lease_many.remote(generation, k % RANKS, 0, batch) for k in range(rounds)]
+        )
+        got = sum(len(a) for a in answers if isinstance(a, list))
+        wall = time.time() - began
+        out["batched"] = {
+            "batch": batch,
+            "calls": rounds,
+            "leases": got,
+            "seconds": wall,
+            "leases_per_s": got / wall,
+            "coordinator_cpu_us_per_lease": (_cpu_s(pid) - cpu_before) / got * 1e6,
+        }
+        for actor in actors:
+            ray.kill(actor)
+    finally:
+        loader.shutdown()
+    return out
