@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import statistics
 import sys
@@ -42,17 +41,6 @@ def id_runs(ids: np.ndarray) -> list[list[int]]:
         return []
     cuts = np.flatnonzero(np.diff(ids) != 1) + 1
     return [[int(part[0]), int(part[-1]) + 1] for part in np.split(ids, cuts)]
-
-
-def kill_readers(loader) -> None:
-    """Readers outlive `Loader.shutdown()` (their owner is the worker that made them)."""
-    import ray
-
-    prefix = f"{loader.loader_id}:reader:"
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        if actor["namespace"] == loader.namespace and actor["name"].startswith(prefix):
-            with contextlib.suppress(ValueError):  # already gone
-                ray.kill(ray.get_actor(actor["name"], namespace=actor["namespace"]))
 
 
 def pid_of(actor) -> int:

@@ -6,40 +6,20 @@ import statistics
 import uuid
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from benchmarks._measure import EpochTimer, summarize_epoch
 from benchmarks.elastic.common import (
-    FEATURES,
     ROW_BYTES,
-    kill_readers,
     progress,
 )
+from benchmarks.loader_bench import make_dataset, parquet_files
 
 EPOCH_BATCH = 1024
 EPOCH_WORLD = 2
 
 
 def write_features(folder: Path, rows: int, files: int = 8, row_group: int = 32768) -> list[str]:
-    folder.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(0)
-    bounds = np.linspace(0, rows, files + 1).astype(np.int64)
-    paths = []
-    for index, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-        x = rng.standard_normal((hi - lo) * FEATURES, dtype=np.float32)
-        table = pa.table(
-            {
-                "x": pa.FixedSizeListArray.from_arrays(pa.array(x), FEATURES),
-                "label": rng.integers(0, 10, hi - lo, dtype=np.int64),
-                "id": np.arange(lo, hi, dtype=np.int64),
-            }
-        )
-        path = folder / f"part-{index:03d}.parquet"
-        pq.write_table(table, path, row_group_size=row_group)
-        paths.append(str(path))
-    return paths
+    """The loader benchmark's dataset (x float32[128], label, id), written once per size."""
+    return parquet_files(make_dataset(folder, rows, files, row_group))
 
 
 def _epoch_rank(loader, rank: int, epochs: int):
@@ -66,7 +46,6 @@ def epoch_once(paths: list[str], policy: str, rows: int) -> dict:
         task = ray.remote(num_cpus=0)(_epoch_rank)
         records = ray.get([task.remote(loader, r, 2) for r in range(EPOCH_WORLD)])
     finally:
-        kill_readers(loader)
         loader.shutdown()
     warm = [rank[-1] for rank in records]
     return summarize_epoch(warm, rows, ROW_BYTES)
