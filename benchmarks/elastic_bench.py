@@ -38,11 +38,7 @@ epoch       `policy="data"` and `policy="dynamic"` on the same Parquet data (x f
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,6 +50,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/elastic_bench.py`
 
 
 from benchmarks._measure import format_table  # noqa: E402
+from benchmarks._report import start_local_ray, write_json  # noqa: E402
 from benchmarks.elastic.coordinator_rate import run_throughput  # noqa: E402
 from benchmarks.elastic.epochs import run_epoch  # noqa: E402
 from benchmarks.elastic.recovery import (  # noqa: E402
@@ -72,33 +69,8 @@ ROW_BYTES = FEATURES * 4 + 8 + 8
 # ---------------------------------------------------------------------------- driver
 
 
-def _source_state() -> dict:
-    """The commit measured and the rayshard files changed in the (shared) work tree."""
-
-    def git(*command: str) -> str:
-        done = subprocess.run(["git", *command], cwd=ROOT, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    changed = git("status", "--porcelain", "--", "rayshard")
-    return {"commit": git("rev-parse", "HEAD"), "rayshard_changes": changed.splitlines()}
-
-
 def start_ray(num_cpus: int) -> None:
-    import ray
-
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    from rayshard.ray_tuning import apply_ray_env_defaults
-
-    apply_ray_env_defaults()
-    if not ray.is_initialized():
-        ray.init(
-            address="local",
-            num_cpus=num_cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            namespace="rayshard-elastic-bench",
-            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-        )
+    start_local_ray(num_cpus, "rayshard-elastic-bench")
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -277,18 +249,11 @@ def main(argv: list[str] | None = None) -> int:
             f"{'met' if check['met'] else 'MISSED'}"
         )
     report = {
-        "config": {"quick": args.quick, "ray_cpus": args.ray_cpus, **sizes, **_source_state()},
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "config": {"quick": args.quick, "ray_cpus": args.ray_cpus, **sizes},
         "results": results,
         "targets": checks,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2, default=float))
-    print(f"wrote {args.json}")
+    write_json(args.json, report)
     import ray
 
     ray.shutdown()

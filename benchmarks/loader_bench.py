@@ -34,11 +34,9 @@ from __future__ import annotations
 import argparse
 import bisect
 import gc
-import json
 import multiprocessing as mp
 import os
 import pickle
-import platform
 import sys
 import tempfile
 import time
@@ -61,6 +59,7 @@ from benchmarks._measure import (
     process_tree,
     summarize_epoch,
 )
+from benchmarks._report import start_local_ray, write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "loader_bench.json"
@@ -422,21 +421,8 @@ RUNNERS = {
 def start_ray(num_cpus: int) -> None:
     import ray
 
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    from rayshard.ray_tuning import apply_ray_env_defaults
-
-    apply_ray_env_defaults()
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "0")
-    if ray.is_initialized():
-        return
-    ray.init(
-        address="local",  # always a fresh local instance, never a cluster from RAY_ADDRESS
-        num_cpus=num_cpus,
-        include_dashboard=False,
-        log_to_driver=False,
-        namespace="rayshard-bench",
-        runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
-    )
+    start_local_ray(num_cpus, "rayshard-bench")
     ray.data.DataContext.get_current().enable_progress_bars = False
 
 
@@ -549,23 +535,6 @@ TABLE = (
 )
 
 
-def _code_version() -> dict:
-    """The commit measured, and which rayshard files differ from it (shared work tree)."""
-    import subprocess
-
-    def git(*args: str) -> str:
-        try:
-            done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        except OSError:
-            return ""
-        return done.stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "HEAD"),
-        "modified": git("status", "--porcelain", "--", "rayshard").splitlines(),
-    }
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks", description=__doc__.splitlines()[0]
@@ -647,18 +616,10 @@ def main(argv: list[str] | None = None) -> int:
             "ray_cpus": args.ray_cpus,
             "data": str(folder),
         },
-        "code": _code_version(),
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
         "results": results,
         "targets": checks,
     }
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(report, indent=2, default=float))
-    print(f"wrote {args.json}")
+    write_json(args.json, report)
     if "ray" in sys.modules and sys.modules["ray"].is_initialized():
         sys.modules["ray"].shutdown()
     return 0 if all(r["coverage_ok"] for r in results.values()) else 1
