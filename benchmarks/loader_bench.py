@@ -32,42 +32,37 @@ the peak minus the tree's PSS just before the measured run.
 from __future__ import annotations
 
 import argparse
-import bisect
 import gc
 import multiprocessing as mp
 import os
-import pickle
 import sys
 import tempfile
 import time
-import uuid
-import warnings
-from collections.abc import Callable, Sequence
 from pathlib import Path
 
-import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
 from benchmarks._measure import (
     MB,
-    EpochRecord,
-    EpochTimer,
     PeakPss,
     format_table,
     process_tree,
     summarize_epoch,
 )
-from benchmarks._report import start_local_ray, write_json
+from benchmarks._report import ROOT, start_local_ray, write_json
+from benchmarks.loaders.data import (
+    BATCH_SIZE,
+    COLUMNS,
+    ROW_BYTES,
+    WORLD,
+    make_dataset,
+    parquet_files,
+)
+from benchmarks.loaders.local import run_raw, run_torch
+from benchmarks.loaders.on_ray import run_ray_data, run_ray_train, run_rayshard
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "loader_bench.json"
-FEATURES = 128
-COLUMNS = ["x", "label", "id"]
-ROW_BYTES = FEATURES * 4 + 8 + 8  # bytes of one row as numpy: x, label, id
-BATCH_SIZE = 1024
-WORLD = 2
 LOADERS = ("rayshard", "ray_data", "ray_train", "torch", "raw")
 RAY_LOADERS = ("rayshard", "ray_data", "ray_train")
 TARGETS = {
@@ -76,334 +71,6 @@ TARGETS = {
     "time_to_first_batch_s": 0.5,  # on a warm Ray
     "pss_vs_raw": 1.5,  # peak PSS <= 1.5 x raw scan
 }
-
-
-# ---------------------------------------------------------------------------- dataset
-
-
-def make_dataset(folder: Path, rows: int, files: int = 8, row_group_size: int = 32768) -> Path:
-    """Write (or reuse) `rows` rows in `files` Parquet files; ids are 0..rows-1 in order."""
-    stamp = folder / "_DONE"
-    if stamp.exists() and stamp.read_text() == f"{rows} {files} {row_group_size}":
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("*.parquet"):
-        old.unlink()
-    rng = np.random.default_rng(0)
-    bounds = np.linspace(0, rows, files + 1).astype(np.int64)
-    for index, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
-        x = rng.standard_normal((hi - lo) * FEATURES, dtype=np.float32)
-        table = pa.table(
-            {
-                "x": pa.FixedSizeListArray.from_arrays(pa.array(x), FEATURES),
-                "label": rng.integers(0, 10, hi - lo, dtype=np.int64),
-                "id": np.arange(lo, hi, dtype=np.int64),
-            }
-        )
-        pq.write_table(table, folder / f"part-{index:03d}.parquet", row_group_size=row_group_size)
-    stamp.write_text(f"{rows} {files} {row_group_size}")
-    return folder
-
-
-def parquet_files(folder: Path) -> list[str]:
-    return sorted(str(p) for p in folder.glob("*.parquet"))
-
-
-def row_group_halves(paths: Sequence[str], world: int) -> list[list[tuple[str, list[int]]]]:
-    """Split the row groups (in dataset order) into `world` contiguous runs of about equal
-    rows: rank r's list of (file, row groups)."""
-    groups = []
-    for path in paths:
-        meta = pq.ParquetFile(path).metadata
-        groups += [(path, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)]
-    total = sum(rows for _, _, rows in groups)
-    out: list[list[tuple[str, list[int]]]] = [[] for _ in range(world)]
-    seen = 0
-    for path, group, rows in groups:
-        rank = min(world - 1, seen * world // total)
-        if out[rank] and out[rank][-1][0] == path:
-            out[rank][-1][1].append(group)
-        else:
-            out[rank].append((path, [group]))
-        seen += rows
-    return out
-
-
-def _check_numpy(batch: dict) -> None:
-    """The first batch must hold x as a (rows, 128) float32 array."""
-    x = batch["x"]
-    if getattr(x, "shape", None) is None or x.ndim != 2 or x.shape[1] != FEATURES:
-        raise TypeError(f"x arrived as {type(x).__name__} {getattr(x, 'shape', '?')}")
-    if x.dtype != np.float32:
-        raise TypeError(f"x arrived as {x.dtype}, expected float32")
-
-
-def _numpy_columns(batch: pa.RecordBatch | pa.Table) -> dict[str, np.ndarray]:
-    """Arrow columns as numpy (zero copy where Arrow allows); x becomes (rows, 128)."""
-    out = {}
-    for name in batch.schema.names:
-        column = batch.column(name)
-        if isinstance(column, pa.ChunkedArray):
-            column = column.combine_chunks()
-        if pa.types.is_fixed_size_list(column.type):
-            flat = column.flatten().to_numpy(zero_copy_only=False)
-            out[name] = flat.reshape(len(column), column.type.list_size)
-        else:
-            out[name] = column.to_numpy(zero_copy_only=False)
-    return out
-
-
-# ---------------------------------------------------------------------------- raw, torch
-
-
-def _raw_rank(part, rank: int, epochs: int, barrier, queue) -> None:
-    """One raw-scan process: its row groups through `ParquetFile.iter_batches`."""
-    barrier.wait()
-    records = []
-    for epoch in range(epochs):
-        timer = EpochTimer(rank, epoch)
-
-        def batches():
-            for path, groups in part:
-                reader = pq.ParquetFile(path)
-                for batch in reader.iter_batches(
-                    batch_size=BATCH_SIZE, row_groups=groups, columns=COLUMNS
-                ):
-                    yield _numpy_columns(batch)
-
-        records.append(timer.consume(batches(), lambda b: b["id"], _check_numpy))
-    queue.put(pickle.dumps(records))
-
-
-class ParquetRowGroupDataset:
-    """A map-style torch Dataset over Parquet files: sample i is row i of the files in
-    order. `__getitems__` serves a batch of indices from the decoded row group(s) they
-    fall in (the last row group is cached), slicing when the indices are contiguous."""
-
-    def __init__(self, paths: Sequence[str], columns: Sequence[str]) -> None:
-        self.columns = list(columns)
-        self.groups: list[tuple[str, int]] = []
-        self.starts: list[int] = []
-        total = 0
-        for path in paths:
-            meta = pq.ParquetFile(path).metadata
-            for group in range(meta.num_row_groups):
-                self.groups.append((path, group))
-                self.starts.append(total)
-                total += meta.row_group(group).num_rows
-        self.starts.append(total)
-        self._files: dict[str, pq.ParquetFile] = {}
-        self._cached: tuple[int, pa.Table] | None = None
-
-    def __len__(self) -> int:
-        return self.starts[-1]
-
-    def _group(self, g: int) -> pa.Table:
-        if self._cached is None or self._cached[0] != g:
-            path, group = self.groups[g]
-            if path not in self._files:
-                self._files[path] = pq.ParquetFile(path)
-            self._cached = (g, self._files[path].read_row_group(group, columns=self.columns))
-        return self._cached[1]
-
-    def __getitem__(self, index: int) -> dict:
-        return self.__getitems__([index])
-
-    def __getitems__(self, indices: Sequence[int]) -> dict:
-        idx = np.asarray(indices, dtype=np.int64)
-        pieces = []
-        if idx.size and idx[-1] - idx[0] + 1 == idx.size and np.all(np.diff(idx) == 1):
-            lo, hi = int(idx[0]), int(idx[-1]) + 1
-            g = bisect.bisect_right(self.starts, lo) - 1
-            while lo < hi:
-                end = min(hi, self.starts[g + 1])
-                pieces.append(self._group(g).slice(lo - self.starts[g], end - lo))
-                lo, g = end, g + 1
-        else:
-            for index in idx:
-                g = bisect.bisect_right(self.starts, int(index)) - 1
-                pieces.append(self._group(g).slice(int(index) - self.starts[g], 1))
-        table = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces)
-        return _numpy_columns(table)
-
-
-class ContiguousDistributedSampler:
-    """DistributedSampler without shuffling, but each rank gets a contiguous block
-    (rank r: rows [r*n/W, (r+1)*n/W)), so each process reads only its half of the files."""
-
-    def __init__(self, dataset, num_replicas: int, rank: int) -> None:
-        n = len(dataset)
-        self.lo, self.hi = rank * n // num_replicas, (rank + 1) * n // num_replicas
-
-    def __iter__(self):
-        return iter(range(self.lo, self.hi))
-
-    def __len__(self) -> int:
-        return self.hi - self.lo
-
-
-def _torch_collate(batch: dict) -> dict:
-    import torch
-
-    with warnings.catch_warnings():  # Arrow-backed arrays are read-only; nothing writes
-        warnings.simplefilter("ignore", UserWarning)
-        return {k: torch.from_numpy(v) for k, v in batch.items()}
-
-
-def _torch_rank(paths, rank: int, epochs: int, barrier, queue) -> None:
-    """One torch DataLoader process (num_workers=0) over its contiguous half."""
-    import torch.utils.data
-
-    barrier.wait()
-    records = []
-    dataset = None
-    for epoch in range(epochs):
-        timer = EpochTimer(rank, epoch)
-        dataset = dataset or ParquetRowGroupDataset(paths, COLUMNS)  # footers: timed
-        loader = torch.utils.data.DataLoader(
-            dataset,
-            batch_size=BATCH_SIZE,
-            sampler=ContiguousDistributedSampler(dataset, WORLD, rank),
-            num_workers=0,
-            collate_fn=_torch_collate,
-        )
-
-        def check(batch):
-            _check_numpy({"x": batch["x"].numpy()})
-
-        records.append(timer.consume(loader, lambda b: b["id"].numpy(), check))
-    queue.put(pickle.dumps(records))
-
-
-def _run_processes(target: Callable, args_of_rank: Callable[[int], tuple], epochs: int):
-    """Spawn one process per rank; they start together after their imports."""
-    context = mp.get_context("spawn")
-    barrier, queue = context.Barrier(WORLD + 1), context.Queue()
-    procs = [
-        context.Process(target=target, args=(*args_of_rank(r), r, epochs, barrier, queue))
-        for r in range(WORLD)
-    ]
-    for proc in procs:
-        proc.start()
-    barrier.wait(timeout=120)
-    started = time.time()
-    records = [pickle.loads(queue.get(timeout=1800)) for _ in procs]
-    for proc in procs:
-        proc.join()
-        if proc.exitcode != 0:
-            raise RuntimeError(f"{target.__name__} process exited with {proc.exitcode}")
-    return [r for rank in records for r in rank], started
-
-
-def run_raw(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
-    halves = row_group_halves(paths, WORLD)
-    return _run_processes(_raw_rank, lambda r: (halves[r],), epochs)
-
-
-def run_torch(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
-    return _run_processes(_torch_rank, lambda r: (paths,), epochs)
-
-
-# ---------------------------------------------------------------------------- Ray loaders
-
-
-def _rayshard_rank(loader, rank: int, epochs: int) -> list[EpochRecord]:
-    started = time.time()
-    batches = loader.iterator(world_rank=rank, world_size=WORLD, batch_format="numpy")
-    records = []
-    for epoch in range(epochs):
-        timer = EpochTimer(rank, epoch, started if epoch == 0 else None)
-        records.append(timer.consume(batches, lambda b: b["id"][~b["_padded"]], _check_numpy))
-    return records
-
-
-def _stacked(batches):
-    """Ray Data hands a fixed_size_list column to numpy as an object array of per-row
-    arrays; a training loop needs the (rows, 128) matrix, so stack it (charged to Ray)."""
-    for batch in batches:
-        x = batch["x"]
-        if x.dtype == object:
-            batch["x"] = np.stack(x)
-        yield batch
-
-
-def _ray_data_rank(split, rank: int, epochs: int) -> list[EpochRecord]:
-    records = []
-    for epoch in range(epochs):
-        timer = EpochTimer(rank, epoch)
-        batches = _stacked(split.iter_batches(batch_size=BATCH_SIZE, batch_format="numpy"))
-        records.append(timer.consume(batches, lambda b: b["id"], _check_numpy))
-    return records
-
-
-def _train_loop(config: dict) -> None:
-    import ray.train
-
-    rank = ray.train.get_context().get_world_rank()
-    shard = ray.train.get_dataset_shard("train")
-    records = []
-    for epoch in range(config["epochs"]):
-        timer = EpochTimer(rank, epoch)
-        batches = _stacked(shard.iter_batches(batch_size=BATCH_SIZE, batch_format="numpy"))
-        records.append(timer.consume(batches, lambda b: b["id"], _check_numpy))
-    with open(os.path.join(config["out"], f"rank-{rank}.pkl"), "wb") as handle:
-        pickle.dump(records, handle)
-
-
-def run_rayshard(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
-    import ray
-
-    from rayshard.loader import Loader
-    from rayshard.sources.parquet import ParquetSource
-
-    loader = Loader(
-        ParquetSource(paths, columns=COLUMNS),
-        batch_size=BATCH_SIZE,
-        name=f"bench-{uuid.uuid4().hex[:8]}",
-        policy="data",
-        shuffle=False,
-        prefetch_depth=2,
-        columns=COLUMNS,
-    )
-    try:
-        task = ray.remote(num_cpus=0)(_rayshard_rank)
-        started = time.time()
-        refs = [task.remote(loader, rank, epochs) for rank in range(WORLD)]
-        return [r for rank in ray.get(refs) for r in rank], started
-    finally:
-        loader.shutdown()
-
-
-def run_ray_data(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
-    import ray
-
-    splits = ray.data.read_parquet(paths).select_columns(COLUMNS).streaming_split(WORLD, equal=True)
-    task = ray.remote(num_cpus=0)(_ray_data_rank)
-    started = time.time()
-    refs = [task.remote(split, rank, epochs) for rank, split in enumerate(splits)]
-    return [r for rank in ray.get(refs) for r in rank], started
-
-
-def run_ray_train(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
-    import ray
-    from ray.train import RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
-
-    with tempfile.TemporaryDirectory(prefix="rayshard-bench-train-") as out:
-        trainer = TorchTrainer(
-            _train_loop,
-            train_loop_config={"epochs": epochs, "out": out},
-            scaling_config=ScalingConfig(num_workers=WORLD, use_gpu=False),
-            datasets={"train": ray.data.read_parquet(paths).select_columns(COLUMNS)},
-            run_config=RunConfig(name=f"bench-{uuid.uuid4().hex[:8]}", storage_path=out),
-        )
-        started = time.time()
-        trainer.fit()
-        records = []
-        for rank in range(WORLD):
-            with open(os.path.join(out, f"rank-{rank}.pkl"), "rb") as handle:
-                records += pickle.load(handle)
-    return records, started
 
 
 RUNNERS = {

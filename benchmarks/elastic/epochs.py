@@ -11,7 +11,7 @@ from benchmarks.elastic.common import (
     ROW_BYTES,
     progress,
 )
-from benchmarks.loader_bench import make_dataset, parquet_files
+from benchmarks.loaders.data import make_dataset, parquet_files
 
 EPOCH_BATCH = 1024
 EPOCH_WORLD = 2

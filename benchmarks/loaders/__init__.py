@@ -1,0 +1,1 @@
+"""The loaders `benchmarks/loader_bench.py` compares, and its dataset."""

@@ -1,0 +1,118 @@
+"""The loaders on Ray: rayshard, Ray Data `streaming_split` and Ray Train `get_dataset_shard`."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import time
+import uuid
+
+import numpy as np
+
+from benchmarks._measure import EpochRecord, EpochTimer
+from benchmarks.loaders.data import (
+    BATCH_SIZE,
+    COLUMNS,
+    WORLD,
+    check_numpy,
+)
+
+
+def _rayshard_rank(loader, rank: int, epochs: int) -> list[EpochRecord]:
+    started = time.time()
+    batches = loader.iterator(world_rank=rank, world_size=WORLD, batch_format="numpy")
+    records = []
+    for epoch in range(epochs):
+        timer = EpochTimer(rank, epoch, started if epoch == 0 else None)
+        records.append(timer.consume(batches, lambda b: b["id"][~b["_padded"]], check_numpy))
+    return records
+
+
+def _stacked(batches):
+    """Ray Data hands a fixed_size_list column to numpy as an object array of per-row
+    arrays; a training loop needs the (rows, 128) matrix, so stack it (charged to Ray)."""
+    for batch in batches:
+        x = batch["x"]
+        if x.dtype == object:
+            batch["x"] = np.stack(x)
+        yield batch
+
+
+def _ray_data_rank(split, rank: int, epochs: int) -> list[EpochRecord]:
+    records = []
+    for epoch in range(epochs):
+        timer = EpochTimer(rank, epoch)
+        batches = _stacked(split.iter_batches(batch_size=BATCH_SIZE, batch_format="numpy"))
+        records.append(timer.consume(batches, lambda b: b["id"], check_numpy))
+    return records
+
+
+def _train_loop(config: dict) -> None:
+    import ray.train
+
+    rank = ray.train.get_context().get_world_rank()
+    shard = ray.train.get_dataset_shard("train")
+    records = []
+    for epoch in range(config["epochs"]):
+        timer = EpochTimer(rank, epoch)
+        batches = _stacked(shard.iter_batches(batch_size=BATCH_SIZE, batch_format="numpy"))
+        records.append(timer.consume(batches, lambda b: b["id"], check_numpy))
+    with open(os.path.join(config["out"], f"rank-{rank}.pkl"), "wb") as handle:
+        pickle.dump(records, handle)
+
+
+def run_rayshard(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
+    import ray
+
+    from rayshard.loader import Loader
+    from rayshard.sources.parquet import ParquetSource
+
+    loader = Loader(
+        ParquetSource(paths, columns=COLUMNS),
+        batch_size=BATCH_SIZE,
+        name=f"bench-{uuid.uuid4().hex[:8]}",
+        policy="data",
+        shuffle=False,
+        prefetch_depth=2,
+        columns=COLUMNS,
+    )
+    try:
+        task = ray.remote(num_cpus=0)(_rayshard_rank)
+        started = time.time()
+        refs = [task.remote(loader, rank, epochs) for rank in range(WORLD)]
+        return [r for rank in ray.get(refs) for r in rank], started
+    finally:
+        loader.shutdown()
+
+
+def run_ray_data(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
+    import ray
+
+    splits = ray.data.read_parquet(paths).select_columns(COLUMNS).streaming_split(WORLD, equal=True)
+    task = ray.remote(num_cpus=0)(_ray_data_rank)
+    started = time.time()
+    refs = [task.remote(split, rank, epochs) for rank, split in enumerate(splits)]
+    return [r for rank in ray.get(refs) for r in rank], started
+
+
+def run_ray_train(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    with tempfile.TemporaryDirectory(prefix="rayshard-bench-train-") as out:
+        trainer = TorchTrainer(
+            _train_loop,
+            train_loop_config={"epochs": epochs, "out": out},
+            scaling_config=ScalingConfig(num_workers=WORLD, use_gpu=False),
+            datasets={"train": ray.data.read_parquet(paths).select_columns(COLUMNS)},
+            run_config=RunConfig(name=f"bench-{uuid.uuid4().hex[:8]}", storage_path=out),
+        )
+        started = time.time()
+        trainer.fit()
+        records = []
+        for rank in range(WORLD):
+            with open(os.path.join(out, f"rank-{rank}.pkl"), "rb") as handle:
+                records += pickle.load(handle)
+    return records, started
