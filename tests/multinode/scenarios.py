@@ -471,7 +471,9 @@ def elastic_loop(config: dict) -> None:
     """Train worker: static rayshard iterator (resumed from Train's latest checkpoint),
     every batch's ids to the ledger, a checkpoint every `every` batches (mid-epoch) and at
     the end of each epoch. No model: the loader is what is under test. With `crash_at`,
-    rank 1 of the first attempt exits its process after that many batches."""
+    rank 1 of the first attempt exits its process after at least that many batches, once
+    rank 0 has reported two checkpoints (so the first of them reached Train's controller
+    and the restart resumes from a checkpoint)."""
     from ray.train import Checkpoint
     from ray.train.collective import broadcast_from_rank_zero
 
@@ -515,7 +517,13 @@ def elastic_loop(config: dict) -> None:
             time.sleep(config["delay"])
             if seq % config["every"] == 0:
                 save(epoch)
-            if config.get("crash_at") == seq and attempt == 0 and rank == 1:
+            if (
+                config.get("crash_at") is not None
+                and seq >= config["crash_at"]
+                and attempt == 0
+                and rank == 1
+                and len(ray.get(ledger.progress.remote())["checkpoints"]) >= 2
+            ):
                 os._exit(1)  # a real worker death; Ray Train restarts the group
         save(epoch)
 
