@@ -64,18 +64,19 @@ def iter_rows_parallel(
     pieces: Sequence[tuple[int, int]],
     columns: Sequence[str] | None,
     pool: Any,
+    ahead: int,
 ) -> Iterator[pa.RecordBatch]:
-    """`iter_rows` with pieces read by the threads of `pool` (a `ThreadPoolExecutor`), as
-    many pieces ahead as it has threads, yielded in piece order."""
-    ahead = max(getattr(pool, "_max_workers", 1), 1)
-    futures: collections.deque = collections.deque()
+    """`iter_rows` with pieces read by the threads of `pool` (a `ThreadPoolExecutor`),
+    `ahead` pieces (>= 1; its thread count) ahead, yielded in piece order."""
     queue = iter(pieces)
-    for piece in itertools.islice(queue, ahead):
-        futures.append(pool.submit(lambda p=piece: list(iter_rows(source, [p], columns))))
+
+    def submit(piece: tuple[int, int]) -> Any:
+        return pool.submit(lambda: list(iter_rows(source, [piece], columns)))
+
+    futures = collections.deque(submit(piece) for piece in itertools.islice(queue, ahead))
     while futures:
         batches = futures.popleft().result()
-        for piece in itertools.islice(queue, 1):
-            futures.append(pool.submit(lambda p=piece: list(iter_rows(source, [p], columns))))
+        futures.extend(submit(piece) for piece in itertools.islice(queue, 1))
         yield from batches
 
 
@@ -85,10 +86,7 @@ def iter_padding(
     """The rank's padding rows (`_padded` True), each distinct sample read once."""
     cache: dict[int, pa.RecordBatch] = {}
     for index in padding_indices(plan):
-        if index not in cache:
-            rows = pa.Table.from_batches(list(source.read(index, index + 1, columns)))
-            cache[index] = rows.combine_chunks().to_batches()[0]
-        yield _tag(cache[index], np.array([index]), padded=True)
+        yield _tag(_row(source, index, columns, cache), np.array([index]), padded=True)
 
 
 def rebatch(record_batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterator[Batch]:
@@ -154,8 +152,15 @@ def pad_rows(
     """`count` padding rows (`_padded` True) repeating sample `last_index` (sample 0 if
     the rank read nothing); the row is read once per `cache`."""
     index = 0 if last_index is None else last_index
-    if count > 0 and index not in cache:
+    for _ in range(count):
+        yield _tag(_row(source, index, columns, cache), np.array([index]), padded=True)
+
+
+def _row(
+    source: Source, index: int, columns: Sequence[str] | None, cache: dict[int, pa.RecordBatch]
+) -> pa.RecordBatch:
+    """Sample `index` as a one-row record batch, read once per `cache`."""
+    if index not in cache:
         rows = pa.Table.from_batches(list(source.read(index, index + 1, columns)))
         cache[index] = rows.combine_chunks().to_batches()[0]
-    for _ in range(count):
-        yield _tag(cache[index], np.array([index]), padded=True)
+    return cache[index]

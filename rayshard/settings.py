@@ -10,6 +10,7 @@ from typing import Any
 
 from rayshard.errors import ConfigError
 from rayshard.plan import PlanConfig
+from rayshard.plan.options import check_int
 from rayshard.sharding import ShardingPolicy
 
 
@@ -43,41 +44,17 @@ class LoaderSettings:
                 "'file_or_data', 'off' and 'dynamic'"
             )
         object.__setattr__(self, "policy", policy)
-        if isinstance(self.shuffle_buffer, bool) or not isinstance(self.shuffle_buffer, int):
-            raise ConfigError(f"shuffle_buffer={self.shuffle_buffer!r} must be an integer >= 0")
-        if self.shuffle_buffer < 0:
-            raise ConfigError(
-                f"shuffle_buffer={self.shuffle_buffer} is not in the range shuffle_buffer>=0"
-            )
-        if isinstance(self.prefetch_depth, bool) or not isinstance(self.prefetch_depth, int):
-            raise ConfigError(f"prefetch_depth={self.prefetch_depth!r} must be an integer >= 1")
-        if self.prefetch_depth < 1:
-            raise ConfigError(
-                f"prefetch_depth={self.prefetch_depth} is not in the range prefetch_depth>=1"
-            )
-        if self.batches_per_object is not None and (
-            isinstance(self.batches_per_object, bool)
-            or not isinstance(self.batches_per_object, int)
-            or self.batches_per_object < 1
-        ):
-            raise ConfigError(
-                f"batches_per_object={self.batches_per_object!r} must be an integer >= 1"
-            )
-        if (
-            isinstance(self.object_bytes, bool)
-            or not isinstance(self.object_bytes, int)
-            or self.object_bytes < 1
-        ):
-            raise ConfigError(
-                f"object_bytes={self.object_bytes!r} must be an integer >= 1 (bytes per object "
-                "store block; 8 MiB is the default)"
-            )
-        if (
-            isinstance(self.reader_threads, bool)
-            or not isinstance(self.reader_threads, int)
-            or (self.reader_threads < 1)
-        ):
-            raise ConfigError(f"reader_threads={self.reader_threads!r} must be an integer >= 1")
+        check_int(self.shuffle_buffer, "shuffle_buffer", minimum=0)
+        check_int(self.prefetch_depth, "prefetch_depth", minimum=1)
+        if self.batches_per_object is not None:
+            check_int(self.batches_per_object, "batches_per_object", minimum=1)
+        check_int(
+            self.object_bytes,
+            "object_bytes",
+            minimum=1,
+            fix="bytes per object-store block; 8 MiB is the default",
+        )
+        check_int(self.reader_threads, "reader_threads", minimum=1)
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
 

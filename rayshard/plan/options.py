@@ -79,12 +79,12 @@ class PlanConfig:
         set_(self, "last_batch", parse_choice(LastBatch, self.last_batch, "last_batch"))
         set_(self, "pad_last_batch", parse_bool(self.pad_last_batch, "pad_last_batch"))
         set_(self, "equal_steps", parse_bool(self.equal_steps, "equal_steps"))
-        _check_int(self.batch_size, "batch_size", minimum=1, fix="use a batch size of 1 or more")
+        check_int(self.batch_size, "batch_size", minimum=1, fix="use a batch size of 1 or more")
         if self.total_shards is not None:
-            _check_int(self.total_shards, "total_shards", minimum=1, fix="or leave it unset")
+            check_int(self.total_shards, "total_shards", minimum=1, fix="or leave it unset")
         if self.expected_world_size is not None:
-            _check_int(self.expected_world_size, "expected_world_size", minimum=1, fix="")
-        _check_int(self.seed, "seed", minimum=0, fix="use a non-negative integer seed")
+            check_int(self.expected_world_size, "expected_world_size", minimum=1, fix="")
+        check_int(self.seed, "seed", minimum=0, fix="use a non-negative integer seed")
 
     @classmethod
     def resolve(
@@ -123,7 +123,8 @@ class PlanConfig:
         return out
 
 
-def _check_int(value: Any, name: str, *, minimum: int, fix: str) -> None:
+def check_int(value: Any, name: str, *, minimum: int, fix: str = "") -> None:
+    """`value` must be an int (not a bool) >= `minimum`; the error names it and the fix."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
     if value < minimum:

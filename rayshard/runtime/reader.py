@@ -158,7 +158,9 @@ class ShardReader:
             shuffle=settings.shuffle,
             rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}",
         )
-        real = iter_rows_parallel(self._source, pieces, settings.columns, self._pool())
+        real = iter_rows_parallel(
+            self._source, pieces, settings.columns, self._pool(), settings.reader_threads
+        )
         if settings.shuffle_buffer:
             real = shuffle_batches(
                 real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank

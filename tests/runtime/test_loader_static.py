@@ -216,6 +216,28 @@ def test_shutdown_stops_the_readers_too(ray_session, dataset):
         it.close()  # nothing left to leave: no error
 
 
+@pytest.mark.parametrize(("options", "blocks"), [({}, [13]), ({"object_bytes": 1}, [1] * 13)])
+def test_object_store_blocks_close_at_the_batch_count_or_the_byte_cap(
+    ray_session, dataset, options, blocks
+):
+    # 100 rows in batches of 8: 13 batches, all in one block of up to 16 by default; a
+    # 1-byte cap closes a block after every batch. Read straight from the reader.
+    import ray
+
+    loader = make_loader(dataset, **options)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    reader, generation = it._reader, it._generation
+    ray.get(reader.start.remote(generation, 0))
+    sizes, ids = [], []
+    while (ref := ray.get(reader.next.remote(generation, 0, len(sizes)))) is not None:
+        block = ray.get(ref)
+        sizes.append(len(block))
+        ids += real_ids(block)
+    assert sizes == blocks
+    assert Counter(ids) == Counter(range(100))
+    loader.shutdown()
+
+
 def test_stale_iterator_is_rejected(ray_session, dataset):
     loader = make_loader(dataset)
     old = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")

@@ -1,0 +1,42 @@
+"""The loader's own settings: block sizing by policy and the checks on reading knobs."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayshard.errors import ConfigError
+from rayshard.plan import PlanConfig
+from rayshard.settings import LoaderSettings
+
+
+def settings(**options) -> LoaderSettings:
+    return LoaderSettings(plan=PlanConfig(batch_size=8), **options)
+
+
+@pytest.mark.parametrize(
+    ("policy", "blocks"), [("data", 16), ("file", 16), ("off", 16), ("dynamic", 4)]
+)
+def test_block_size_defaults_by_policy(policy, blocks):
+    assert settings(policy=policy).block_batches == blocks
+
+
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_explicit_batches_per_object_wins(policy):
+    assert settings(policy=policy, batches_per_object=7).block_batches == 7
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("object_bytes", 0, r"object_bytes=0 is not in the range object_bytes>=1 \(bytes per"),
+        ("object_bytes", 1.5, r"object_bytes=1.5 must be an integer >= 1"),
+        ("batches_per_object", 0, r"batches_per_object=0 is not in the range"),
+        ("batches_per_object", True, r"batches_per_object=True must be an integer"),
+        ("reader_threads", 0, r"reader_threads=0 is not in the range reader_threads>=1"),
+        ("prefetch_depth", 0, r"prefetch_depth=0 is not in the range prefetch_depth>=1"),
+        ("shuffle_buffer", -1, r"shuffle_buffer=-1 is not in the range shuffle_buffer>=0"),
+    ],
+)
+def test_bad_reading_knobs_are_refused_by_name(option, value, message):
+    with pytest.raises(ConfigError, match=message):
+        settings(**{option: value})
