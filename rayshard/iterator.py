@@ -60,8 +60,12 @@ class ShardIterator:
         self._started = False  # whether `_epoch` has begun on this worker
         self._ended = False  # whether this worker received all of `_epoch`
         self._received = 0  # batches of `_epoch` this loop received
-        self._requested = 0  # blocks of `_epoch` asked of the reader
-        self._pending: collections.deque = collections.deque()  # requests in flight
+        self._length = 0  # batches the started epoch yields (see `_begin`)
+        self._exact = True  # whether `_length` is final (static; dynamic with equal steps)
+        self._dynamic = bool(registration.get("dynamic", False))
+        self._dynamic_steps_checked: int | None = None  # epoch whose step count was re-read
+        self._next_length: tuple | None = None  # ((generation, epoch), batches) for len()
+        self._iterations = 0  # calls of iter(): a generator of an older call yields nothing
         self.samples_received = 0
         self.stall_seconds = 0.0
         self._loader_name = registration.get("loader", "")
@@ -91,44 +95,79 @@ class ShardIterator:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
         self._epoch, self._received, self._started = epoch, 0, False
-        self._close_feed()
-        self._pending.clear()
-        self._requested = 0
+        self._iterations += 1  # a generator of an earlier iter() yields nothing more
 
     def __len__(self) -> int:
         """The batches the current iteration still yields (the next one's, once the current
         epoch is done). Exact for static policies; under `dynamic` exact with equal steps
-        and no churn, otherwise the coordinator's current estimate."""
-        received = self._received if self._started and not self._ended else 0
-        length = ray.get(
-            self._coordinator.length.remote(self._generation, self._placement.dp_rank, self.epoch)
-        )
-        return max(length - received, 0)
+        and no churn, otherwise the coordinator's current estimate. Asked often by
+        frameworks: answered from a cache per (generation, epoch), no remote call."""
+        if self._started and not self._ended:
+            return max(self._length - self._received, 0)
+        key = (self._generation, self.epoch)
+        if self._next_length is None or self._next_length[0] != key:
+            length = ray.get(
+                self._coordinator.length.remote(self._generation, self._placement.dp_rank, key[1])
+            )
+            self._next_length = (key, length)
+        return self._next_length[1]
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the rest of the current epoch, or the next epoch if this one is done.
 
+        The epoch is decided here, when `iter()` is called (`len()` and `epoch` right after
+        describe exactly what this iteration yields). An epoch is done once its last batch
+        was yielded, whether or not the caller asks for another (a loop that stops at
+        `len()`, as Lightning's does, gets the next epoch from its next `iter()`).
         Breaking out of the loop and iterating again continues the same epoch: batches
         already requested or prefetched are kept, not lost.
         """
         if not self._started or self._ended:
             if self._started:
-                self.set_epoch(self._epoch + 1)
+                self._epoch, self._received = self._epoch + 1, 0
             self._begin()
-        epoch = self._epoch
-        while True:
+        self._iterations += 1
+        return self._yield(self._epoch, self._iterations)
+
+    def _yield(self, epoch: int, iteration: int) -> Iterator[Any]:
+        while iteration == self._iterations:
             waited = time.perf_counter()
             try:
                 batch = next(self._stream)
             except StopIteration:
-                self._ended = True
-                self._acks.flush(wait=True)
+                self._end_epoch()
                 return
             stall = time.perf_counter() - waited
             ids, padded, nbytes = self._delivered_meta.popleft()
             self._received += 1
             self._acknowledge(epoch, ids, padded, nbytes, stall)
+            if self._received >= self._length and self._length_final():
+                self._end_epoch()  # before the yield: the caller may never ask again
+            else:
+                self._ended = False  # work returned by a lost rank, past the planned end
             yield batch
+
+    def _length_final(self) -> bool:
+        """Whether the batch just received is the epoch's last (known without asking the
+        stream for one more, which under `dynamic` waits for every other rank's end)."""
+        if not self._exact:
+            return False
+        if self._dynamic_steps_checked != self._epoch:
+            # Under `dynamic` a lost rank's work can grow this rank's step count.
+            self._dynamic_steps_checked = self._epoch
+            self._length = max(self._length, self._current_length())
+        return self._received >= self._length
+
+    def _current_length(self) -> int:
+        return ray.get(
+            self._coordinator.length.remote(self._generation, self._placement.dp_rank, self._epoch)
+        )
+
+    def _end_epoch(self) -> None:
+        """Every batch of the epoch reached the loop: make sure the coordinator recorded
+        them (a worker that exits now takes its reader along, see `_AckSender`)."""
+        self._ended = True
+        self._acks.flush(wait=True)
 
     def stats(self) -> dict:
         """This worker's counters, with the device feed's memory statistics (torch format)."""
@@ -168,11 +207,14 @@ class ShardIterator:
         self._reader.stop.remote()
 
     def _begin(self) -> None:
-        ray.get(self._reader.start.remote(self._generation, self._epoch))
+        started = ray.get(self._reader.start.remote(self._generation, self._epoch))
+        self._length, self._exact = started["batches"], started["exact"]
+        self._dynamic_steps_checked = None if self._dynamic else self._epoch
         self._started, self._ended = True, False
+        # After the reader moved on: a staging thread still waiting on the previous
+        # epoch's reader is released by that (see `ShardReader.next`).
         self._close_feed()
-        self._pending.clear()
-        self._requested = self._received = 0
+        self._received = 0
         self._delivered_meta.clear()
         raw = self._fetch(self._generation, self._epoch)
         if self._format == "torch":
@@ -193,14 +235,15 @@ class ShardIterator:
     def _fetch(self, generation: int, epoch: int) -> Iterator[dict]:
         """Numpy batches from the reader (zero-copy from the object store), in order. The
         reader stores blocks of batches; two block requests stay in flight."""
-        more = True
+        more, requested = True, 0
+        pending: collections.deque = collections.deque()  # requests in flight
         while True:
-            while more and len(self._pending) < 2:
-                self._pending.append(self._reader.next.remote(generation, epoch, self._requested))
-                self._requested += 1
-            if not self._pending:
+            while more and len(pending) < 2:
+                pending.append(self._reader.next.remote(generation, epoch, requested))
+                requested += 1
+            if not pending:
                 return
-            request = self._pending.popleft()
+            request = pending.popleft()
             try:
                 ref = ray.get(request, timeout=STALL_FLUSH_S)
             except ray.exceptions.GetTimeoutError:

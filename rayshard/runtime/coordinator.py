@@ -304,6 +304,7 @@ class Coordinator:
             "reader": name,
             "dp_size": members.dp_size,
             "loader": self._loader_id,
+            "dynamic": self._dynamic,
         }
 
     def _apply_attach(self, dp_rank: int, name: str) -> None:

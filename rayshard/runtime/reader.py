@@ -65,6 +65,7 @@ class ShardReader:
         self._stopped = threading.Event()
         self._cond = threading.Condition()
         self._key: tuple[int, int] | None = None  # (generation, epoch) being read
+        self._starting: tuple[int, int] | None = None  # a start() in progress
         self._batches: int | None = None  # expected batches of the epoch (static: exact)
         self._final: int | None = None  # batches produced, once the reader thread is done
         self._ready: dict[int, Any] = {}  # batch index -> ObjectRef
@@ -77,15 +78,39 @@ class ShardReader:
         self._threads: Any = None  # reader thread pool, made on first use
 
     def start(self, generation: int, epoch: int) -> dict:
-        """Begin (or join) reading `epoch`; idempotent for the members of one group."""
+        """Begin (or join) reading `epoch`; idempotent for the members of one group, also
+        when they call at the same moment (the second waits for the first's start).
+
+        Returns `batches`, the batches the epoch yields, and `exact`: whether that count is
+        final (static policies; `dynamic` with equal steps) or an estimate."""
+        key = (generation, epoch)
         with self._cond:
-            if self._key == (generation, epoch):
-                return {"batches": self._batches}
-            if self._key is not None and (generation, epoch) < self._key:
+            self._cond.wait_for(lambda: self._starting is None)
+            if self._key == key:
+                return self._started_info()
+            if self._key is not None and key < self._key:
                 raise StaleClientError(
                     f"reader of rank {self._dp_rank} is at (generation, epoch) {self._key}; "
-                    f"a client asked for {(generation, epoch)}: take a new iterator"
+                    f"a client asked for {key}: take a new iterator"
                 )
+            self._starting = key
+        try:
+            self._begin_epoch(generation, epoch)
+        finally:
+            with self._cond:
+                self._starting = None
+                self._cond.notify_all()
+        with self._cond:
+            return self._started_info()
+
+    def _started_info(self) -> dict:
+        dynamic = self._settings.policy is ShardingPolicy.DYNAMIC
+        return {
+            "batches": self._batches,
+            "exact": not dynamic or self._settings.plan.equal_steps,
+        }
+
+    def _begin_epoch(self, generation: int, epoch: int) -> None:
         coordinator, rank = self._coordinator, self._dp_rank
         if self._settings.policy is ShardingPolicy.DYNAMIC:
             batches = ray.get(coordinator.length.remote(generation, rank, epoch))
@@ -106,7 +131,7 @@ class ShardReader:
                 target=self._read_loop, args=(produce, self._cancel), daemon=True
             )
             self._thread.start()
-        return {"batches": batches}
+            self._cond.notify_all()  # consumers still waiting on the previous epoch: it ended
 
     def next(self, generation: int, epoch: int, index: int) -> Any:
         """The ObjectRef of block `index` of `epoch` (a list of batches; waits until it is
@@ -119,11 +144,14 @@ class ShardReader:
                 )
             self._cond.wait_for(
                 lambda: (
-                    index in self._ready
+                    self._key != (generation, epoch)
+                    or index in self._ready
                     or self._error is not None
                     or (self._final is not None and index >= self._final)
                 )
             )
+            if self._key != (generation, epoch):
+                return None  # the group moved on to another epoch: this one is over for us
             if index not in self._ready:
                 if self._error is None:
                     return None

@@ -1,0 +1,187 @@
+"""Epoch semantics a training framework can rely on (SPEC 14): an epoch is finished once its
+last batch has been yielded, whether or not the caller asks for one more; `iter()` fixes the
+epoch it yields when it is called, and `len()` / `epoch` right after it describe exactly
+that iteration; breaking out mid-epoch and iterating again continues the epoch.
+
+Every way a framework drives an iterable is run here, each on its own epoch, on 1 and 2
+ranks, under a static policy and under `dynamic`: a full loop, `zip(range(len(it)), it)`
+(Lightning's way: it stops at `len()`), `itertools.islice`, `next(iter(it))` probing, and
+break-and-continue. Each epoch must cover the dataset exactly once."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections import Counter
+
+import pytest
+import torch
+
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import unique_name, write_parquet
+
+pytestmark = pytest.mark.ray
+
+SIZES = [37, 23, 40]  # 100 rows
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_parquet(tmp_path_factory.mktemp("epochs"), SIZES, row_group_size=10)
+
+
+def _ids(batches) -> list[int]:
+    out = []
+    for batch in batches:
+        ids, padded = batch["id"], batch["_padded"]
+        if isinstance(ids, torch.Tensor):
+            ids, padded = ids.numpy(), padded.numpy()
+        out += ids[~padded].tolist()
+    return out
+
+
+def full_loop(it):
+    gen = iter(it)
+    length, epoch = len(it), it.epoch
+    return epoch, length, list(gen)
+
+
+def zip_len(it):
+    length = len(it)  # what Lightning does: ask the length, then stop there
+    epoch = it.epoch
+    return epoch, length, [batch for _, batch in zip(range(length), it)]
+
+
+def islice_len(it):
+    length, epoch = len(it), it.epoch
+    return epoch, length, list(itertools.islice(it, length))
+
+
+def probe_then_loop(it):
+    first = next(iter(it))  # a framework peeking at one batch, then the real loop
+    epoch, length = it.epoch, len(it) + 1
+    return epoch, length, [first, *list(itertools.islice(it, len(it)))]
+
+
+def break_and_continue(it):
+    gen = iter(it)
+    length, epoch = len(it), it.epoch
+    got = []
+    for batch in gen:
+        got.append(batch)
+        if len(got) == length // 2:
+            break
+    assert it.epoch == epoch and len(it) == length - len(got), "a break must not end the epoch"
+    rest = iter(it)
+    assert it.epoch == epoch, "iterating again after a break continues the same epoch"
+    return epoch, length, got + list(itertools.islice(rest, len(it)))
+
+
+PATTERNS = [full_loop, zip_len, islice_len, probe_then_loop, break_and_continue]
+
+
+def _run_rank(it, patterns, results, rank):
+    out = []
+    for pattern in patterns:
+        epoch, length, batches = pattern(it)
+        out.append(
+            {
+                "pattern": pattern.__name__,
+                "epoch": epoch,
+                "length": length,
+                "yielded": len(batches),
+                "ids": _ids(batches),
+                "epoch_after": it.epoch,
+            }
+        )
+    results[rank] = out
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_every_loop_shape_gets_every_epoch_exactly_once(ray_session, dataset, policy, world_size):
+    loader = Loader(ParquetSource(dataset), batch_size=8, name=unique_name("ep"), policy=policy)
+    iterators = [loader.iterator(world_rank=r, world_size=world_size) for r in range(world_size)]
+    # Rank r runs the patterns rotated by r, so on 2 ranks the two ranks of an epoch loop
+    # differently (one stops at len(), the other asks for one more, ...).
+    plans = [PATTERNS[r:] + PATTERNS[:r] for r in range(world_size)]
+    results: dict = {}
+    threads = [
+        threading.Thread(target=_run_rank, args=(it, plan, results, r), daemon=True)
+        for r, (it, plan) in enumerate(zip(iterators, plans))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    assert len(results) == world_size, "a rank did not finish its epochs"
+    for epoch in range(len(PATTERNS)):
+        rows = [results[r][epoch] for r in range(world_size)]
+        for row in rows:
+            assert row["epoch"] == epoch, (row["pattern"], row["epoch"], epoch)
+            assert row["yielded"] == row["length"], (row["pattern"], row)
+            assert row["epoch_after"] == epoch + 1, (row["pattern"], "epoch not finished")
+        ids = Counter(i for row in rows for i in row["ids"])
+        assert ids == Counter(range(sum(SIZES))), (
+            epoch,
+            [row["pattern"] for row in rows],
+            sorted(set(range(sum(SIZES))) - set(ids)),
+        )
+    # The state after the last batch points at the next epoch, nothing consumed.
+    state = iterators[0].state_dict()
+    assert state["epoch"] == len(PATTERNS) and state["consumed"] == []
+    loader.shutdown()
+
+
+class _CountingHandle:
+    """The coordinator's handle, counting `length` calls (everything else passes through)."""
+
+    def __init__(self, handle):
+        self._handle, self.length_calls = handle, 0
+
+    def __getattr__(self, name):
+        if name == "length":
+            self.length_calls += 1
+        return getattr(self._handle, name)
+
+
+def test_len_is_answered_without_a_remote_call_per_ask(ray_session, dataset):
+    loader = Loader(ParquetSource(dataset), batch_size=8, name=unique_name("len"))
+    it = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+    counting = _CountingHandle(it._coordinator)
+    it._coordinator = counting
+    first = [len(it) for _ in range(10)]  # before iter(): the next epoch's, asked once
+    assert len(set(first)) == 1 and counting.length_calls == 1
+    gen = iter(it)
+    next(gen)
+    assert [len(it) for _ in range(10)] == [first[0] - 1] * 10
+    for _ in range(first[0] - 1):
+        next(gen)
+    assert it.epoch == 1  # finished at its last batch
+    calls = counting.length_calls
+    second = [len(it) for _ in range(10)]
+    assert len(set(second)) == 1 and counting.length_calls == calls + 1
+    loader.shutdown()
+
+
+def test_state_after_last_batch_resumes_at_next_epoch_on_another_world(ray_session, dataset):
+    """A loop that stops at len() and checkpoints (Lightning's epoch-end checkpoint) resumes
+    at the next epoch, whole, also on another world size."""
+    name = unique_name("res")
+    loader = Loader(ParquetSource(dataset), batch_size=8, name=name)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    length = len(it)
+    assert len(list(itertools.islice(it, length))) == length
+    state = it.state_dict()
+    assert state["epoch"] == 1 and state["consumed"] == []
+    loader.shutdown()
+    again = Loader(ParquetSource(dataset), batch_size=8, name=name)
+    iterators = [again.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in (0, 1)]
+    for other in iterators:
+        other.load_state_dict(state)
+    assert all(other.epoch == 1 for other in iterators)
+    ids = Counter(i for other in iterators for i in _ids(itertools.islice(other, len(other))))
+    assert ids == Counter(range(sum(SIZES)))
+    assert all(other.epoch == 2 for other in iterators)
+    again.shutdown()
