@@ -20,7 +20,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not submit" || [ $$? -eq 5 ]
+	$(PY) -m pytest -m "not submit" --durations=15 || [ $$? -eq 5 ]
 
 test-submit: $(STAMP)
 	bash tests/e2e/run_submit.sh

@@ -288,21 +288,34 @@ class _AutoscalingRun(_Run):
         if index in self.rank_node:
             self.released_at[self.rank_node[index]] = self.clock()
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event) -> bool:
+        """Carry out `event`; False when it must wait: a rank leaves only once it started
+        (its node then idles out), however long the autoscaler took to add that node."""
         if event.action == "add_node":
             index = self.demand_rank()
             self.recorder.event.remote("add_node", node=index, mode="demand")
-            return
+            return True
         alive = [i for i in self.consumers if i not in self.pending] or list(self.consumers)
         index = event.node if event.node is not None else (alive[0] if alive else None)
         if index is None or index not in self.consumers:
             self.recorder.event.remote(
                 "skipped", action=event.action, node=index, reason="no such rank"
             )
-            return
-        mode = "demand_withdrawn" if index in self.pending else "rank_leaves"
+            return True
+        if index in self.pending:
+            return False
         rank = self.release(index, graceful=True)
-        self.recorder.event.remote(event.action, node=index, rank=rank, mode=mode)
+        self.recorder.event.remote(event.action, node=index, rank=rank, mode="rank_leaves")
+        return True
+
+    def awaiting_scale_down(self) -> list[str]:
+        """Nodes whose rank left during the run and that the autoscaler has not removed
+        yet: the run keeps observing (its other ranks held) until they are gone."""
+        return [
+            node
+            for index, node in self.rank_node.items()
+            if node in self.released_at and node in self.nodes and index not in self.consumers
+        ]
 
     def timings(self) -> dict:
         """Scale-up: a rank's demand to its start (and to the first node added after it);
@@ -348,18 +361,22 @@ def run_autoscaling_experiment(
             disable=None if progress else True,
         )
         while run.clock() < schedule.duration_s:
-            while pending and pending[0].at <= run.clock():
-                run.apply(pending.pop(0))
+            while pending and pending[0].at <= run.clock() and run.apply(pending[0]):
+                pending.pop(0)
             run.poll()
-            if not pending and not run.pending and run.finished():
+            idle_nodes_left = run.leaving or run.awaiting_scale_down()
+            if not pending and not run.pending and not idle_nodes_left and run.finished():
                 break
             time.sleep(0.25)
             bar.update(int(run.clock()) - bar.n)
         bar.close()
         elapsed = run.clock()
         completed = run.finished()
+        not_scaled_down = run.awaiting_scale_down()
         # Idle scale-down: the finished ranks end, their nodes sit idle, the autoscaler
-        # removes them.
+        # removes them. Every node whose rank left during the run is gone by now (or the
+        # run ran out of `duration_s`, reported as `not_scaled_down`).
+        run.recorder.event.remote("ranks_released", ranks=len(run.consumers))
         for index in list(run.consumers):
             run.release(index, graceful=False)
         deadline = time.time() + schedule.idle_timeout_s + 60
@@ -376,7 +393,7 @@ def run_autoscaling_experiment(
             **summary,
             "loader_events": stats["events"],
             "reserved_samples": stats["reserved_samples"],
-            "autoscaling": run.timings(),
+            "autoscaling": {**run.timings(), "not_scaled_down_in_run": not_scaled_down},
         }
     finally:
         ray.shutdown()

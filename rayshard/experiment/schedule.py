@@ -19,7 +19,9 @@ With `autoscaler: true` (optional `max_workers`, default 4, and `idle_timeout_s`
 5) Ray's fake-multinode autoscaler owns the nodes (`rayshard.experiment.autoscaling`):
 `initial_nodes` and `add_node` demand consumer ranks that need a worker-only resource,
 so the autoscaler adds a node for each; `remove_node` makes a rank (`node`: its index in
-order of demand) leave, and its node is scaled down once idle. `kill_node` is refused.
+order of demand) leave, once it has started, and its node is scaled down once idle: the run
+holds its other ranks until that node is gone (or `duration_s` ran out, reported as
+`not_scaled_down_in_run`). `kill_node` is refused.
 """
 
 from __future__ import annotations

@@ -10,9 +10,7 @@ import pytest
 
 from tests.experiment.runner import run_experiment
 
-# Whole multi-node clusters on a shared 2-core machine: one rerun absorbs a scheduling
-# hiccup; a real failure fails twice.
-pytestmark = [pytest.mark.slow, pytest.mark.flaky(reruns=1)]
+pytestmark = pytest.mark.slow
 
 SCHEDULE = """\
 rows: 12000
@@ -29,7 +27,7 @@ events:
 
 
 def test_short_experiment_loses_nothing(tmp_path):
-    result, stdout, out = run_experiment(tmp_path, SCHEDULE, timeout=400)
+    result, stdout, out = run_experiment(tmp_path, SCHEDULE)
     assert result["completed"]
     assert {int(e) for e in result["audit"]} == {0, 1}
     for epoch, audit in result["audit"].items():

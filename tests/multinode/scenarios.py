@@ -31,6 +31,8 @@ from typing import Any
 import ray
 from ray.cluster_utils import Cluster
 
+from tests.timeouts import EVENT_TIMEOUT_S, event_timeout_message
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULT_PREFIX = "RESULT_JSON: "
 
@@ -133,12 +135,13 @@ def event_times(loader: Any, kind: str) -> list[dict]:
     return [e for e in loader.stats()["events"] if e["event"] == kind]
 
 
-def wait_until(predicate, timeout: float, what: str, poll: float = 0.05) -> float:
-    """Wait for `predicate()`; returns the seconds it took. Raises on timeout."""
+def wait_until(predicate, what: str, poll: float = 0.05) -> float:
+    """Wait for `predicate()` up to the suite's event timeout (tests/timeouts.py); returns
+    the seconds it took, for the timeline (never asserted on)."""
     start = time.time()
     while not predicate():
-        if time.time() - start > timeout:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        if time.time() - start > EVENT_TIMEOUT_S:
+            raise TimeoutError(event_timeout_message(what))
         time.sleep(poll)
     return time.time() - start
 
@@ -155,15 +158,26 @@ def make_dataset(rows: list[int], row_group_size: int) -> str:
 class NodeConsumer:
     """Takes its iterator *inside* the actor (so its reader is placed on this node), then
     consumes one epoch with a delay per batch, sending every batch's ids to the audit
-    (synchronously, so what this consumer received is in the audit before it goes on)."""
+    (synchronously, so what this consumer received is in the audit before it goes on).
 
-    def __init__(self, loader, audit, rank: int, world_size: int, delay: float) -> None:
+    With `hold_after=n` it pauses after `n` batches until `release()`: the workload then
+    outlasts the cue the scenario waits for (a joining rank's first batches), however
+    slowly the new node starts."""
+
+    def __init__(
+        self, loader, audit, rank: int, world_size: int, delay: float, hold_after=None
+    ) -> None:
         self.iterator = loader.iterator(
             world_rank=rank, world_size=world_size, batch_format="numpy"
         )
         self.audit, self.rank, self.delay = audit, rank, delay
         self.batches = 0
         self.samples = 0
+        self.hold_after = hold_after
+        self.gate = threading.Event()
+
+    def release(self) -> None:
+        self.gate.set()
 
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
@@ -184,13 +198,17 @@ class NodeConsumer:
             ray.get(self.audit.add.remote(epoch, ids))
             self.batches += 1
             self.samples += int(ids.size)
+            if self.batches == self.hold_after:
+                self.gate.wait(EVENT_TIMEOUT_S)
             time.sleep(self.delay)
         return {"rank": self.rank, "batches": self.batches, "samples": self.samples}
 
 
-def start_consumer(loader, audit, rank: int, world_size: int, label: str, delay: float):
+def start_consumer(
+    loader, audit, rank: int, world_size: int, label: str, delay: float, hold_after=None
+):
     consumer = NodeConsumer.options(resources={label: 1}).remote(
-        loader, audit, rank, world_size, delay
+        loader, audit, rank, world_size, delay, hold_after
     )
     return consumer, consumer.run.remote()
 
@@ -252,11 +270,14 @@ def scenario_dynamic_node_churn() -> dict:
     audit = head_audit(rows)
     consumers = {}
     for rank, label in enumerate(["n1", "n2", "n3"]):
-        consumers[rank] = (label, *start_consumer(loader, audit, rank, 3, label, delay))
+        # The survivors pause after 12 batches until the joining rank has read: plenty
+        # is left for it, whatever the machine's speed (1200 rows = 150 batches).
+        hold = None if rank == 1 else 12
+        consumers[rank] = (label, *start_consumer(loader, audit, rank, 3, label, delay, hold))
     t0 = time.time()
     consumer_start_s = {}
     for rank, (_, c, _) in consumers.items():  # first batch of each rank, from now
-        wait_until(lambda c=c: ray.get(c.progress.remote()) >= 1, 60, f"rank {rank} to start")
+        wait_until(lambda c=c: ray.get(c.progress.remote()) >= 1, f"rank {rank} to start")
         consumer_start_s[rank] = round(time.time() - t0, 2)
     # Where each rank's consumer and reader are: a reader should be on its consumer's node.
     labels = node_labels()
@@ -269,16 +290,19 @@ def scenario_dynamic_node_churn() -> dict:
     }
     victim = consumers[1][1]
     # Early in the epoch, so that plenty is left for the rank that joins later.
-    wait_until(lambda: ray.get(victim.progress.remote()) >= 3, 60, "rank 1 to read 3 batches")
+    wait_until(lambda: ray.get(victim.progress.remote()) >= 3, "rank 1 to read 3 batches")
     seen_before_kill = sum(ray.get(audit.seen.remote()).values())
     progress_at_kill = {r: ray.get(c.progress.remote()) for r, (_, c, _) in consumers.items()}
     killed_at = remove_node(cluster, nodes, "n2")
-    wait_until(lambda: event_times(loader, "rank_lost"), 30, "rank_lost")
+    wait_until(lambda: event_times(loader, "rank_lost"), "rank_lost")
     lost_event = event_times(loader, "rank_lost")[0]
     add_started = time.time()
     add_node(cluster, nodes, "n4")
     newcomer, newcomer_run = start_consumer(loader, audit, 3, 4, "n4", delay)
+    wait_until(lambda: ray.get(newcomer.progress.remote()) >= 1, "the new rank's first batch")
     joined_after_s = time.time() - add_started
+    for rank in (0, 2):
+        consumers[rank][1].release.remote()
     labels = node_labels()
     placement[3] = {
         "consumer": labels[ray.get(newcomer.node.remote())],
@@ -287,7 +311,7 @@ def scenario_dynamic_node_churn() -> dict:
     outcomes, errors = {}, {}
     for rank, (_, _, run) in {**consumers, 3: ("n4", newcomer, newcomer_run)}.items():
         try:
-            outcomes[rank] = ray.get(run, timeout=90)
+            outcomes[rank] = ray.get(run, timeout=EVENT_TIMEOUT_S)
         except Exception as error:  # noqa: BLE001 - the dead rank's consumer must fail
             errors[rank] = type(error).__name__
     report = ray.get(audit.report.remote())
@@ -341,14 +365,13 @@ def scenario_coordinator_sigkill() -> dict:
     }
     first = consumers[0][1]
     for rank, (_, c, _) in consumers.items():  # every rank is reading when it dies
-        wait_until(lambda c=c: ray.get(c.progress.remote()) >= 2, 60, f"rank {rank} to read")
+        wait_until(lambda c=c: ray.get(c.progress.remote()) >= 2, f"rank {rank} to read")
     pid_before = coordinator_pid(loader)
     killed_at = time.time()
     os.kill(pid_before, signal.SIGKILL)
     # Back when it answers again, from a new process, with the event its replay records.
     wait_until(
         lambda: _safe(lambda: event_times(loader, "coordinator_restarted")),
-        60,
         "the coordinator to come back",
         poll=0.1,
     )
@@ -358,16 +381,15 @@ def scenario_coordinator_sigkill() -> dict:
     # Let them read on through the restarted coordinator, then lose node n2.
     wait_until(
         lambda: ray.get(first.progress.remote()) >= progress_at_restart[0] + 5,
-        60,
         "progress after the restart",
     )
     node_killed_at = remove_node(cluster, nodes, "n2")
-    wait_until(lambda: event_times(loader, "rank_lost"), 30, "rank_lost after the restart")
+    wait_until(lambda: event_times(loader, "rank_lost"), "rank_lost after the restart")
     lost_event = event_times(loader, "rank_lost")[0]
     outcomes, errors = {}, {}
     for rank, (_, _, run) in consumers.items():
         try:
-            outcomes[rank] = ray.get(run, timeout=90)
+            outcomes[rank] = ray.get(run, timeout=EVENT_TIMEOUT_S)
         except Exception as error:  # noqa: BLE001 - rank 1 dies with its node
             errors[rank] = type(error).__name__
     report = ray.get(audit.report.remote())
@@ -410,6 +432,18 @@ class TrainLedger:
         self.attempts: list[dict] = []
         self.batches: list[tuple] = []  # (attempt, rank, epoch, seq, ids)
         self.checkpoints: list[dict] = []
+        self.stop_requested = False
+        self.epochs_done = 0  # epochs the run finished (rank 0 of the last attempt says)
+
+    def request_stop(self) -> None:
+        """The scenario saw every cue it waits for: finish the current epoch, then stop."""
+        self.stop_requested = True
+
+    def keep_going(self, epoch: int, min_epochs: int) -> bool:
+        return epoch < min_epochs or not self.stop_requested
+
+    def finished(self, epochs: int) -> None:
+        self.epochs_done = epochs
 
     def new_attempt(self, world_size: int, resumed_from: dict | None) -> int:
         self.attempts.append(
@@ -424,7 +458,11 @@ class TrainLedger:
         self.checkpoints.append({**marker, "time": time.time()})
 
     def progress(self) -> dict:
-        return {"attempts": self.attempts, "checkpoints": self.checkpoints}
+        return {
+            "attempts": self.attempts,
+            "checkpoints": self.checkpoints,
+            "epochs_done": self.epochs_done,
+        }
 
     def audit(self, num_samples: int, epochs: int) -> dict:
         """Per epoch: coverage of the ids the model received *up to the checkpoints*: the
@@ -469,8 +507,9 @@ class TrainLedger:
 
 def elastic_loop(config: dict) -> None:
     """Train worker: static rayshard iterator (resumed from Train's latest checkpoint),
-    every batch's ids to the ledger, a checkpoint every `every` batches (mid-epoch) and at
-    the end of each epoch. No model: the loader is what is under test. With `crash_at`,
+    every batch's ids to the ledger, a checkpoint every `every` batches inside an epoch.
+    It runs `epochs` epochs, and on until the scenario calls `request_stop()` (at most
+    `max_epochs`). No model: the loader is what is under test. With `crash_at`,
     rank 1 of the first attempt exits its process after at least that many batches, once
     rank 0 has reported two checkpoints (so the first of them reached Train's controller
     and the restart resumes from a checkpoint)."""
@@ -508,14 +547,23 @@ def elastic_loop(config: dict) -> None:
         if rank == 0:  # reported (not necessarily registered yet: the driver's cue only)
             ray.get(ledger.checkpoint.remote({**marker, "state_epoch": state["epoch"]}))
 
-    while batches.epoch < config["epochs"]:
+    # The run lasts until the scenario saw its cues (then one more epoch boundary), not a
+    # fixed number of epochs: a workload must outlast the events a test waits on. All
+    # ranks decide together (rank 0 asks), so the group leaves at the same epoch.
+    def keep_going() -> bool:
+        verdict = ray.get(ledger.keep_going.remote(batches.epoch, config["epochs"]))
+        return broadcast_from_rank_zero(verdict if rank == 0 else None)
+
+    while keep_going() and batches.epoch < config.get("max_epochs", config["epochs"]):
         epoch = batches.epoch
         for batch in batches:
             seq += 1
             ids = batch["id"][~batch["_padded"]].tolist()
             ray.get(ledger.batch.remote(attempt, rank, epoch, seq, ids))
             time.sleep(config["delay"])
-            if seq % config["every"] == 0:
+            # Checkpoints only inside an epoch (never after its last batch), so every
+            # resume re-plans the rest of an epoch on the new world size.
+            if seq % config["every"] == 0 and batches.epoch == epoch:
                 save(epoch)
             if (
                 config.get("crash_at") is not None
@@ -525,7 +573,8 @@ def elastic_loop(config: dict) -> None:
                 and len(ray.get(ledger.progress.remote())["checkpoints"]) >= 2
             ):
                 os._exit(1)  # a real worker death; Ray Train restarts the group
-        save(epoch)
+    if rank == 0:
+        ray.get(ledger.finished.remote(batches.epoch))
 
 
 def scenario_elastic_trainer() -> dict:
@@ -538,7 +587,7 @@ def scenario_elastic_trainer() -> dict:
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.config import ScalingConfig
 
-    rows, batch_size, epochs = 480, 4, 2
+    rows, batch_size = 480, 4
     data = make_dataset([160, 170, 150], row_group_size=16)
     cluster, nodes = start_cluster(2, head_cpus=0)
     started = time.time()
@@ -559,9 +608,10 @@ def scenario_elastic_trainer() -> dict:
         train_loop_config={
             "loader": loader,
             "ledger": ledger,
-            "epochs": epochs,
+            "epochs": 1,
+            "max_epochs": 40,  # a bound, not a plan: the run stops once the cues were seen
             "every": 4,
-            "delay": 0.15,
+            "delay": 0.1,
         },
         scaling_config=ScalingConfig(
             num_workers=(1, 3),
@@ -589,38 +639,39 @@ def scenario_elastic_trainer() -> dict:
 
     def checkpoints_at(world: int, count: int = 1) -> list:
         """Cue: `count` checkpoints reported at this world size. A worker's reports queue
-        one deep, so once its second report returned the first was taken by Train's
-        controller; one more poll interval and it is the run's latest checkpoint."""
+        one deep, so once its n-th report returned the (n-1)-th was taken by Train's
+        controller: a checkpoint at this world size is registered."""
         progress = ray.get(ledger.progress.remote())
         found = [c for c in progress["checkpoints"] if c["world_size"] == world]
         return found if len(found) >= count else []
 
     timeline = {}
     note("fit started")
-    timeline["first_ckpt_at_2_s"] = wait_until(lambda: checkpoints_at(2, 2), 90, "checkpoints at 2")
+    timeline["first_ckpt_at_2_s"] = wait_until(lambda: checkpoints_at(2, 2), "checkpoints at 2")
     note("checkpoint at 2: adding n3")
     t = time.time()
     add_node(cluster, nodes, "n3")
     timeline["node_added_at_s"] = round(t - started, 2)
     timeline["grown_to_3_after_s"] = round(
-        wait_until(lambda: checkpoints_at(3, 2), 90, "checkpoints at 3"), 2
+        wait_until(lambda: checkpoints_at(3, 3), "checkpoints at 3"), 2
     )
-    time.sleep(1.0)
     note("checkpoint at 3: removing n3, n2")
     t = time.time()
     remove_node(cluster, nodes, "n3")
     remove_node(cluster, nodes, "n2")
     timeline["nodes_removed_at_s"] = round(t - started, 2)
     timeline["shrunk_to_1_after_s"] = round(
-        wait_until(lambda: checkpoints_at(1), 90, "a checkpoint at 1"), 2
+        wait_until(lambda: checkpoints_at(1), "a checkpoint at 1"), 2
     )
     note(f"timeline {timeline}")
-    runner.join(120)
+    ray.get(ledger.request_stop.remote())
+    runner.join(EVENT_TIMEOUT_S)
     if runner.is_alive():
         progress = ray.get(ledger.progress.remote())
         note(f"fit still running: attempts {progress['attempts']}")
         note(f"checkpoints {progress['checkpoints'][-5:]}")
         note(f"loader {loader.stats()}")
+    epochs = ray.get(ledger.progress.remote())["epochs_done"]
     audit = ray.get(ledger.audit.remote(rows, epochs))
     result = {
         "rows": rows,
@@ -652,24 +703,27 @@ def scenario_rank_rejoins_same_number() -> dict:
     started = time.time()
     loader = dynamic_loader(data, "rejoin", batch_size=batch_size, prefetch_depth=2)
     audit = head_audit(rows)
-    first, first_run = start_consumer(loader, audit, 0, 2, "n1", delay)
+    # Rank 0 pauses after 10 batches until rank 1 came back and read: its work must still
+    # be there for the second loss to matter, however slowly n3 starts.
+    first, first_run = start_consumer(loader, audit, 0, 2, "n1", delay, hold_after=10)
     second, _ = start_consumer(loader, audit, 1, 2, "n2", delay)
-    wait_until(lambda: ray.get(second.progress.remote()) >= 4, 60, "rank 1 to read")
+    wait_until(lambda: ray.get(second.progress.remote()) >= 4, "rank 1 to read")
     remove_node(cluster, nodes, "n2")
-    wait_until(lambda: len(event_times(loader, "rank_lost")) >= 1, 30, "the first rank_lost")
+    wait_until(lambda: len(event_times(loader, "rank_lost")) >= 1, "the first rank_lost")
     add_node(cluster, nodes, "n3")
     again, _ = start_consumer(loader, audit, 1, 2, "n3", delay)
-    wait_until(lambda: ray.get(again.progress.remote()) >= 3, 60, "rank 1 (again) to read")
+    wait_until(lambda: ray.get(again.progress.remote()) >= 3, "rank 1 (again) to read")
     killed_at = remove_node(cluster, nodes, "n3")
+    first.release.remote()
     try:
         noticed_s = wait_until(
-            lambda: len(event_times(loader, "rank_lost")) >= 2, 20, "the second rank_lost"
+            lambda: len(event_times(loader, "rank_lost")) >= 2, "the second rank_lost"
         )
     except TimeoutError:
         noticed_s = None
     note(f"second loss noticed after {noticed_s} s")
     try:
-        rank0 = ray.get(first_run, timeout=40)
+        rank0 = ray.get(first_run, timeout=EVENT_TIMEOUT_S)
     except Exception as error:  # noqa: BLE001 - reported
         rank0 = {"error": type(error).__name__}
     stats = loader.stats()

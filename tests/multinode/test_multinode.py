@@ -18,15 +18,14 @@ import sys
 import pytest
 
 from tests.multinode.scenarios import RESULT_PREFIX
+from tests.timeouts import SCENARIO_TIMEOUT_S, scenario_timeout_message
 
-# Whole multi-node clusters on a shared 2-core machine: one rerun absorbs a scheduling
-# hiccup; a real failure fails twice.
-pytestmark = [pytest.mark.slow, pytest.mark.flaky(reruns=1)]
+pytestmark = pytest.mark.slow
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_scenario(name: str, timeout: float) -> dict:
+def run_scenario(name: str) -> dict:
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     env.pop("RAY_ADDRESS", None)  # the scenario makes its own cluster
     try:
@@ -36,7 +35,7 @@ def run_scenario(name: str, timeout: float) -> dict:
             env=env,
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=SCENARIO_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as expired:
         out = (
@@ -50,7 +49,7 @@ def run_scenario(name: str, timeout: float) -> dict:
             else (expired.stderr or "")
         )
         print(_tail(out, err))
-        pytest.fail(f"scenario {name} ran past {timeout}s")
+        pytest.fail(scenario_timeout_message(name))
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith(RESULT_PREFIX)]
     if done.returncode != 0 or not lines:
         print(_tail(done.stdout, done.stderr))
@@ -79,7 +78,7 @@ def test_dynamic_node_loss_and_join_exact_coverage():
     """Dynamic mode: 3 ranks on 3 nodes; one node is killed mid-epoch, a node is added and a
     new rank starts there. Nothing is lost, duplicates are bounded by the dead rank's
     in-flight window, the new rank takes splits, and the events say so."""
-    r = run_scenario("dynamic_node_churn", timeout=150)
+    r = run_scenario("dynamic_node_churn")
     print({k: v for k, v in r.items() if k != "_output"})
     check(r, not r.get("error"), f"scenario error: {r.get('error')}")
     report = r["report"]
@@ -111,14 +110,13 @@ def test_dynamic_node_loss_and_join_exact_coverage():
         f"no rank joined after the loss: {events}",
     )
     check(r, r["lost_reason"] == "reader died", f"rank lost because {r['lost_reason']}")
-    check(r, r["loss_detected_s"] < 15, f"loss detected after {r['loss_detected_s']} s")
 
 
 def test_elastic_torch_trainer_2_3_1_exact_relative_to_checkpoints():
     """A TorchTrainer with num_workers=(1, 3): 2 workers, a node joins -> 3, two nodes are
     killed -> 1; static policy; checkpoints mid-epoch. Over each epoch, the ids the model
     received up to the checkpoints the run resumed from cover the epoch exactly once."""
-    r = run_scenario("elastic_trainer", timeout=240)
+    r = run_scenario("elastic_trainer")
     print({k: v for k, v in r.items() if k not in ("_output", "checkpoints")})
     check(r, not r.get("error"), f"scenario error: {r.get('error')}")
     check(r, r["fit_error"] is None, f"fit failed: {r['fit_error']}")
@@ -138,6 +136,7 @@ def test_elastic_torch_trainer_2_3_1_exact_relative_to_checkpoints():
         )
     ]
     check(r, len(inside) >= 1, f"no resume from inside an epoch: {resumes}")
+    check(r, r["epochs"] >= 1, f"the run finished no epoch: {r['epochs']}")
     for epoch in range(r["epochs"]):
         row = audit["per_epoch"][str(epoch)]
         check(
@@ -153,7 +152,7 @@ def test_coordinator_sigkill_mid_epoch_then_node_loss():
     """The coordinator's process is SIGKILLed mid-epoch (ranks on 3 worker nodes, the
     coordinator on the head): Ray restarts it from its journal and nothing is lost or
     repeated; a node killed afterwards is still noticed by the restarted coordinator."""
-    r = run_scenario("coordinator_sigkill", timeout=150)
+    r = run_scenario("coordinator_sigkill")
     print({k: v for k, v in r.items() if k != "_output"})
     check(r, not r.get("error"), f"scenario error: {r.get('error')}")
     check(r, r["pid_after"] != r["pid_before"], "the coordinator runs in the same process")
@@ -169,13 +168,12 @@ def test_coordinator_sigkill_mid_epoch_then_node_loss():
     # The restart itself repeats nothing; the later node loss at most one in-flight window.
     check(r, epoch["duplicates"] <= 3 * r["batch_size"], f"duplicates: {epoch}")
     check(r, sorted(r["errors"]) == ["1"], f"ranks that failed: {r['errors']} (only 1 died)")
-    check(r, r["coordinator_back_s"] < 30, f"coordinator back after {r['coordinator_back_s']} s")
 
 
 def test_rank_rejoining_under_same_number_is_watched_again():
     """Rank 1 dies with its node, comes back on a replacement node as rank 1, and dies
     again: the second loss must be noticed and the epoch must still complete."""
-    r = run_scenario("rank_rejoins_same_number", timeout=150)
+    r = run_scenario("rank_rejoins_same_number")
     print({k: v for k, v in r.items() if k != "_output"})
     check(r, not r.get("error"), f"scenario error: {r.get('error')}")
     check(
