@@ -337,3 +337,17 @@ def test_reader_threads_read_ahead_in_order(ray_session, dataset):
     one, three = order(1), order(3)
     assert one == three  # threads read pieces ahead, the order stays the plan's
     assert sorted(three[0] + three[1]) == list(range(100))
+
+
+def test_configuration_file_values_are_not_overridden_by_defaults(ray_session, dataset):
+    """`seed` and `equal_steps` left unset take the configuration file's values (the
+    constructor's defaults used to count as explicit and silently won); explicit wins."""
+    from_file = make_loader(dataset, config_file={"seed": 5, "equal_steps": False})
+    assert from_file.settings.plan.seed == 5 and from_file.settings.plan.equal_steps is False
+    from_file.shutdown()
+    explicit = make_loader(dataset, seed=3, equal_steps=True, config_file={"seed": 5})
+    assert explicit.settings.plan.seed == 3 and explicit.settings.plan.equal_steps is True
+    explicit.shutdown()
+    default = make_loader(dataset)
+    assert default.settings.plan.seed == 0 and default.settings.plan.equal_steps is True
+    default.shutdown()
