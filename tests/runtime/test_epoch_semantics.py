@@ -185,3 +185,39 @@ def test_state_after_last_batch_resumes_at_next_epoch_on_another_world(ray_sessi
     assert ids == Counter(range(sum(SIZES)))
     assert all(other.epoch == 2 for other in iterators)
     again.shutdown()
+
+
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_model_parallel_group_members_starting_together(ray_session, dataset, policy):
+    """The two members of each model-parallel group call `iter()` at the same moment (a
+    barrier releases all four ranks at once), epoch after epoch: nobody hangs, the
+    members of a group receive identical batches, and the groups cover every epoch once."""
+    loader = Loader(
+        ParquetSource(dataset),
+        batch_size=8,
+        name=unique_name("mp"),
+        policy=policy,
+        model_parallel_size=2,
+    )
+    world, epochs = 4, 2
+    iterators = [
+        loader.iterator(world_rank=r, world_size=world, batch_format="numpy") for r in range(world)
+    ]
+    barrier = threading.Barrier(world, timeout=120)
+    got: dict = {r: [] for r in range(world)}
+
+    def run(rank):
+        for _ in range(epochs):
+            barrier.wait()  # as a collective would: every member starts the epoch together
+            got[rank].append(_ids(iter(iterators[rank])))
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(180)
+    assert all(len(got[r]) == epochs for r in range(world)), "a member hung"
+    for epoch in range(epochs):
+        assert got[0][epoch] == got[1][epoch] and got[2][epoch] == got[3][epoch]
+        assert Counter(got[0][epoch] + got[2][epoch]) == Counter(range(sum(SIZES)))
+    loader.shutdown()
