@@ -15,17 +15,16 @@ recovery    3 ranks consume a `dynamic` loader (default Ray and loader settings;
               relet_s   until the coordinator hands a surviving rank the first lease that
                         overlaps the dead rank's unacknowledged rows: the recovery time
               served_s  until a surviving consumer receives a batch holding one of them
-            The coordinator is instrumented for this through `__ray_call__` (benchmark
-            only): its `_apply_lease`/`_apply_lost` are wrapped to log the time, the
-            rank and the piece of every lease, and the dead rank's unacknowledged rows
-            (outstanding leases minus acknowledged samples) at the moment of release.
+            The coordinator's `trace()` records the time, the rank and the pieces of
+            every lease, and the dead rank's unacknowledged rows (outstanding leases
+            minus acknowledged samples) at the moment of release.
             Coverage of the epoch is checked (nothing lost; duplicates are the dead
             rank's received-but-unacknowledged batches).
 throughput  the coordinator with 1,000 registered data-parallel ranks and splits of 16
             rows: `LeaseBook.lease`/`ack` in process; `Journal.append` of one lease
             entry in process; the real actor with `lease.remote` from caller actors
             (async, many calls in flight); and the library's batched call
-            `lease_many(rank, count=100)` (the readers' path: up to `count` pieces in
+            `lease(rank, count=100)` (the readers' path: up to `count` pieces in
             one round trip, each journaled). `--profile` samples the
             coordinator with py-spy during the per-call run and lists where time goes.
 epoch       `policy="data"` and `policy="dynamic"` on the same Parquet data (x float32
@@ -152,7 +151,7 @@ def report_tables(results: dict) -> list[str]:
                 "what": "{callers} callers x {inflight_per_caller} in flight".format(**t["config"]),
             },
             {
-                "path": "actor lease_many(100)",
+                "path": "actor lease(count=100)",
                 "rate": t["batched"]["leases_per_s"],
                 "what": "one call, up to 100 pieces for one rank",
             },

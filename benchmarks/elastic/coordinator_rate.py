@@ -21,7 +21,7 @@ TINY_SPLIT = 16
 
 
 def _lease_book_rates(splits: int, ranks: int) -> dict:
-    from rayshard.leases import LeaseBook
+    from rayshard.core.leases import LeaseBook
 
     book = LeaseBook(
         [(i * TINY_SPLIT, (i + 1) * TINY_SPLIT) for i in range(splits)],
@@ -49,13 +49,14 @@ def _lease_book_rates(splits: int, ranks: int) -> dict:
 
 
 def _journal_rate(workdir: Path, count: int) -> float:
+    from rayshard.core.commands import Lease
     from rayshard.runtime.journal import Journal
 
     journal = Journal(str(workdir / "journal-bench.jsonl"), "bench")
     journal.start_fresh()
     began = time.perf_counter()
     for i in range(count):
-        journal.append({"op": "lease", "args": {"dp_rank": i % RANKS, "epoch": 0}})
+        journal.append(Lease(i % RANKS, 0).to_entry())
     return count / (time.perf_counter() - began)
 
 
@@ -72,8 +73,10 @@ class _Caller:
         async def worker(first: int) -> None:
             nonlocal got
             for i in range(first, calls, inflight):
-                piece = await self.coordinator.lease.remote(generation, ranks[i % len(ranks)], 0)
-                got += piece is not None
+                leased = await self.coordinator.lease.remote(
+                    generation, ranks[i % len(ranks)], 0
+                )
+                got += bool(leased.pieces)
 
         began = time.time()
         await asyncio.gather(*(worker(k) for k in range(inflight)))
@@ -192,7 +195,8 @@ def run_throughput(
             ]
         )
         generation = regs[-1]["generation"]
-        ray.get(coordinator.length.remote(generation, 0, 0))  # builds the epoch's lease book
+        # Rank 0 begins the epoch: the coordinator makes its lease book.
+        ray.get(coordinator.start_epoch.remote(generation, 0, 0))
         actors = [ray.remote(num_cpus=0)(_Caller).remote(coordinator) for _ in range(callers)]
         ray.get(
             [
@@ -230,12 +234,12 @@ def run_throughput(
         batch, rounds = 100, max(calls // 100, 1)
         cpu_before = _cpu_s(pid)
         began = time.time()
-        # The library's batched call: `lease_many` hands a rank up to `batch` pieces in
-        # one round trip (readers use it to fill a block of batches per call).
+        # The library's batched call: `lease(count=batch)` hands a rank up to `batch`
+        # pieces in one round trip (readers use it to fill a block of batches per call).
         answers = ray.get(
-            [coordinator.lease_many.remote(generation, k % RANKS, 0, batch) for k in range(rounds)]
+            [coordinator.lease.remote(generation, k % RANKS, 0, batch) for k in range(rounds)]
         )
-        got = sum(len(a) for a in answers if isinstance(a, list))
+        got = sum(len(a.pieces) for a in answers)
         wall = time.time() - began
         out["batched"] = {
             "batch": batch,

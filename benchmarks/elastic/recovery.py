@@ -44,32 +44,16 @@ def write_ids(folder: Path, rows: int, files: int = 3) -> list[str]:
     return paths
 
 
-def _instrument(coordinator) -> None:
-    """Runs inside the coordinator actor: log every lease and the unacknowledged rows of a
-    rank at its release, with `time.time()` stamps."""
-    from rayshard.plan import intervals as iv
-
-    log = coordinator._bench_log = {"leases": [], "lost": []}
-    apply_lease, apply_lost = coordinator._apply_lease, coordinator._apply_lost
-
-    def lease(dp_rank, epoch):
-        piece = apply_lease(dp_rank=dp_rank, epoch=epoch)
-        log["leases"].append((time.time(), dp_rank, piece))
-        return piece
-
-    def lost(dp_rank, reason):
-        unacked = []
-        for book in coordinator._books.values():
-            held = [(le.start, le.end) for le in book.outstanding(dp_rank)]
-            unacked += iv.subtract(iv.normalize(held), book.consumed())
-        apply_lost(dp_rank=dp_rank, reason=reason)
-        log["lost"].append((time.time(), dp_rank, [list(r) for r in unacked]))
-
-    coordinator._apply_lease, coordinator._apply_lost = lease, lost
-
-
-def _bench_log(coordinator) -> dict:
-    return coordinator._bench_log
+def _trace_log(trace: list) -> dict:
+    """The coordinator's trace as {"leases": [(time, rank, piece)], "lost": [(time, rank,
+    unacknowledged pieces)]}."""
+    log: dict = {"leases": [], "lost": []}
+    for when, kind, rank, pieces in trace:
+        if kind == "lease":
+            log["leases"] += [(when, rank, list(piece)) for piece in pieces] or [(when, rank, None)]
+        else:
+            log["lost"].append((when, rank, [list(piece) for piece in pieces]))
+    return log
 
 
 class Consumer(threading.Thread):
@@ -113,7 +97,7 @@ def recovery_once(paths: list[str], mode: str, rows: int, world: int = 3) -> dic
     )
     coordinator = loader._coordinator
     try:
-        ray.get(coordinator.__ray_call__.remote(_instrument))
+        ray.get(coordinator.trace.remote(True))
         its = [
             loader.iterator(world_rank=r, world_size=world, batch_format="numpy")
             for r in range(world)
@@ -141,7 +125,7 @@ def recovery_once(paths: list[str], mode: str, rows: int, world: int = 3) -> dic
         if survivors_failed:
             raise RuntimeError(f"a surviving rank failed: {survivors_failed}")
         stats = loader.stats()
-        log = ray.get(coordinator.__ray_call__.remote(_bench_log))
+        log = _trace_log(ray.get(coordinator.trace.remote(False)))
     finally:
         for it in its if "its" in locals() else ():
             with contextlib.suppress(Exception):  # the victim's reader is already dead

@@ -3,7 +3,8 @@ coordinator can replay them and go on with the same epoch, leases and progress.
 
 No pickle: every line is JSON. The first line names the loader; a journal of another
 loader, or one corrupt before its last line, is refused. A torn last line (a crash in the
-middle of a write) is dropped with a warning.
+middle of a write) is dropped with a warning. `compact(state)` replaces the file, in one
+atomic rename, by its header and one `snapshot` line: replay starts from there.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 from rayshard.errors import ConfigError
 
 log = logging.getLogger(__name__)
-JOURNAL_VERSION = 1
+JOURNAL_VERSION = 2  # 2: commands of rayshard.core.commands, and snapshots
 
 
 class Journal:
@@ -53,6 +54,23 @@ class Journal:
 
     def append(self, entry: dict) -> None:
         self._write(entry)
+
+    def compact(self, state: dict) -> None:
+        """Replace everything recorded so far by one snapshot of the state it led to."""
+        temporary = f"{self.path}.compact"
+        with open(temporary, "w", encoding="utf-8") as handle:
+            for entry in (
+                {"op": "header", "version": JOURNAL_VERSION, "loader": self.loader_id},
+                {"op": "snapshot", "state": state},
+            ):
+                handle.write(json.dumps(entry, separators=(",", ":")) + "\n")
+            handle.flush()
+            if self._fsync:
+                os.fsync(handle.fileno())
+        if self._handle is not None:
+            self._handle.close()
+        os.replace(temporary, self.path)
+        self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
 
     def _write(self, entry: dict) -> None:
         self._handle.write(json.dumps(entry, separators=(",", ":")) + "\n")

@@ -111,13 +111,11 @@ class ShardReader:
         }
 
     def _begin_epoch(self, generation: int, epoch: int) -> None:
-        coordinator, rank = self._coordinator, self._dp_rank
-        if self._settings.policy is ShardingPolicy.DYNAMIC:
-            batches = ray.get(coordinator.length.remote(generation, rank, epoch))
+        started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
+        batches, plan = started["batches"], started["plan"]
+        if plan is None:  # dynamic
             produce = self._dynamic_rows(generation, epoch)
         else:
-            plan = ray.get(coordinator.rank_plan.remote(generation, rank, epoch))
-            batches = plan.batches
             produce = self._static_rows(plan, epoch)
         self._stop_thread()
         with self._cond:
@@ -220,17 +218,13 @@ class ShardReader:
         sizes = sorted(end - start for start, end in self._splits) or [1]
         count = max(1, -(-settings.block_batches * batch_size // sizes[len(sizes) // 2]))
         while not self._cancel.is_set():
-            pieces = ray.get(
-                coordinator.lease_many.remote(generation, rank, epoch, count, finishing)
-            )
-            if pieces == "wait":
+            leased = ray.get(coordinator.lease.remote(generation, rank, epoch, count, finishing))
+            if leased.wait:
                 yield FLUSH  # deliver what we hold: others may be waiting for those rows
                 self._cancel.wait(settings.lease_poll_s)
                 continue
-            if pieces is not None:
-                parts = reading_pieces(
-                    [tuple(p) for p in pieces], self._splits, shuffle=False, rng_key=""
-                )
+            if leased.pieces:
+                parts = reading_pieces(list(leased.pieces), self._splits, shuffle=False, rng_key="")
                 for batch in iter_rows(self._source, parts, settings.columns):
                     rows_out += batch.num_rows
                     last_index = int(np.asarray(batch.column(-2))[-1])
@@ -245,9 +239,9 @@ class ShardReader:
                 # (the coordinator then waits for the others' open leases).
                 finishing = True
                 continue
-            count = min(batch_size - rows_out % batch_size, target - rows_out)
-            yield from pad_rows(self._source, count, last_index, settings.columns, pad_cache)
-            rows_out += count
+            pad = min(batch_size - rows_out % batch_size, target - rows_out)
+            yield from pad_rows(self._source, pad, last_index, settings.columns, pad_cache)
+            rows_out += pad
 
     def _read_loop(self, rows: Iterator[pa.RecordBatch], cancel: threading.Event) -> None:
         """Batches go to the object store in blocks (one `ray.put` and one fetch per block,

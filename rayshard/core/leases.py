@@ -124,20 +124,19 @@ class LeaseBook:
         ]:
             del self._leases[lease_id]
 
-    def release(self, rank: int) -> int:
+    def release(self, rank: int) -> list[tuple[int, int]]:
         """`rank` died or left: the unacknowledged rest of its leases goes back to the front
-        of the queue, and the survivors' capacities grow to take it. Returns the rows."""
+        of the queue, and the survivors' capacities grow to take it. Returns those pieces."""
         done = self.consumed()
         back: list[tuple[int, int]] = []
         for lease in self.outstanding(rank):
             back.extend(iv.subtract(((lease.start, lease.end),), done))
             del self._leases[lease.lease_id]
         self._queue.extendleft(reversed(back))
-        rows = iv.total(back)
-        self.requeued_rows += rows
+        self.requeued_rows += iv.total(back)
         self._capacity.pop(rank, None)
         self._set_capacities(self.ranks, initial=False)
-        return rows
+        return back
 
     def join(self, rank: int) -> None:
         """A new rank takes part from now on (capacities of everyone are re-spread)."""
@@ -170,6 +169,34 @@ class LeaseBook:
             r: self._leased.get(r, 0) + max(spare[r], 0) + max(share - max(spare[r], 0), 0)
             for r in ranks
         }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The whole book, JSON-safe (the coordinator's journal snapshots hold it)."""
+        return {
+            "queue": [list(p) for p in self._queue],
+            "batch": self._batch,
+            "equal": self._equal,
+            "consumed": [list(r) for r in self.consumed()],
+            "leases": [[le.lease_id, le.rank, le.start, le.end] for le in self._leases.values()],
+            "next_id": self._next_id,
+            "leased": [[r, n] for r, n in sorted(self._leased.items())],
+            "capacity": [[r, c] for r, c in sorted(self._capacity.items())],
+            "requeued_rows": self.requeued_rows,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> LeaseBook:
+        """The book `to_dict` described."""
+        book = cls([], [], data["batch"], equal_steps=data["equal"])
+        book._queue = collections.deque(tuple(p) for p in data["queue"])
+        book._consumed_norm = tuple(tuple(r) for r in data["consumed"])
+        book._consumed = list(book._consumed_norm)
+        book._leases = {i: Lease(i, r, s, e) for i, r, s, e in data["leases"]}
+        book._next_id = data["next_id"]
+        book._leased = {r: n for r, n in data["leased"]}
+        book._capacity = {r: c for r, c in data["capacity"]}
+        book.requeued_rows = data["requeued_rows"]
+        return book
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-safe summary for stats and debugging."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayshard.leases import LeaseBook
+from rayshard.core.leases import LeaseBook
 from rayshard.plan import intervals as iv
 
 

@@ -1,0 +1,172 @@
+"""What the coordinator is asked to change (commands) and what it decided (decisions).
+
+Commands are small frozen dataclasses, JSON-safe, and carry every outside value the core
+needs (the clock included), so replaying a journal of them rebuilds the same state. The
+coordinator actor builds a command per request, applies it to the pure core, journals it
+and carries out the decision (reply, metrics, watches).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """Base of every journaled change; `kind` names it in the journal."""
+
+    kind: ClassVar[str] = ""
+
+    def to_entry(self) -> dict[str, Any]:
+        return {"op": self.kind, "args": dataclasses.asdict(self)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Register(Command):
+    """A worker joins: world rank and size, its data-parallel rank and size."""
+
+    kind: ClassVar[str] = "register"
+    world_rank: int
+    world_size: int
+    dp_rank: int
+    dp_size: int
+    time: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Attach(Command):
+    """The reader actor `name` of `dp_rank` exists (created or found by a worker)."""
+
+    kind: ClassVar[str] = "attach"
+    dp_rank: int
+    name: str
+
+
+@dataclasses.dataclass(frozen=True)
+class StartEpoch(Command):
+    """A static-policy rank asks for its plan of `epoch`."""
+
+    kind: ClassVar[str] = "epoch"
+    dp_rank: int
+    epoch: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Lease(Command):
+    """A dynamic rank asks for up to `count` pieces of `epoch`; `finishing`: it reached its
+    equal step count, so only work returned by a lost rank may follow."""
+
+    kind: ClassVar[str] = "lease"
+    dp_rank: int
+    epoch: int
+    count: int = 1
+    finishing: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Ack(Command):
+    """Consumers of `dp_rank` received batches up to their `batches`-th, holding `ids`."""
+
+    kind: ClassVar[str] = "ack"
+    dp_rank: int
+    epoch: int
+    batches: int
+    ids: tuple[tuple[int, int], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Lost(Command):
+    """`dp_rank` is gone (its reader died, it left, or it was replaced)."""
+
+    kind: ClassVar[str] = "lost"
+    dp_rank: int
+    reason: str
+    time: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Restore(Command):
+    """Resume from a saved loader state (a new generation, same members)."""
+
+    kind: ClassVar[str] = "restore"
+    state: dict
+    time: float = 0.0
+
+
+COMMANDS: dict[str, type[Command]] = {
+    c.kind: c for c in (Register, Attach, StartEpoch, Lease, Ack, Lost, Restore)
+}
+
+
+def command_from_entry(entry: dict[str, Any]) -> Command:
+    """The command a journal line holds (the inverse of `Command.to_entry`)."""
+    cls = COMMANDS[entry["op"]]
+    args = dict(entry["args"])
+    if cls is Ack:
+        args["ids"] = tuple(tuple(pair) for pair in args["ids"])
+    return cls(**args)
+
+
+# -- decisions ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Registered:
+    """The generation the worker registered under and the name of its rank's reader."""
+
+    generation: int
+    reader: str
+    dp_size: int
+    loader: str
+    dynamic: bool
+
+    def reply(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class Leased:
+    """Pieces `[start, end)` for the rank; none and `wait`: ask again shortly (work may
+    still come back from another rank); none and not `wait`: the rank's epoch is over."""
+
+    pieces: tuple[tuple[int, int], ...] = ()
+    wait: bool = False
+    outstanding: int = 0  # leases not finished, for the metrics
+
+    @property
+    def done(self) -> bool:
+        return not self.pieces and not self.wait
+
+
+@dataclasses.dataclass(frozen=True)
+class RankLost:
+    """What went back to the queue when a rank was lost (empty if it was not a member)."""
+
+    dp_rank: int
+    requeued: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def requeued_rows(self) -> int:
+        return sum(end - start for start, end in self.requeued)
+
+
+@dataclasses.dataclass(frozen=True)
+class Noted:
+    """A change with nothing to answer but the fact that it was recorded."""
+
+
+__all__ = [
+    "COMMANDS",
+    "Ack",
+    "Attach",
+    "Command",
+    "Lease",
+    "Leased",
+    "Lost",
+    "Noted",
+    "RankLost",
+    "Register",
+    "Registered",
+    "Restore",
+    "StartEpoch",
+    "command_from_entry",
+]

@@ -1,0 +1,389 @@
+"""The coordinator's state and its transitions, without Ray: membership, plans, lease books,
+progress and events.
+
+`CoordinatorCore.apply(command)` is the only way the state changes; it reads no clock
+(times come in the commands), draws no random number and touches no metrics, so replaying
+the journal of applied commands, or loading a snapshot (`to_dict`) and replaying what
+followed it, rebuilds the same state. Everything else here is a query. The Ray actor
+(`rayshard.runtime.coordinator`) checks a request, builds the command, applies it, journals
+it and carries out the decision.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rayshard.core import commands as cmd
+from rayshard.core.leases import LeaseBook
+from rayshard.core.planning import epoch_plan
+from rayshard.errors import StaleClientError
+from rayshard.plan import EpochPlan, RankPlan
+from rayshard.plan import intervals as iv
+from rayshard.settings import LoaderSettings
+from rayshard.sharding import ShardingPolicy, assign
+from rayshard.sources.base import Source
+from rayshard.state import LoaderState
+
+
+@dataclasses.dataclass
+class Membership:
+    """The ranks of one generation and their readers."""
+
+    generation: int
+    dp_size: int
+    world_size: int
+    ranks: set[int] = dataclasses.field(default_factory=set)  # registered dp ranks
+    world: dict[int, int] = dataclasses.field(default_factory=dict)  # world rank -> dp rank
+    readers: dict[int, str] = dataclasses.field(default_factory=dict)  # dp rank -> actor name
+
+
+class CoordinatorCore:
+    """Epoch, membership, plan and progress of one loader (see module docstring)."""
+
+    def __init__(self, loader_id: str, source: Source, settings: LoaderSettings) -> None:
+        self.loader_id = loader_id
+        self.source = source
+        self.settings = settings
+        self.num_samples = source.layout().num_samples
+        self.dynamic = settings.policy is ShardingPolicy.DYNAMIC
+        self.members: Membership | None = None
+        self.started: set[int] = set()  # epochs some rank began (static plans)
+        self.books: dict[int, LeaseBook] = {}
+        self.rank_epoch: dict[int, int] = {}
+        self.resume: LoaderState | None = None
+        # epoch -> dp rank -> batches received; epoch -> consumed intervals (all ranks)
+        self.received: dict[int, dict[int, int]] = {}
+        self.consumed: dict[int, list[iv.Interval]] = {}
+        self.events: list[dict] = []
+        self.readers_named = 0
+        self._plans: dict[tuple, EpochPlan] = {}  # a cache: plans are pure functions
+
+    # -- the one way to change the state ---------------------------------------------------
+    def apply(self, command: cmd.Command) -> Any:
+        """Carry out `command`; returns its decision."""
+        handler = {
+            cmd.Register: self._register,
+            cmd.Attach: self._attach,
+            cmd.StartEpoch: self._start_epoch,
+            cmd.Lease: self._lease,
+            cmd.Ack: self._ack,
+            cmd.Lost: self._lost,
+            cmd.Restore: self._restore,
+        }[type(command)]
+        return handler(command)
+
+    def _register(self, c: cmd.Register) -> cmd.Registered:
+        members = self.members
+        if members is None or (not self.dynamic and members.dp_size != c.dp_size):
+            members = self._new_generation(c.dp_size, c.world_size, c.time)
+        if members.world.get(c.world_rank) == c.dp_rank and c.dp_rank in members.ranks:
+            # The same worker registers again (a restarted worker, a new iterator): the old
+            # one is gone, even if its reader's death has not been noticed yet.
+            self._lost(cmd.Lost(c.dp_rank, "replaced", c.time))
+        members.world[c.world_rank] = c.dp_rank
+        if self.dynamic and c.dp_rank not in members.ranks:
+            members.dp_size = max(members.dp_size, c.dp_rank + 1)
+            for book in self.books.values():
+                book.join(c.dp_rank)
+            if members.ranks:
+                self._event("rank_joined", c.time, dp_rank=c.dp_rank)
+        members.ranks.add(c.dp_rank)
+        if c.dp_rank not in members.readers:
+            # A fresh name per reader: a rank that comes back after its reader died gets a
+            # new reader, watched anew. Members of one group share the name given first.
+            self.readers_named += 1
+            members.readers[c.dp_rank] = (
+                f"{self.loader_id}:reader:g{members.generation}:r{c.dp_rank}:{self.readers_named}"
+            )
+        return cmd.Registered(
+            members.generation,
+            members.readers[c.dp_rank],
+            members.dp_size,
+            self.loader_id,
+            self.dynamic,
+        )
+
+    def _attach(self, c: cmd.Attach) -> cmd.Noted:
+        if self.members is not None:
+            self.members.readers.setdefault(c.dp_rank, c.name)
+        return cmd.Noted()
+
+    def _start_epoch(self, c: cmd.StartEpoch) -> RankPlan | int:
+        """Static: the rank's plan of the epoch; dynamic: its batch count (the epoch's lease
+        book is made now, with the ranks known now)."""
+        self.rank_epoch[c.dp_rank] = c.epoch
+        if self.dynamic:
+            self._book(c.epoch)
+            return self.length(c.dp_rank, c.epoch)
+        self.started.add(c.epoch)
+        return self.plan(c.epoch).ranks[c.dp_rank]
+
+    def _lease(self, c: cmd.Lease) -> cmd.Leased:
+        self.rank_epoch[c.dp_rank] = c.epoch
+        book = self._book(c.epoch)
+        pieces = self._take(book, c.dp_rank, c.count)
+        if not pieces and c.finishing and book.unleased_rows():
+            # Capacity held for declared ranks that never came: give it to the living.
+            for rank in [r for r in book.ranks if r not in self.members.ranks]:
+                book.release(rank)
+            pieces = self._take(book, c.dp_rank, c.count)
+        wait = False
+        if not pieces and (c.finishing or not self.settings.plan.equal_steps):
+            # A rank that may end (no equal steps, or past its last step) stays until no
+            # other rank holds unfinished work that could come back if that rank died.
+            book.close_finished()
+            wait = any(le.rank != c.dp_rank for le in book.outstanding())
+        return cmd.Leased(tuple(pieces), wait, book.outstanding_count())
+
+    @staticmethod
+    def _take(book: LeaseBook, rank: int, count: int) -> list[tuple[int, int]]:
+        pieces = []
+        while len(pieces) < count:
+            lease = book.lease(rank)
+            if lease is None:
+                break
+            pieces.append((lease.start, lease.end))
+        return pieces
+
+    def _ack(self, c: cmd.Ack) -> cmd.Noted:
+        counts = self.received.setdefault(c.epoch, {})
+        counts[c.dp_rank] = max(counts.get(c.dp_rank, 0), c.batches)
+        self.consumed.setdefault(c.epoch, []).extend(c.ids)
+        if c.epoch in self.books:
+            self.books[c.epoch].ack(c.ids)
+        return cmd.Noted()
+
+    def _lost(self, c: cmd.Lost) -> cmd.RankLost:
+        members = self.members
+        if members is None or c.dp_rank not in members.ranks:
+            return cmd.RankLost(c.dp_rank)
+        members.ranks.discard(c.dp_rank)
+        members.readers.pop(c.dp_rank, None)
+        requeued = [p for book in self.books.values() for p in book.release(c.dp_rank)]
+        self._event(
+            "rank_lost",
+            c.time,
+            dp_rank=c.dp_rank,
+            reason=c.reason,
+            requeued_rows=iv.total(requeued),
+        )
+        return cmd.RankLost(c.dp_rank, tuple(requeued))
+
+    def _restore(self, c: cmd.Restore) -> cmd.Noted:
+        self.resume = LoaderState.from_dict(c.state, expect_loader=self.loader_id)
+        self._forget_progress()
+        self.members.generation += 1
+        return cmd.Noted()
+
+    # -- queries ---------------------------------------------------------------------------
+    def check(self, generation: int) -> Membership:
+        """The membership, if `generation` is current; else a `StaleClientError`."""
+        members = self.members
+        if members is None or generation != members.generation:
+            current = members.generation if members else None
+            raise StaleClientError(
+                f"client of generation {generation} talks to a loader at generation {current}: "
+                "the worker group changed since this iterator was made; take a new one"
+            )
+        return members
+
+    def check_epoch(self, generation: int, dp_rank: int, epoch: int) -> None:
+        self.check(generation)
+        last = self.rank_epoch.get(dp_rank)
+        if last is not None and epoch < last:
+            raise StaleClientError(
+                f"data-parallel rank {dp_rank} asked for epoch {epoch}, but it already started "
+                f"epoch {last}: this iterator is stale; take a new one from the loader"
+            )
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The static plan of `epoch` for the current membership (and resume point)."""
+        key = (self.members.generation, self.members.dp_size, epoch)
+        if key not in self._plans:
+            self._plans[key] = epoch_plan(
+                self.settings, self.source, self.members.dp_size, epoch, self.resume
+            )
+        return self._plans[key]
+
+    def length(self, dp_rank: int, epoch: int) -> int:
+        """Batches `dp_rank` yields in `epoch` (dynamic: as the lease book stands now)."""
+        if not self.dynamic:
+            return self.plan(epoch).ranks[dp_rank].batches
+        book = self.books.get(epoch) or self._new_book(epoch)  # not kept: a query
+        steps = book.steps(dp_rank) if dp_rank in book.ranks else None
+        if steps is None:  # no equal steps: an even share of what is left, as an estimate
+            rows = book.unleased_rows() + sum(le.end - le.start for le in book.outstanding())
+            steps = -(-rows // (max(len(book.ranks), 1) * self.settings.plan.batch_size))
+        return steps
+
+    def steps(self, dp_rank: int, epoch: int) -> int | None:
+        """Final batch count of `dp_rank` under equal steps (asked once its leases ran out)."""
+        book = self.books.get(epoch)
+        return book.steps(dp_rank) if book is not None else None
+
+    def begun(self, epoch: int) -> bool:
+        return epoch in self.started or epoch in self.books
+
+    def settled(self, epoch: int, received: int) -> bool:
+        """Every active rank acknowledged `received` batches of `epoch` (or all it has)."""
+        counts = self.received.get(epoch, {})
+        return all(
+            counts.get(r, 0) >= min(received, self.total(epoch, r)) for r in self.active_ranks()
+        )
+
+    def state_at(self, epoch: int, received: int) -> dict:
+        """The loader-wide state once `settled(epoch, received)`: the next epoch's start if
+        `epoch` is complete, else what of it was consumed."""
+        if not self.begun(epoch):
+            return self.state_dict(epoch, self.resumed_consumed(epoch))
+        consumed = self.all_consumed(epoch)
+        if received > 0 and not iv.subtract(self.epoch_samples(epoch), consumed):
+            return self.state_dict(epoch + 1, ())
+        return self.state_dict(epoch, consumed)
+
+    def active_ranks(self) -> list[int]:
+        return sorted(self.members.ranks) if self.members else []
+
+    def resumed_consumed(self, epoch: int) -> iv.Intervals:
+        resume = self.resume
+        return resume.consumed if resume is not None and resume.epoch == epoch else ()
+
+    def all_consumed(self, epoch: int) -> iv.Intervals:
+        return iv.normalize([*self.consumed.get(epoch, []), *self.resumed_consumed(epoch)])
+
+    def epoch_samples(self, epoch: int) -> iv.Intervals:
+        if epoch in self.started:
+            return iv.normalize([*self.plan(epoch).delivered(), *self.resumed_consumed(epoch)])
+        return ((0, self.num_samples),)
+
+    def state_dict(self, epoch: int, consumed: iv.Intervals) -> dict:
+        members = self.members
+        return LoaderState(
+            loader=self.loader_id,
+            epoch=epoch,
+            seed=self.settings.plan.seed,
+            consumed=tuple(consumed),
+            world_size=members.dp_size if members else 0,
+            num_samples=self.num_samples,
+        ).to_dict()
+
+    def epoch_complete(self, epoch: int) -> bool:
+        """Every sample of a begun `epoch` was acknowledged (a point to compact the journal)."""
+        return self.begun(epoch) and not iv.subtract(
+            self.epoch_samples(epoch), self.all_consumed(epoch)
+        )
+
+    # -- snapshots (journal compaction) ----------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The whole state, JSON-safe; `load_dict` on a fresh core rebuilds it."""
+        m = self.members
+        return {
+            "members": None
+            if m is None
+            else {
+                "generation": m.generation,
+                "dp_size": m.dp_size,
+                "world_size": m.world_size,
+                "ranks": sorted(m.ranks),
+                "world": [[w, d] for w, d in sorted(m.world.items())],
+                "readers": [[d, n] for d, n in sorted(m.readers.items())],
+            },
+            "started": sorted(self.started),
+            "books": [[e, b.to_dict()] for e, b in sorted(self.books.items())],
+            "rank_epoch": [[r, e] for r, e in sorted(self.rank_epoch.items())],
+            "resume": None if self.resume is None else self.resume.to_dict(),
+            "received": [
+                [e, sorted([r, n] for r, n in c.items())] for e, c in sorted(self.received.items())
+            ],
+            "consumed": [
+                [e, [list(p) for p in iv.normalize(c)]] for e, c in sorted(self.consumed.items())
+            ],
+            "events": list(self.events),
+            "readers_named": self.readers_named,
+        }
+
+    def load_dict(self, data: dict[str, Any]) -> None:
+        m = data["members"]
+        self.members = (
+            None
+            if m is None
+            else Membership(
+                m["generation"],
+                m["dp_size"],
+                m["world_size"],
+                set(m["ranks"]),
+                {w: d for w, d in m["world"]},
+                {d: n for d, n in m["readers"]},
+            )
+        )
+        self.started = set(data["started"])
+        self.books = {e: LeaseBook.from_dict(b) for e, b in data["books"]}
+        self.rank_epoch = {r: e for r, e in data["rank_epoch"]}
+        self.resume = None if data["resume"] is None else LoaderState.from_dict(data["resume"])
+        self.received = {e: {r: n for r, n in c} for e, c in data["received"]}
+        self.consumed = {e: [tuple(p) for p in c] for e, c in data["consumed"]}
+        self.events = list(data["events"])
+        self.readers_named = data["readers_named"]
+        self._plans.clear()
+
+    # -- internals -------------------------------------------------------------------------
+    def _new_generation(self, dp_size: int, world_size: int, time: float) -> Membership:
+        old = self.members
+        if old is not None:
+            epochs = sorted({*self.received, *self.started, *self.books})
+            if epochs:
+                epoch = epochs[-1]
+                self.resume = LoaderState(
+                    self.loader_id,
+                    epoch,
+                    self.settings.plan.seed,
+                    self.all_consumed(epoch),
+                    old.dp_size,
+                    self.num_samples,
+                )
+            self._forget_progress()
+            self._event("new_generation", time, dp_size=dp_size)
+        generation = old.generation + 1 if old else 1
+        self.members = Membership(generation, dp_size, world_size)
+        return self.members
+
+    def _forget_progress(self) -> None:
+        self.started.clear()
+        self.books.clear()
+        self.received.clear()
+        self.consumed.clear()
+        self.rank_epoch.clear()
+
+    def _book(self, epoch: int) -> LeaseBook:
+        if epoch not in self.books:
+            self.books[epoch] = self._new_book(epoch)
+        return self.books[epoch]
+
+    def _new_book(self, epoch: int) -> LeaseBook:
+        members = self.members
+        assignment = assign(
+            ShardingPolicy.DYNAMIC, self.settings.plan, self.source, max(members.dp_size, 1), epoch
+        )
+        # Every declared rank gets a share from the start, registered yet or not, so equal
+        # steps hold when ranks register at slightly different times.
+        return LeaseBook(
+            assignment.splits,
+            sorted(members.ranks | set(range(members.dp_size))),
+            self.settings.plan.batch_size,
+            equal_steps=self.settings.plan.equal_steps,
+            consumed=self.resumed_consumed(epoch),
+        )
+
+    def total(self, epoch: int, dp_rank: int) -> int:
+        """Batches `dp_rank` receives in a begun `epoch` (a huge number when unknown)."""
+        if epoch in self.started:
+            return self.plan(epoch).ranks[dp_rank].batches
+        steps = self.books[epoch].steps(dp_rank) if epoch in self.books else None
+        return steps if steps is not None else 1 << 62
+
+    def _event(self, kind: str, time: float, **details: Any) -> None:
+        self.events.append({"time": time, "event": kind, **details})
+
+
+__all__ = ["CoordinatorCore", "Membership"]
