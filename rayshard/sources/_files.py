@@ -24,6 +24,7 @@ from rayshard.errors import ConfigError, DataError
 from rayshard.plan import DataLayout
 from rayshard.sources._paths import resolve_paths
 from rayshard.sources.base import Source
+from rayshard.sources.cache import FileCache, is_remote, with_retries
 
 #: How many opened files a process keeps (bounded, so huge datasets do not exhaust fds).
 OPEN_FILES_CACHE = 64
@@ -99,6 +100,8 @@ class ChunkedFileSource(Source):
         filesystem: pafs.FileSystem | None = None,
         *,
         split_rows: int | None = None,
+        cache_dir: str | os.PathLike | None = None,
+        cache_limit: int = 10 << 30,
     ) -> None:
         if split_rows is not None and (
             isinstance(split_rows, bool) or not isinstance(split_rows, int) or split_rows < 1
@@ -132,6 +135,7 @@ class ChunkedFileSource(Source):
         self._full_schema = schema_of[1]
         self._columns = check_columns(columns, self._full_schema, "the dataset")
         self._split_rows = split_rows
+        self._cache = FileCache(cache_dir, cache_limit) if cache_dir is not None else None
         self._layout = DataLayout.of_files([f.num_rows for f in files])
         self._init_process_state()
 
@@ -231,8 +235,13 @@ class ChunkedFileSource(Source):
 
     def _chunk(self, f: int, chunk: int, columns: list[str] | None) -> pa.Table:
         file = self._files[f]
+        remote = is_remote(self._filesystems[file.fs_index])
         try:
-            table = self._read_chunk(self._handle(f), chunk, columns)
+            table = with_retries(
+                lambda: self._read_chunk(self._handle(f), chunk, columns),
+                remote=remote,
+                on_retry=lambda: self._drop_handle(f),
+            )
         except DataError:
             raise
         except (pa.ArrowException, OSError, ValueError) as error:
@@ -256,8 +265,15 @@ class ChunkedFileSource(Source):
                 self._handles.move_to_end(key)
                 return handle
         file = self._files[f]
+        fs = self._filesystems[file.fs_index]
         try:
-            handle = self._open(self._filesystems[file.fs_index], file.path)
+            if self._cache is not None and is_remote(fs):
+                handle = self._open(pafs.LocalFileSystem(), self._cache.local_path(fs, file.path))
+                if f + 1 < len(self._files):  # the next file, while this one is read
+                    following = self._files[f + 1]
+                    self._cache.prefetch(self._filesystems[following.fs_index], following.path)
+            else:
+                handle = self._open(fs, file.path)
         except (pa.ArrowException, OSError) as error:
             raise DataError(f"{file.display}: cannot open the file any more ({error})") from error
         with self._handles_lock:
@@ -266,6 +282,15 @@ class ChunkedFileSource(Source):
             while len(self._handles) > OPEN_FILES_CACHE:
                 self._handles.popitem(last=False)
         return handle
+
+    def _drop_handle(self, f: int) -> None:
+        """Forget this thread's handle of file `f` (a failed remote read reopens it)."""
+        with self._handles_lock:
+            self._handles.pop((threading.get_ident(), f), None)
+
+    def cache_stats(self) -> dict[str, int] | None:
+        """This process's cache counters (hits, downloads, bytes fetched, evictions)."""
+        return dict(self._cache.stats) if self._cache is not None else None
 
     def describe(self) -> str:
         first = self._files[0].display

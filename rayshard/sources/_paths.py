@@ -42,7 +42,13 @@ def resolve_paths(
                 raise ConfigError(f"the glob {display!r} matches no file: check the pattern")
             out.extend((fs, p, _display(display, path, p)) for p in matched)
             continue
-        info = fs.get_file_info(path)
+        try:
+            info = fs.get_file_info(path)
+        except (pa.ArrowException, OSError) as error:
+            raise ConfigError(
+                f"{display}: cannot be looked up ({error}); check the bucket, the path and "
+                "the credentials (for S3: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a role)"
+            ) from error
         if info.type == pafs.FileType.NotFound:
             raise ConfigError(f"{display}: no such file or folder (check the path)")
         if info.type == pafs.FileType.Directory:
@@ -59,7 +65,7 @@ def _filesystem_of(
     raw: str, filesystem: pafs.FileSystem | None
 ) -> tuple[pafs.FileSystem, str, str]:
     if filesystem is not None:
-        return filesystem, raw, raw
+        return filesystem, _strip_scheme(raw, filesystem), raw
     if "://" in raw:
         try:
             fs, path = pafs.FileSystem.from_uri(raw)
@@ -68,6 +74,24 @@ def _filesystem_of(
         return fs, path, raw
     path = os.path.abspath(raw)
     return pafs.LocalFileSystem(), path, raw
+
+
+_SCHEMES = {"s3": ("s3",), "gcs": ("gs", "gcs"), "local": ("file",), "hdfs": ("hdfs",)}
+
+
+def _strip_scheme(raw: str, filesystem: pafs.FileSystem) -> str:
+    """A path for `filesystem`: `s3://bucket/key` with an `S3FileSystem` is `bucket/key`
+    (pyarrow's filesystems take paths without a scheme); a scheme of another filesystem is
+    an error naming both."""
+    if "://" not in raw:
+        return raw
+    scheme, rest = raw.split("://", 1)
+    if scheme.lower() not in _SCHEMES.get(filesystem.type_name, (filesystem.type_name,)):
+        raise ConfigError(
+            f"{raw}: a {scheme}:// path with filesystem={type(filesystem).__name__}; pass the "
+            f"path without its scheme, or leave filesystem out so that pyarrow picks one"
+        )
+    return rest
 
 
 def _display(display_root: str, root: str, path: str) -> str:

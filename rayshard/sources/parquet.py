@@ -28,6 +28,12 @@ class ParquetSource(ChunkedFileSource):
       (`s3://...`, `gs://...`, `file://...`) go through `FileSystem.from_uri`.
     - `split_rows`: `splits()` cuts row groups larger than this into row ranges (for the
       dynamic policy); reading a part of a row group still decodes the whole row group.
+    - `cache_dir`, `cache_limit` (bytes, default 10 GiB): remote files are cached whole on
+      local disk there (LRU eviction, the next file prefetched while one is read), so
+      later epochs read locally; several readers on a node may share the folder.
+
+    Remote reads (and cache downloads) are retried on I/O errors with exponential
+    back-off (6 attempts, about 8 s of outage) before a `DataError` reaches the loop.
 
     Errors at construction, each naming the file: missing path, unreadable or truncated
     Parquet, a non-Parquet file in a folder, schemas that disagree (both files and the
