@@ -40,7 +40,8 @@ def torch_host_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> dict[
 
 
 def arrow_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> pa.RecordBatch:
-    """The batch as an Arrow record batch: 2-D arrays as fixed-size lists, `nested`
+    """The batch as an Arrow record batch: arrays of rank >= 2 as (nested) fixed-size
+    lists, object arrays through `pa.array`, `nested`
     columns as list columns again (zero-copy from values and offsets)."""
     columns: dict[str, Any] = {}
     for key, value in batch.items():
@@ -49,8 +50,11 @@ def arrow_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> pa.RecordB
         if key in nested:
             offsets = pa.array(batch[key + OFFSETS_SUFFIX], pa.int64())
             columns[key] = pa.LargeListArray.from_arrays(offsets, pa.array(value))
-        elif isinstance(value, np.ndarray) and value.ndim == 2:
-            columns[key] = pa.FixedSizeListArray.from_arrays(value.reshape(-1), value.shape[1])
+        elif isinstance(value, np.ndarray) and value.ndim >= 2:
+            column = pa.array(value.reshape(-1))
+            for size in reversed(value.shape[1:]):
+                column = pa.FixedSizeListArray.from_arrays(column, size)
+            columns[key] = column
         else:
             columns[key] = value
     return pa.RecordBatch.from_pydict(columns)

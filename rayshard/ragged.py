@@ -26,7 +26,7 @@ INDEX_KEY = "_index"
 
 
 def convert_table(table: pa.Table, rules: ColumnRules | None = None) -> dict[str, np.ndarray]:
-    """Columns as numpy arrays: fixed-size lists as 2-D arrays, variable-length numeric
+    """Columns as numpy arrays: fixed-size lists as (rows, *shape) arrays, variable-length numeric
     lists padded (or values + offsets), anything else through `to_numpy`. A null is a
     `DataError` naming the column and the sample (`_index`) unless `rules` fill it."""
     rules = rules or ColumnRules()
@@ -45,9 +45,12 @@ def convert_table(table: pa.Table, rules: ColumnRules | None = None) -> dict[str
                 raise _null_error(name, column.is_null(), index)
             column = column.fill_null(pa.scalar(fill).cast(column.type))
         if pa.types.is_fixed_size_list(column.type):
-            width = column.type.list_size
-            flat = column.flatten().to_numpy(zero_copy_only=False)
-            out[name] = flat.reshape(len(column), width)
+            # fixed_size_list<...<fixed_size_list<t, d_k>...>, d_1> -> (rows, d_1, ..., d_k)
+            shape, flat = [], column
+            while pa.types.is_fixed_size_list(flat.type):
+                shape.append(flat.type.list_size)
+                flat = flat.flatten()
+            out[name] = flat.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
         else:
             out[name] = column.to_numpy(zero_copy_only=False)
     return out
