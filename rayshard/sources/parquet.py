@@ -95,7 +95,8 @@ class ParquetSource(ChunkedFileSource):
             fragment = ds.ParquetFileFormat().make_fragment(
                 path, filesystem=fs, partition_expression=expression
             )
-            schema = pa.schema([*fragment.physical_schema, *self._partition_schema])
+            parts = [pa.field(k, pa.scalar(v).type) for k, v in partition.items()]
+            schema = pa.schema([*fragment.physical_schema, *parts])
             kept = fragment.split_by_row_group(filter_, schema=schema)
             return sorted(group.id for part in kept for group in part.row_groups)
         except (pa.ArrowException, OSError):  # statistics unusable: evaluate every row group

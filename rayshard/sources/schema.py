@@ -49,7 +49,8 @@ def merge_schemas(
     first: tuple[str, pa.Schema], other: tuple[str, pa.Schema]
 ) -> tuple[pa.Schema, list[str]]:
     """The promoted schema of two files (in the first one's field order) and the names of
-    the fields whose type changed; a `ConfigError` naming both files otherwise."""
+    the fields whose types differ (and were promoted); a `ConfigError` naming both files
+    otherwise."""
     (a_name, a), (b_name, b) = first, other
     missing = [f for f in a if b.get_field_index(f.name) < 0]
     extra = [f.name for f in b if a.get_field_index(f.name) < 0]
@@ -75,7 +76,7 @@ def merge_schemas(
                 "(only list/large_list, string/large_string, binary/large_binary and wider "
                 "numbers of one kind are promoted); rewrite one file with the other's type"
             )
-        if not wide.equals(field.type):
+        if not (wide.equals(field.type) and wide.equals(other_field.type)):
             promoted.append(field.name)
         fields.append(pa.field(field.name, wide, nullable=field.nullable or other_field.nullable))
     return pa.schema(fields), promoted
