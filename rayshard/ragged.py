@@ -51,9 +51,18 @@ def convert_table(table: pa.Table, rules: ColumnRules | None = None) -> dict[str
                 shape.append(flat.type.list_size)
                 flat = flat.flatten()
             out[name] = flat.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
+        elif _is_list(column.type):  # lists of strings, of lists: Python lists per row
+            rows = column.to_pylist()
+            out[name] = np.empty(len(rows), dtype=object)
+            for i, row in enumerate(rows):
+                out[name][i] = row
         else:
             out[name] = column.to_numpy(zero_copy_only=False)
     return out
+
+
+def _is_list(type_: pa.DataType) -> bool:
+    return pa.types.is_list(type_) or pa.types.is_large_list(type_)
 
 
 def pad_list(

@@ -99,3 +99,13 @@ class Pairs:
 
     def __getitem__(self, i):
         return torch.full((4,), float(i)), i
+
+
+class Shapes:
+    """Five samples: the probes (0, 2, 4) agree on shape (2, 2), sample 1 does not."""
+
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        return {"a": np.zeros((3, 2) if i == 1 else (2, 2), dtype=np.int64)}

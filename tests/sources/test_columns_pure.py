@@ -118,6 +118,12 @@ def test_rules_are_validated_on_the_driver():
     assert rules.nested_columns(schema) == ("tokens",)
 
 
+def test_lists_of_strings_become_python_lists():
+    table = pa.table({"tags": pa.array([["a", "b"], [], ["c"]], pa.list_(pa.string()))})
+    out = convert_table(table)
+    assert torch_host_batch(out)["tags"] == [["a", "b"], [], ["c"]]
+
+
 def test_torch_host_batch_strings_and_jagged():
     batch = {
         "tokens": np.array([1, 2, 3], np.int32),

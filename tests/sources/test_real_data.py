@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import torch
@@ -19,6 +20,7 @@ from rayshard.sources.torch_map import TorchMapSource
 from tests.sources.real_data import (
     Images,
     Pairs,
+    Shapes,
     epoch,
     indices,
     token_rows,
@@ -107,6 +109,10 @@ def test_collate_fn_under_numpy_and_arrow(ray_session, mixed):
     loader = Loader(ParquetSource(folder), name=unique_name("collate"), batch_size=32)
     sizes = epoch(loader, batch_format="numpy", collate_fn=lambda b: len(b["_index"]))
     assert sizes == [32, 32, 32, 24]
+    for b in epoch(loader, batch_format="numpy"):
+        assert b["tokens"].ndim == 2 and b["tokens_mask"].shape == b["tokens"].shape
+        assert (b["tokens_mask"].sum(axis=1) == b["tokens_lengths"]).all()
+        assert b["text"].dtype == object and b["text"][0] == f"doc {b['id'][0]}"
     records = epoch(loader, batch_format="arrow", collate_fn=lambda rb: rb.to_pydict())
     assert [len(r["id"]) for r in records] == [32, 32, 32, 24]
     assert records[0]["text"][0] == "doc 0" and len(records[0]["tokens_mask"][0]) > 0
@@ -143,6 +149,8 @@ def test_hive_partitions_filtered_on_the_driver(ray_session, tmp_path):
     loader.shutdown()
     with pytest.raises(ConfigError, match="keeps no row"):
         ParquetSource(tmp_path / "hive", filter=pc.field("split") == "validation")
+    plain = ParquetSource(tmp_path / "hive", partitioning=None)
+    assert plain.schema().names == ["id", "x"] and plain.layout().num_samples == 200
 
 
 def test_fastparquet_and_pandas_strings_and_nulls(ray_session, tmp_path):
@@ -199,6 +207,11 @@ def test_torch_map_fixed_shapes_and_tuples(ray_session):
     assert all(torch.equal(b["x"], b["y"].float()[:, None].expand(-1, 4)) for b in batches)
     named.shutdown()
     assert TorchMapSource(Pairs()).schema().names == ["0", "1"]
+    assert TorchMapSource(Pairs(), ragged=["0"]).schema().field("0").type == pa.list_(pa.float32())
+    shapes = TorchMapSource(Shapes())
+    assert shapes.schema().field("a").type == pa.list_(pa.list_(pa.int64(), 2), 2)
+    with pytest.raises(DataError, match=r"Shapes\[1\]\['a'\] has shape \(3, 2\).*\(2, 2\)"):
+        list(shapes.read(0, 3))
     with pytest.raises(ConfigError, match=r"names=\('x',\) names 1"):
         TorchMapSource(Pairs(), names=("x",))
 
@@ -222,6 +235,7 @@ def test_data_error_is_catchable_in_the_loop(ray_session, tmp_path, damage):
     assert type(info.value) is DataError
     assert f"loader {name.split(':')[0]!r}" in message or name in message
     assert "rank 0" in message and "epoch 0" in message and "b.parquet" in message
+    assert "reader traceback" in message
     assert received == list(range(30))  # what came before the failure, once
     assert it.stats()["samples_received"] == 30
     it.close()
