@@ -19,7 +19,7 @@ import numpy as np
 import ray
 
 from rayshard.batching import INDEX_KEY, PADDED_KEY
-from rayshard.errors import RayshardError
+from rayshard.errors import unwrap_task_error
 from rayshard.formats import FORMATS, convert_stream, torch_host_batch
 from rayshard.metrics import record_batches
 from rayshard.plan import DataParallelRank
@@ -219,7 +219,11 @@ class ShardIterator:
                     self._acks.flush()
                     ref = ray.get(request)
             except ray.exceptions.RayTaskError as error:
-                raise self._unwrap(error, epoch) from error
+                where = (
+                    f"loader {self._loader_name!r}, data-parallel rank "
+                    f"{self._placement.dp_rank}, epoch {epoch}"
+                )
+                raise unwrap_task_error(error, where) from error
             if ref is None:
                 more = False
                 continue
@@ -227,22 +231,6 @@ class ShardIterator:
                 nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
                 self._delivered_meta.append((batch[INDEX_KEY], batch[PADDED_KEY], nbytes))
                 yield batch
-
-    def _unwrap(self, error: Exception, epoch: int) -> Exception:
-        """The rayshard error behind a failed reader call (`DataError` for unreadable
-        data), re-raised as its own type naming loader, rank and epoch, so the training
-        loop's `except DataError` catches it; other failures stay as Ray raised them."""
-        cause = getattr(error, "cause", None)
-        if not isinstance(cause, RayshardError):
-            return error
-        where = (
-            f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}, "
-            f"epoch {epoch}: "
-        )
-        try:
-            return type(cause)(where + str(cause))
-        except TypeError:  # a subclass with another constructor: keep the family
-            return RayshardError(where + str(cause))
 
     def _close_feed(self) -> None:
         if self._feed is not None:

@@ -12,7 +12,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rayshard.columns import ColumnRules, Padding, check_loader_columns
-from rayshard.errors import ConfigError, DataError
+from rayshard.errors import ConfigError, DataError, unwrap_task_error
 from rayshard.formats import arrow_batch, torch_host_batch
 from rayshard.ragged import convert_table, pad_list
 from rayshard.sources._select import check_filter, hive_values, partition_schema, select_rows
@@ -116,6 +116,20 @@ def test_rules_are_validated_on_the_driver():
     rules = ColumnRules.build({"tokens": Padding(nested=True)}, {"text": ""}, schema)
     assert pickle.loads(pickle.dumps(rules)) == rules
     assert rules.nested_columns(schema) == ("tokens",)
+
+
+def test_run_time_errors_pickle_and_unwrap():
+    error = DataError("x.parquet: row group 3 is unreadable")
+    assert str(pickle.loads(pickle.dumps(error))) == str(error)
+
+    class TaskError(Exception):  # what Ray raises: the reader's error as `cause`
+        cause = error
+
+    unwrapped = unwrap_task_error(TaskError(), "loader 'l', data-parallel rank 1, epoch 2")
+    assert type(unwrapped) is DataError
+    assert str(unwrapped) == "loader 'l', data-parallel rank 1, epoch 2: " + str(error)
+    other = ValueError("not ours")
+    assert unwrap_task_error(other, "w") is other
 
 
 def test_lists_of_strings_become_python_lists():
