@@ -115,6 +115,14 @@ class ColumnRules:
                     f"padding[{name!r}]: column {name!r} of {where} is {field.type}; padding "
                     "applies to variable-length lists of numbers (list or large_list)"
                 )
+            try:
+                pa.array([options.pad_value]).cast(field.type.value_type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                raise ConfigError(
+                    f"padding[{name!r}]: pad_value={options.pad_value!r} does not fit the "
+                    f"{field.type.value_type} values of column {name!r}: pick a value of "
+                    "that type"
+                ) from error
         for name, value in fill_null.items():
             field = _field(schema, name, "fill_null", where)
             target = field.type.value_type if is_ragged(field.type) else field.type

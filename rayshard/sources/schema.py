@@ -83,10 +83,11 @@ def merge_schemas(
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with `schema`'s types (a no-op when they already agree); fields of
-    `schema` missing from `table` are not added."""
+    """`table` with exactly `schema`'s fields (types, item names, no metadata), so chunks of
+    different files concatenate; a no-op when they already agree. Fields of `schema`
+    missing from `table` are not added."""
     target = pa.schema([schema.field(n) for n in table.column_names])
-    if table.schema.equals(target, check_metadata=False):
+    if table.schema.equals(target, check_metadata=True):
         return table
     return table.cast(target)
 

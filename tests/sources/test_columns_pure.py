@@ -107,6 +107,8 @@ def test_rules_are_validated_on_the_driver():
         ColumnRules.build({"tokens": {"pad_value": 0}}, None, schema)
     with pytest.raises(ConfigError, match=r"fill_null\['tokens'\]='x'.*int32"):
         ColumnRules.build(None, {"tokens": "x"}, schema)
+    with pytest.raises(ConfigError, match=r"pad_value=0.5 does not fit the int32"):
+        ColumnRules.build({"tokens": Padding(pad_value=0.5)}, None, schema)
     with pytest.raises(ConfigError, match=r"max_length=0"):
         Padding(max_length=0)
     with pytest.raises(ConfigError, match=r"pad_value='a'"):
