@@ -77,9 +77,11 @@ def pad_list(
     `padding.nested`, flat values and offsets). Null rows become empty rows and null
     elements `fill` when `has_fill`; otherwise a null is a `DataError`."""
     rows = len(column)
-    # (rows + 1,) offsets into the child array `values` (slices keep the parent's child)
+    # (rows + 1,) offsets into the child array (a slice keeps its parent's child)
     offsets = column.offsets.to_numpy().astype(np.int64)
-    values = column.values
+    # only the child values this slice uses (a batch is often a slice of a row group)
+    values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    offsets = offsets - offsets[0]
     starts, lengths = offsets[:-1], np.diff(offsets)
     if column.null_count:
         if not has_fill:
