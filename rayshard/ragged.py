@@ -114,9 +114,12 @@ def pad_list(
     # (rows, width) True where a row has a real element
     mask = np.arange(width)[None, :] < lengths[:, None]
     padded = np.full((rows, width), padding.pad_value, dtype=flat.dtype)
-    # (real elements,) positions in `flat`, row-major like `padded[mask]`
-    positions = (starts[:, None] + np.arange(width)[None, :])[mask]
-    padded[mask] = flat[positions]
+    if rows and lengths.sum() == len(flat):  # every element kept, rows back to back
+        padded[mask] = flat
+    else:
+        # (real elements,) positions in `flat`, row-major like `padded[mask]`
+        positions = (starts[:, None] + np.arange(width)[None, :])[mask]
+        padded[mask] = flat[positions]
     return {name: padded, name + LENGTHS_SUFFIX: lengths, name + MASK_SUFFIX: mask}
 
 
