@@ -218,7 +218,8 @@ class Loader:
 
         `batch_format="torch"` (default) yields dicts of tensors on `device` through the
         pinned-memory device feed (`collate_fn` runs on each host batch before the copy);
-        `"numpy"` yields the zero-copy arrays from the object store; `"arrow"` record batches.
+        `"numpy"` yields the zero-copy arrays from the object store; `"arrow"` record batches
+        (`collate_fn` runs on each of those too).
         """
         if world_rank is None or world_size is None:
             world_rank, world_size = _train_world(world_rank, world_size)
