@@ -9,12 +9,14 @@ import logging
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.feather as feather
 import pytest
 import torch
 
 from rayshard.columns import Padding
 from rayshard.errors import ConfigError, DataError
 from rayshard.loader import Loader
+from rayshard.sources.arrow_files import ArrowFileSource
 from rayshard.sources.parquet import ParquetSource
 from rayshard.sources.torch_map import TorchMapSource
 from tests.sources.real_data import (
@@ -69,6 +71,35 @@ def test_polars_and_duckdb_lists_padded_under_torch(ray_session, mixed, caplog):
         assert batch["text"] == [f"doc {i}" for i in batch["id"].tolist()]
         check_padded(batch, expected)
     loader.shutdown()
+
+
+def test_padding_under_dynamic_policy_and_row_shuffle(ray_session, mixed):
+    folder, expected = mixed
+    loader = Loader(
+        ParquetSource(folder),
+        name=unique_name("dynpad"),
+        batch_size=16,
+        policy="dynamic",
+        shuffle_buffer=40,
+        equal_steps=False,
+    )
+    batches = epoch(loader, world=2)
+    assert sorted(indices(batches)) == list(range(120))
+    for batch in batches:
+        check_padded(batch, expected)
+    loader.shutdown()
+
+
+def test_arrow_files_promoted_partitioned_and_filtered(tmp_path):
+    for split, type_ in (("train", pa.int32()), ("test", pa.int64())):
+        (tmp_path / f"split={split}").mkdir()
+        table = pa.table({"id": pa.array(range(10), type_), "t": [[1] * i for i in range(10)]})
+        feather.write_feather(table, tmp_path / f"split={split}" / "0.arrow")
+    source = ArrowFileSource(tmp_path, filter=(pc.field("split") == "test") & (pc.field("id") > 6))
+    assert source.schema().field("id").type == pa.int64()
+    (batch,) = list(source.read(0, 3))
+    assert batch.column("id").to_pylist() == [7, 8, 9]
+    assert batch.column("split").to_pylist() == ["test"] * 3
 
 
 def test_max_length_truncates_or_refuses(ray_session, mixed):
