@@ -3,6 +3,7 @@ helper that runs a real `Loader` epoch on the local Ray."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import itertools
 import os
 
@@ -58,16 +59,15 @@ def write_duckdb(path, ids) -> None:
 
 
 def epoch(loader, world: int = 1, **options) -> list[dict]:
-    """Every rank's batches of one epoch (ranks in turn, like DDP), then the iterators
-    are closed."""
+    """Every rank's batches of one epoch, each rank consumed by its own thread (as
+    separate workers would; a `dynamic` rank may wait for the others), then the iterators
+    are closed. The first error of any rank is raised."""
     its = [loader.iterator(world_rank=r, world_size=world, **options) for r in range(world)]
-    gens = [iter(it) for it in its]
-    out = []
-    for batches in itertools.zip_longest(*gens):
-        out.extend(b for b in batches if b is not None)
+    with concurrent.futures.ThreadPoolExecutor(world) as pool:
+        results = [f.result() for f in [pool.submit(list, it) for it in its]]
     for it in its:
         it.close()
-    return out
+    return [b for batches in results for b in batches]
 
 
 def indices(batches, key: str = "_index") -> list[int]:
