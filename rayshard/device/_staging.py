@@ -50,7 +50,8 @@ class Layout:
 
 def plan_layout(batch: Mapping[str, Any], device: torch.device) -> Layout:
     """Decide the offset of every column; tensors already on `device` and Python lists
-    are passed through, nested (jagged) tensors moved to `device` on their own."""
+    that are not numbers are passed through, nested (jagged) tensors moved to `device` on
+    their own."""
     if not isinstance(batch, Mapping):
         raise TypeError(
             f"a batch must be a dict of column name -> array, got {type(batch).__name__}; "
@@ -61,8 +62,8 @@ def plan_layout(batch: Mapping[str, Any], device: torch.device) -> Layout:
     offset = 0
     num_samples = None
     for key, value in batch.items():
-        if isinstance(value, list):
-            passthrough[key] = value
+        if isinstance(value, list) and not _numeric_list(value):
+            passthrough[key] = value  # strings, bytes, ragged lists: as the loop gets them
             continue
         if isinstance(value, torch.Tensor):
             if value.is_nested:
@@ -107,6 +108,13 @@ def _typed_views(buffer: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
     return [
         buffer[c.offset : c.offset + c.nbytes].view(c.dtype).view(c.shape) for c in layout.columns
     ]
+
+
+def _numeric_list(value: list) -> bool:
+    try:
+        return np.asarray(value).dtype.kind in _NUMERIC_KINDS
+    except ValueError:  # ragged nesting
+        return False
 
 
 def _aligned(offset: int) -> int:

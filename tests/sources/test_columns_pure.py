@@ -8,10 +8,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rayshard.columns import ColumnRules, Padding, check_loader_columns
+from rayshard.device import DeviceFeed
 from rayshard.errors import ConfigError, DataError, unwrap_task_error
 from rayshard.formats import arrow_batch, torch_host_batch
 from rayshard.ragged import convert_table, pad_list
@@ -138,6 +140,12 @@ def test_lists_of_strings_become_python_lists():
     table = pa.table({"tags": pa.array([["a", "b"], [], ["c"]], pa.list_(pa.string()))})
     out = convert_table(table)
     assert torch_host_batch(out)["tags"] == [["a", "b"], [], ["c"]]
+    feed = DeviceFeed([{**torch_host_batch(out), "n": [1, 2, 3]}], device="cpu")
+    staged = next(iter(feed))
+    assert staged["tags"] == [["a", "b"], [], ["c"]] and torch.equal(
+        staged["n"], torch.tensor([1, 2, 3])
+    )
+    feed.close()
 
 
 def test_torch_host_batch_strings_and_jagged():
