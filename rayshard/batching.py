@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rayshard.columns import ColumnRules
 from rayshard.plan import RankPlan, padding_indices
 from rayshard.plan import intervals as iv
+from rayshard.ragged import convert_table
 from rayshard.sources import Source
 
 INDEX_KEY = "_index"
@@ -89,17 +91,19 @@ def iter_padding(
         yield _tag(_row(source, index, columns, cache), np.array([index]), padded=True)
 
 
-def rebatch(record_batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterator[Batch]:
+def rebatch(
+    record_batches: Iterator[pa.RecordBatch], batch_size: int, rules: ColumnRules | None = None
+) -> Iterator[Batch]:
     """Cut a stream of record batches into numpy dicts of exactly `batch_size` rows
-    (the last one possibly shorter). A `FLUSH` in the stream emits the rows held so far as
-    a short batch, then passes the `FLUSH` on (a dynamic reader about to wait must not sit
-    on rows others wait for)."""
+    (the last one possibly shorter), converted by `to_numpy` under `rules`. A `FLUSH` in
+    the stream emits the rows held so far as a short batch, then passes the `FLUSH` on (a
+    dynamic reader about to wait must not sit on rows others wait for)."""
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in record_batches:
         if batch is FLUSH:
             if rows:
-                yield to_numpy(pa.Table.from_batches(pending).combine_chunks())
+                yield to_numpy(pa.Table.from_batches(pending).combine_chunks(), rules)
                 pending, rows = [], 0
             yield FLUSH  # downstream holders (object blocks) must flush too
             continue
@@ -112,28 +116,19 @@ def rebatch(record_batches: Iterator[pa.RecordBatch], batch_size: int) -> Iterat
             # copied (and only when they span record batches); the rest stays as
             # zero-copy slices instead of being re-concatenated on every cut.
             table = pa.Table.from_batches(pending)
-            yield to_numpy(table.slice(0, batch_size))
+            yield to_numpy(table.slice(0, batch_size), rules)
             rest = table.slice(batch_size)
             pending = rest.to_batches() if rest.num_rows else []
             rows = rest.num_rows
     if rows:
-        yield to_numpy(pa.Table.from_batches(pending))
+        yield to_numpy(pa.Table.from_batches(pending), rules)
 
 
-def to_numpy(table: pa.Table) -> Batch:
-    """Columns as numpy arrays; fixed-size lists become 2-D arrays (rows x width)."""
-    out: Batch = {}
-    for name in table.column_names:
-        chunked = table.column(name)
-        # One chunk (the usual case): use it as is; `combine_chunks` would copy it.
-        column = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
-        if pa.types.is_fixed_size_list(column.type):
-            width = column.type.list_size
-            flat = column.flatten().to_numpy(zero_copy_only=False)
-            out[name] = flat.reshape(len(column), width)
-        else:
-            out[name] = column.to_numpy(zero_copy_only=False)
-    return out
+def to_numpy(table: pa.Table, rules: ColumnRules | None = None) -> Batch:
+    """Columns as numpy arrays: fixed-size lists become 2-D arrays (rows x width),
+    variable-length numeric lists padded arrays plus lengths and mask (`rayshard.ragged`);
+    a null is a `DataError` unless `rules` give a fill value."""
+    return convert_table(table, rules)
 
 
 def _tag(batch: pa.RecordBatch, index: np.ndarray, *, padded: bool) -> pa.RecordBatch:

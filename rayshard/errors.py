@@ -7,6 +7,8 @@ callers that already catch `ValueError` keep working. Failures at run time are
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ConfigError(ValueError):
     """A configuration or input that cannot work, found before any data moved."""
@@ -22,3 +24,16 @@ class DataError(RayshardError):
 
 class StaleClientError(RayshardError):
     """A client spoke for an epoch or generation the coordinator has already left."""
+
+
+def unwrap_task_error(error: Any, where: str) -> BaseException:
+    """The rayshard error behind a Ray `RayTaskError` (e.g. a reader's `DataError`), as a
+    new error of its own type whose message starts with `where` (loader, rank, epoch), so
+    a training loop's `except DataError` catches it; anything else is returned as is."""
+    cause = getattr(error, "cause", None)
+    if not isinstance(cause, RayshardError):
+        return error
+    try:
+        return type(cause)(f"{where}: {cause}")
+    except TypeError:  # a subclass with another constructor: keep the family
+        return RayshardError(f"{where}: {cause}")

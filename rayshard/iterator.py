@@ -19,10 +19,11 @@ import numpy as np
 import ray
 
 from rayshard.batching import INDEX_KEY, PADDED_KEY
+from rayshard.errors import unwrap_task_error
+from rayshard.formats import FORMATS, convert_stream, torch_host_batch
 from rayshard.metrics import record_batches
 from rayshard.plan import DataParallelRank
 
-FORMATS = ("torch", "numpy", "arrow")
 STALL_FLUSH_S = 0.02  # a consumer waiting this long for a batch sends its pending acks
 
 
@@ -40,11 +41,18 @@ class ShardIterator:
         device: Any = None,
         collate_fn: Any = None,
         ack_interval_s: float = 0.1,
+        nested_columns: tuple[str, ...] = (),
     ) -> None:
         if batch_format not in FORMATS:
             raise ValueError(
                 f"batch_format={batch_format!r} is not a valid choice: use one of {FORMATS}"
             )
+        if collate_fn is not None and not callable(collate_fn):
+            raise TypeError(
+                f"collate_fn={collate_fn!r} is not callable: pass a function batch -> batch, "
+                "or None"
+            )
+        self._nested = tuple(nested_columns)
         self._coordinator = coordinator
         self._generation = registration["generation"]
         self._reader = registration["reader"]
@@ -220,8 +228,9 @@ class ShardIterator:
         if self._format == "torch":
             from rayshard.device import DeviceFeed
 
+            nested = self._nested
             self._feed = DeviceFeed(
-                raw,
+                (torch_host_batch(batch, nested) for batch in raw),
                 device=self._device,
                 prefetch_depth=self._depth,
                 collate_fn=self._collate_fn,
@@ -230,7 +239,7 @@ class ShardIterator:
             )
             self._stream = self._feed
         else:
-            self._stream = (self._convert(batch) for batch in raw)
+            self._stream = convert_stream(raw, self._format, self._nested, self._collate_fn)
 
     def _fetch(self, generation: int, epoch: int) -> Iterator[dict]:
         """Numpy batches from the reader (zero-copy from the object store), in order. The
@@ -245,12 +254,19 @@ class ShardIterator:
                 return
             request = pending.popleft()
             try:
-                ref = ray.get(request, timeout=STALL_FLUSH_S)
-            except ray.exceptions.GetTimeoutError:
-                # Waiting for the reader: tell the coordinator what arrived so far. At the
-                # end of an epoch the other ranks' readers wait for exactly that.
-                self._acks.flush()
-                ref = ray.get(request)
+                try:
+                    ref = ray.get(request, timeout=STALL_FLUSH_S)
+                except ray.exceptions.GetTimeoutError:
+                    # Waiting for the reader: tell the coordinator what arrived so far. At
+                    # the end of an epoch the other ranks' readers wait for exactly that.
+                    self._acks.flush()
+                    ref = ray.get(request)
+            except ray.exceptions.RayTaskError as error:
+                where = (
+                    f"loader {self._loader_name!r}, data-parallel rank "
+                    f"{self._placement.dp_rank}, epoch {epoch}"
+                )
+                raise unwrap_task_error(error, where) from error
             if ref is None:
                 more = False
                 continue
@@ -275,22 +291,6 @@ class ShardIterator:
         if real_ids.size > 1 and not (real_ids[1:] > real_ids[:-1]).all():
             real_ids = np.sort(real_ids)  # shuffled: `_runs` needs them in order
         self._acks.add(epoch, self._received, _runs(real_ids), real, nbytes, stall)
-
-    def _convert(self, batch: dict) -> Any:
-        if self._format == "numpy":
-            return batch
-        import pyarrow as pa
-
-        return pa.RecordBatch.from_pydict(
-            {
-                k: (
-                    pa.FixedSizeListArray.from_arrays(v.reshape(-1), v.shape[1])
-                    if v.ndim == 2
-                    else v
-                )
-                for k, v in batch.items()
-            }
-        )
 
 
 class _AckSender:

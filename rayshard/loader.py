@@ -12,12 +12,14 @@ import contextlib
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import pyarrow as pa
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayshard.columns import Padding, check_loader_columns
 from rayshard.config import LoaderConfig
 from rayshard.errors import ConfigError
 from rayshard.iterator import ShardIterator
@@ -53,6 +55,8 @@ class Loader:
         seed: int | None = None,
         expected_world_size: int | None = None,
         columns: Sequence[str] | None = None,
+        padding: Mapping[str, Padding] | None = None,
+        fill_null: Mapping[str, Any] | None = None,
         shuffle: bool = False,
         shuffle_buffer: int = 0,
         prefetch_depth: int = 2,
@@ -86,8 +90,12 @@ class Loader:
             },
             file=config_file,
         )
+        rules = check_loader_columns(
+            source.schema(), columns, padding, fill_null, source.describe()
+        )
         self.settings = LoaderSettings(
             plan=plan,
+            column_rules=rules,
             policy=policy,
             columns=tuple(columns) if columns is not None else None,
             shuffle=shuffle,
@@ -210,7 +218,8 @@ class Loader:
 
         `batch_format="torch"` (default) yields dicts of tensors on `device` through the
         pinned-memory device feed (`collate_fn` runs on each host batch before the copy);
-        `"numpy"` yields the zero-copy arrays from the object store; `"arrow"` record batches.
+        `"numpy"` yields the zero-copy arrays from the object store; `"arrow"` record batches
+        (`collate_fn` runs on each of those too).
         """
         if world_rank is None or world_size is None:
             world_rank, world_size = _train_world(world_rank, world_size)
@@ -235,7 +244,14 @@ class Loader:
             device=device,
             collate_fn=collate_fn,
             ack_interval_s=self.settings.ack_interval_s,
+            nested_columns=self.settings.column_rules.nested_columns(self._read_schema()),
         )
+
+    def _read_schema(self) -> Any:
+        """The schema of the columns the readers read."""
+        schema = self.source.schema()
+        columns = self.settings.columns
+        return schema if columns is None else pa.schema([schema.field(c) for c in columns])
 
     def _reader(self, registration: dict, dp: Any) -> Any:
         """Get or create this rank's reader on this worker's node (one per model-parallel

@@ -8,6 +8,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from rayshard.columns import ColumnRules
 from rayshard.errors import ConfigError
 from rayshard.plan import PlanConfig
 from rayshard.plan.options import check_int
@@ -34,6 +35,7 @@ class LoaderSettings:
     reader_threads: int = 1
     ack_interval_s: float = 0.1
     journal_path: str | None = None
+    column_rules: ColumnRules = ColumnRules()  # padding and fill values (`rayshard.columns`)
 
     def __post_init__(self) -> None:
         policy = ShardingPolicy.parse(self.policy)

@@ -85,7 +85,7 @@ class Stager:
             consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(staged.event)
             for tensor in staged.batch.values():
-                if tensor.device == self.device:
+                if isinstance(tensor, torch.Tensor) and tensor.device == self.device:
                     tensor.record_stream(consumer)
         return staged.batch
 

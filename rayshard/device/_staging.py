@@ -38,28 +38,37 @@ class Column:
 
 @dataclass(frozen=True)
 class Layout:
-    """The columns to stage, the tensors passed through untouched, and the buffer size."""
+    """The columns to stage, the values passed through (tensors already on the device,
+    nested tensors, Python lists of strings or bytes), and the buffer size."""
 
     keys: tuple[str, ...]
     columns: tuple[Column, ...]
-    passthrough: dict[str, torch.Tensor]
+    passthrough: dict[str, Any]
     nbytes: int
     num_samples: int | None
 
 
 def plan_layout(batch: Mapping[str, Any], device: torch.device) -> Layout:
-    """Decide the offset of every column; tensors already on `device` are passed through."""
+    """Decide the offset of every column; tensors already on `device` and Python lists
+    that are not numbers are passed through, nested (jagged) tensors moved to `device` on
+    their own."""
     if not isinstance(batch, Mapping):
         raise TypeError(
             f"a batch must be a dict of column name -> array, got {type(batch).__name__}; "
             f"pass collate_fn= to turn it into one"
         )
     columns: list[Column] = []
-    passthrough: dict[str, torch.Tensor] = {}
+    passthrough: dict[str, Any] = {}
     offset = 0
     num_samples = None
     for key, value in batch.items():
+        if isinstance(value, list) and not _numeric_list(value):
+            passthrough[key] = value  # strings, bytes, ragged lists: as the loop gets them
+            continue
         if isinstance(value, torch.Tensor):
+            if value.is_nested:
+                passthrough[key] = value.to(device)
+                continue
             if value.device == device:
                 passthrough[key] = value
                 continue
@@ -88,7 +97,7 @@ def fill(buffer: torch.Tensor, layout: Layout) -> None:
                 np.copyto(target.numpy(), column.value, casting="equiv")
 
 
-def views(buffer: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
+def views(buffer: torch.Tensor, layout: Layout) -> dict[str, Any]:
     """The batch as tensors viewing `buffer` (host or device), in the source's key order."""
     staged = {c.key: t for c, t in zip(layout.columns, _typed_views(buffer, layout), strict=True)}
     staged.update(layout.passthrough)
@@ -99,6 +108,13 @@ def _typed_views(buffer: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
     return [
         buffer[c.offset : c.offset + c.nbytes].view(c.dtype).view(c.shape) for c in layout.columns
     ]
+
+
+def _numeric_list(value: list) -> bool:
+    try:
+        return np.asarray(value).dtype.kind in _NUMERIC_KINDS
+    except ValueError:  # ragged nesting
+        return False
 
 
 def _aligned(offset: int) -> int:

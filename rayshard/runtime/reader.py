@@ -153,9 +153,9 @@ class ShardReader:
             if index not in self._ready:
                 if self._error is None:
                     return None
-                raise RayshardError(
-                    f"reader of data-parallel rank {self._dp_rank} failed at batch {index} of "
-                    f"epoch {epoch}: {self._error}"
+                raise _same_kind(
+                    self._error,
+                    f"reader failed at block {index} of epoch {epoch}: {self._error}",
                 ) from self._error
             ref = self._ready[index]
             self._taken[index] = self._taken.get(index, 0) + 1
@@ -254,7 +254,8 @@ class ShardReader:
         block: list[dict] = []
         block_bytes = 0
         try:
-            for batch in itertools.chain(rebatch(rows, settings.plan.batch_size), [FLUSH]):
+            batches = rebatch(rows, settings.plan.batch_size, settings.column_rules)
+            for batch in itertools.chain(batches, [FLUSH]):
                 if batch is not FLUSH:
                     block.append(batch)
                     block_bytes += sum(column.nbytes for column in batch.values())
@@ -277,8 +278,12 @@ class ShardReader:
                 self._final = self._next_to_read
                 self._cond.notify_all()
         except BaseException as error:  # noqa: BLE001 - reported to every consumer
+            trace = traceback.format_exc()
             with self._cond:
-                self._error = RayshardError(f"{error!r}\n{traceback.format_exc()}")
+                # A rayshard error (`DataError`: unreadable data) keeps its type; the
+                # reader thread's traceback rides along in the message.
+                kind = error if isinstance(error, RayshardError) else RayshardError(repr(error))
+                self._error = _same_kind(kind, f"{kind}\n--- reader traceback ---\n{trace}")
                 self._cond.notify_all()
 
     def _stop_thread(self) -> None:
@@ -288,3 +293,12 @@ class ShardReader:
             with self._cond:
                 self._cond.notify_all()
             thread.join(timeout=30)
+
+
+def _same_kind(error: BaseException, message: str) -> RayshardError:
+    """A new error of `error`'s rayshard type (or `RayshardError`) with `message`."""
+    kind = type(error) if isinstance(error, RayshardError) else RayshardError
+    try:
+        return kind(message)
+    except TypeError:  # a subclass with another constructor
+        return RayshardError(message)

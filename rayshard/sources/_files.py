@@ -10,10 +10,8 @@ from __future__ import annotations
 import abc
 import bisect
 import collections
-import dataclasses
 import os
 import threading
-import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -22,51 +20,14 @@ import pyarrow.fs as pafs
 
 from rayshard.errors import ConfigError, DataError
 from rayshard.plan import DataLayout
+from rayshard.sources import _catalog, _select
 from rayshard.sources._paths import resolve_paths
 from rayshard.sources.base import Source
 from rayshard.sources.cache import FileCache, is_remote, with_retries
+from rayshard.sources.schema import conform
 
 #: How many opened files a process keeps (bounded, so huge datasets do not exhaust fds).
 OPEN_FILES_CACHE = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class FileChunks:
-    """One non-empty file: where it is, and the rows of each of its chunks in order."""
-
-    fs_index: int
-    path: str
-    display: str
-    chunk_rows: tuple[int, ...]
-
-    @property
-    def num_rows(self) -> int:
-        return sum(self.chunk_rows)
-
-
-def check_same_schema(first: tuple[str, pa.Schema], other: tuple[str, pa.Schema]) -> None:
-    """`ConfigError` naming both files and the first field that differs."""
-    (a_name, a), (b_name, b) = first, other
-    if a.equals(b, check_metadata=False):
-        return
-    for field in a:
-        if b.get_field_index(field.name) < 0:
-            raise ConfigError(
-                f"schemas disagree: {a_name} has field {field.name!r} ({field.type}) "
-                f"but {b_name} does not; all files of a dataset need the same schema"
-            )
-        other_field = b.field(field.name)
-        if not other_field.type.equals(field.type):
-            raise ConfigError(
-                f"schemas disagree on field {field.name!r}: {field.type} in {a_name} "
-                f"but {other_field.type} in {b_name}; all files of a dataset need the same schema"
-            )
-    extra = [f.name for f in b if a.get_field_index(f.name) < 0]
-    order = f"extra fields {extra}" if extra else f"field order {b.names} vs {a.names}"
-    raise ConfigError(
-        f"schemas disagree: {b_name} differs from {a_name} ({order}); "
-        "all files of a dataset need the same schema"
-    )
 
 
 def check_columns(columns: Sequence[str] | None, schema: pa.Schema, where: str) -> list[str] | None:
@@ -100,6 +61,8 @@ class ChunkedFileSource(Source):
         filesystem: pafs.FileSystem | None = None,
         *,
         split_rows: int | None = None,
+        partitioning: str | None = "hive",
+        filter: Any = None,  # noqa: A002 - pyarrow's name for it
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int = 10 << 30,
     ) -> None:
@@ -108,32 +71,15 @@ class ChunkedFileSource(Source):
         ):
             raise ConfigError(f"split_rows={split_rows!r} must be an integer >= 1 (or None)")
         resolved = resolve_paths(paths, filesystem, kind=self._kind)
-        filesystems: list[pafs.FileSystem] = []
-        files: list[FileChunks] = []
-        schema_of: tuple[str, pa.Schema] | None = None
-        for fs, path, display in resolved:
-            if fs not in filesystems:
-                filesystems.append(fs)
-            chunk_rows, schema = self._inspect(fs, path, display)
-            if sum(chunk_rows) == 0:
-                # Empty files often carry loose types (all-null columns): not checked.
-                warnings.warn(f"{display} holds no rows; skipping it", stacklevel=3)
-                continue
-            if schema_of is None:
-                schema_of = (display, schema)
-            else:
-                check_same_schema(schema_of, (display, schema))
-            files.append(FileChunks(filesystems.index(fs), path, display, tuple(chunk_rows)))
-        if not files:
-            where = ", ".join(d for _, _, d in resolved[:3]) + (" ..." if len(resolved) > 3 else "")
-            raise ConfigError(
-                f"the dataset has no rows: every file is empty ({where}); "
-                "check the paths, or write some rows first"
-            )
-        self._filesystems = tuple(filesystems)
-        self._files = tuple(files)
-        self._full_schema = schema_of[1]
-        self._columns = check_columns(columns, self._full_schema, "the dataset")
+        catalog = _catalog.build(self, resolved, partitioning, filter)
+        self._filesystems = catalog.filesystems
+        self._files = catalog.files
+        self._file_schema = catalog.file_schema
+        self._partition_schema = catalog.partition_schema
+        self._full_schema = pa.schema([*catalog.file_schema, *catalog.partition_schema])
+        files = self._files
+        first = files[0].display + (f" and {len(files) - 1} more files" if len(files) > 1 else "")
+        self._columns = check_columns(columns, self._full_schema, f"the dataset ({first})")
         self._split_rows = split_rows
         self._cache = FileCache(cache_dir, cache_limit) if cache_dir is not None else None
         self._layout = DataLayout.of_files([f.num_rows for f in files])
@@ -151,6 +97,13 @@ class ChunkedFileSource(Source):
     @abc.abstractmethod
     def _read_chunk(self, handle: Any, chunk: int, columns: list[str] | None) -> pa.Table:
         """One whole chunk, projected to `columns`."""
+
+    def _prune_chunks(
+        self, fs: pafs.FileSystem, path: str, filter_: Any, partition: dict[str, Any], n: int
+    ) -> list[int]:
+        """The chunks of a file (`n` of them) that `filter_` may keep; default: all.
+        `partition` maps partition keys to typed values."""
+        return list(range(n))
 
     # -- process-local state: never pickled ------------------------------------------------
     def _init_process_state(self) -> None:
@@ -234,23 +187,37 @@ class ChunkedFileSource(Source):
             f += 1
 
     def _chunk(self, f: int, chunk: int, columns: list[str] | None) -> pa.Table:
+        """Kept chunk `chunk` of file `f`: its selected rows, promoted to the dataset's
+        schema, with the partition columns added, projected to `columns`."""
         file = self._files[f]
-        remote = is_remote(self._filesystems[file.fs_index])
+        parts = self._partition_schema
+        wanted = [c for c in columns if c not in parts.names] if columns is not None else None
+        chunk_id = file.chunk_ids[chunk]
         try:
             table = with_retries(
-                lambda: self._read_chunk(self._handle(f), chunk, columns),
-                remote=remote,
+                lambda: self._read_chunk(self._handle(f), chunk_id, wanted),
+                remote=is_remote(self._filesystems[file.fs_index]),
                 on_retry=lambda: self._drop_handle(f),
             )
+            table = conform(table, self._file_schema)
         except DataError:
             raise
         except (pa.ArrowException, OSError, ValueError) as error:
             raise DataError(
-                f"{file.display}: {self._chunk_name} {chunk} is unreadable ({error}); "
+                f"{file.display}: {self._chunk_name} {chunk_id} is unreadable ({error}); "
                 "rows delivered before it stay delivered"
             ) from error
         self._stats["chunks_read"] += 1
         self._stats["rows_decoded"] += table.num_rows
+        if file.selections[chunk] is not None:
+            table = table.take(pa.array(file.selections[chunk]))
+        if parts.names:
+            values = dict(file.partition)
+            for field, column in zip(parts, _select.constants(parts, values, table.num_rows)):
+                if columns is None or field.name in columns:
+                    table = table.append_column(field, column)
+            if columns is not None:
+                table = table.select(list(columns))
         return table
 
     _chunk_name = "chunk"

@@ -21,8 +21,9 @@ def resolve_paths(
     filesystem: pafs.FileSystem | None,
     *,
     kind: str,
-) -> list[tuple[pafs.FileSystem, str, str]]:
-    """(filesystem, path, display name) of every file named by `paths`, in dataset order.
+) -> list[tuple[pafs.FileSystem, str, str, str]]:
+    """(filesystem, path, display name, path relative to the folder or the glob's fixed
+    part) of every file named by `paths`, in dataset order.
 
     Each entry is a file, a folder (every file under it, sorted, skipping names starting
     with `.` or `_` such as `_SUCCESS`), or a glob (`*`, `?`, `[...]`, `**` for any depth).
@@ -33,14 +34,17 @@ def resolve_paths(
         paths = [paths]
     if not paths:
         raise ConfigError(f"no paths given: pass a folder, a glob or a list of {kind} files")
-    out: list[tuple[pafs.FileSystem, str, str]] = []
+    out: list[tuple[pafs.FileSystem, str, str, str]] = []
     for raw in paths:
         fs, path, display = _filesystem_of(os.fspath(raw), filesystem)
         if _GLOB_CHARS.search(path):
             matched = _glob(fs, path)
             if not matched:
                 raise ConfigError(f"the glob {display!r} matches no file: check the pattern")
-            out.extend((fs, p, _display(display, path, p)) for p in matched)
+            root = "/".join(
+                itertools.takewhile(lambda p: not _GLOB_CHARS.search(p), path.split("/"))
+            )
+            out.extend((fs, p, _display(display, path, p), _relative(p, root)) for p in matched)
             continue
         try:
             info = fs.get_file_info(path)
@@ -55,9 +59,9 @@ def resolve_paths(
             found = _list_folder(fs, path)
             if not found:
                 raise ConfigError(f"the folder {display} holds no {kind} files")
-            out.extend((fs, p, _display(display, path, p)) for p in found)
+            out.extend((fs, p, _display(display, path, p), _relative(p, path)) for p in found)
         else:
-            out.append((fs, path, display))
+            out.append((fs, path, display, path.rsplit("/", 1)[-1]))
     return out
 
 
@@ -98,6 +102,10 @@ def _display(display_root: str, root: str, path: str) -> str:
     return (
         display_root.rstrip("/") + path[len(root.rstrip("/")) :] if path != root else display_root
     )
+
+
+def _relative(path: str, root: str) -> str:
+    return path[len(root.rstrip("/")) :].lstrip("/")
 
 
 def _hidden(path: str, root: str) -> bool:

@@ -28,6 +28,12 @@ class ParquetSource(ChunkedFileSource):
       (`s3://...`, `gs://...`, `file://...`) go through `FileSystem.from_uri`.
     - `split_rows`: `splits()` cuts row groups larger than this into row ranges (for the
       dynamic policy); reading a part of a row group still decodes the whole row group.
+    - `partitioning`: "hive" (default): `key=value` folders under the given folder (or the
+      glob's fixed part) become columns, int64 if every value is an integer, else string;
+      None ignores them.
+    - `filter`: a `pyarrow.compute` expression over file and partition columns, decided
+      here on the driver (partitions, then row-group statistics, then the filter's own
+      columns of the remaining row groups), so every rank sees the same samples.
     - `cache_dir`, `cache_limit` (bytes, default 10 GiB): remote files are cached whole on
       local disk there (LRU eviction, the next file prefetched while one is read), so
       later epochs read locally; several readers on a node may share the folder.
@@ -35,9 +41,13 @@ class ParquetSource(ChunkedFileSource):
     Remote reads (and cache downloads) are retried on I/O errors with exponential
     back-off (6 attempts, about 8 s of outage) before a `DataError` reaches the loop.
 
+    Files whose schemas differ safely (list/large_list, string/large_string, wider ints
+    or floats) are read with the promoted schema, which is logged; other differences are
+    refused naming both files.
+
     Errors at construction, each naming the file: missing path, unreadable or truncated
-    Parquet, a non-Parquet file in a folder, schemas that disagree (both files and the
-    field), unknown columns, no rows at all. Zero-row files are skipped with a warning.
+    Parquet, a non-Parquet file in a folder, schemas that disagree unsafely (both files
+    and the field), unknown columns, no rows at all. Zero-row files are skipped with a warning.
     A row group that turns out corrupt while reading raises `DataError` naming the file and
     the row group. `stats()` counts the row groups this process decoded.
     """
@@ -77,12 +87,34 @@ class ParquetSource(ChunkedFileSource):
     def _read_chunk(self, handle: Any, chunk: int, columns: list[str] | None) -> pa.Table:
         return handle.read_row_group(chunk, columns=columns)
 
+    def _prune_chunks(
+        self, fs: pafs.FileSystem, path: str, filter_: Any, partition: dict[str, Any], n: int
+    ) -> list[int]:
+        """Row groups whose statistics do not rule `filter_` out (pyarrow.dataset)."""
+        import pyarrow.compute as pc
+        import pyarrow.dataset as ds
+
+        expression = pc.scalar(True)
+        for key, value in partition.items():
+            expression = expression & (pc.field(key) == value)
+        try:
+            fragment = ds.ParquetFileFormat().make_fragment(
+                path, filesystem=fs, partition_expression=expression
+            )
+            parts = [pa.field(k, pa.scalar(v).type) for k, v in partition.items()]
+            schema = pa.schema([*fragment.physical_schema, *parts])
+            kept = fragment.split_by_row_group(filter_, schema=schema)
+            return sorted(group.id for part in kept for group in part.row_groups)
+        except (pa.ArrowException, OSError):  # statistics unusable: evaluate every row group
+            return list(range(n))
+
     def row_groups(self) -> list[tuple[str, int, int, int]]:
-        """(file, row group, first sample, end sample) for every row group, in order."""
+        """(file, row group, first sample, end sample) for every kept row group, in order
+        (with `filter=`, the end - first sample counts only the selected rows)."""
         out = []
         offset = 0
         for file in self._files:
-            for group, rows in enumerate(file.chunk_rows):
+            for group, rows in zip(file.chunk_ids, file.chunk_rows):
                 out.append((file.display, group, offset, offset + rows))
                 offset += rows
         return out

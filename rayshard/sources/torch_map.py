@@ -24,6 +24,7 @@ import pyarrow as pa
 from rayshard.errors import ConfigError, DataError
 from rayshard.plan import DataLayout, check_coverage
 from rayshard.plan import intervals as iv
+from rayshard.sources._samples import as_dict, infer_schema, to_batch
 from rayshard.sources.base import Source
 
 
@@ -193,8 +194,13 @@ class CombinedDataset:
 class TorchMapSource(Source):
     """A map-style dataset as a source: rows become Arrow record batches.
 
-    - Samples are dicts of scalars, strings, bytes, numpy arrays or torch tensors; the
-      schema is inferred from sample 0 (arrays become nested lists of their dtype).
+    - Samples are dicts of scalars, strings, bytes, numpy arrays or torch tensors, or
+      tuples such as `(x, y)` whose values are named by `names` (default "0", "1", ...).
+    - The schema comes from three probe samples (first, middle, last): arrays of one
+      shape (any rank) become fixed-shape columns, delivered as `(rows, *shape)` arrays
+      and tensors; rank-1 arrays whose lengths differ, or keys listed in `ragged`, become
+      variable-length lists (padded by the loader, see `Loader(padding=...)`). A later
+      sample of another shape is a `DataError` naming it.
     - `read` calls `__getitem__` for exactly the rows asked for, `batch_rows` at a time.
     - A `ShardedDataset` (or a sharded `CombinedDataset`) is laid out shard after shard,
       each shard one file of the layout; `splits()` are then the shards. Coverage is
@@ -208,6 +214,8 @@ class TorchMapSource(Source):
         columns: Sequence[str] | None = None,
         *,
         batch_rows: int = 256,
+        names: Sequence[str] | None = None,
+        ragged: Sequence[str] = (),
     ) -> None:
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
             raise ConfigError(
@@ -236,9 +244,23 @@ class TorchMapSource(Source):
             self._layout = DataLayout.of_samples(n)
             self.total_shards = None
             self.dist_world_size = None
-        first = _sample(dataset, 0, type(dataset).__name__)
-        full = _to_batch([first], None).schema
+        if names is not None:
+            names = [names] if isinstance(names, str) else [str(k) for k in names]
+        self._names = names
+        label = type(dataset).__name__
+        first = _sample(dataset, 0, label, names)
         self._keys = list(first.keys())
+        probes = [first] + [
+            _sample(dataset, i, label, names) for i in sorted({n // 2, n - 1} - {0})
+        ]
+        ragged = [ragged] if isinstance(ragged, str) else list(ragged)
+        unknown = [k for k in ragged if k not in self._keys]
+        if unknown:
+            raise ConfigError(
+                f"ragged={ragged!r}: {unknown} are not sample keys of {label}; "
+                f"the keys are {self._keys}"
+            )
+        full = infer_schema(probes, self._keys, ragged)
         if columns is not None:
             columns = [columns] if isinstance(columns, str) else list(columns)
             missing = [c for c in columns if c not in self._keys]
@@ -282,20 +304,22 @@ class TorchMapSource(Source):
         cols = self._columns if columns is None else list(columns)
         schema = self.schema() if columns is None else _project(self._full_schema, cols)
         chunk: list[dict[str, Any]] = []
+        where: list[int] = []
         name = type(self._dataset).__name__
         for index in self.indices(start, end):
-            sample = _sample(self._dataset, index, name)
+            sample = _sample(self._dataset, index, name, self._names)
             if sorted(sample.keys()) != sorted(self._keys):
                 raise DataError(
                     f"{name}[{index}] has keys {sorted(sample.keys())}, but sample 0 has "
                     f"{sorted(self._keys)}: every sample must return the same keys"
                 )
             chunk.append(sample)
+            where.append(index)
             if len(chunk) == self._batch_rows:
-                yield _to_batch(chunk, schema, cols, name)
-                chunk = []
+                yield to_batch(chunk, where, schema, name)
+                chunk, where = [], []
         if chunk:
-            yield _to_batch(chunk, schema, cols, name)
+            yield to_batch(chunk, where, schema, name)
 
     def describe(self) -> str:
         kind = f", {self.total_shards} shards" if self.total_shards else ""
@@ -309,66 +333,5 @@ def _project(schema: pa.Schema, columns: list[str]) -> pa.Schema:
     return pa.schema([schema.field(c) for c in columns])
 
 
-def _sample(dataset: Any, index: int, name: str) -> dict[str, Any]:
-    sample = dataset[index]
-    if not isinstance(sample, dict):
-        raise ConfigError(
-            f"{name}[{index}] returned {type(sample).__name__}: samples must be dicts of "
-            "arrays or scalars (key -> value)"
-        )
-    return sample
-
-
-def _to_numpy(value: Any) -> Any:
-    if type(value).__module__.startswith("torch"):
-        return value.detach().cpu().numpy()
-    return value
-
-
-def _column(values: list[Any]) -> pa.Array:
-    values = [_to_numpy(v) for v in values]
-    arrays = [v for v in values if isinstance(v, np.ndarray)]
-    if len(arrays) == len(values) and arrays and all(a.ndim >= 1 for a in arrays):
-        ndim = arrays[0].ndim
-        if any(a.ndim != ndim for a in arrays):
-            raise DataError(f"arrays of one key have different ranks: {[a.ndim for a in arrays]}")
-        return _nested(arrays, ndim)
-    return pa.array([v.item() if isinstance(v, (np.ndarray, np.generic)) else v for v in values])
-
-
-def _nested(arrays: list[np.ndarray], ndim: int) -> pa.Array:
-    """Arrays of rank `ndim` as a list<...<list<dtype>>> column of `ndim` levels."""
-    if ndim == 1:
-        # (rows + 1,) list offsets; values are all arrays joined
-        offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int32)
-        flat = np.concatenate(arrays) if arrays else np.array([])
-        return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat))
-    offsets = np.concatenate([[0], np.cumsum([a.shape[0] for a in arrays])]).astype(np.int32)
-    inner = _nested([row for a in arrays for row in a], ndim - 1)
-    return pa.ListArray.from_arrays(pa.array(offsets), inner)
-
-
-def _to_batch(
-    samples: list[dict[str, Any]],
-    schema: pa.Schema | None,
-    columns: list[str] | None = None,
-    name: str = "dataset",
-) -> pa.RecordBatch:
-    keys = columns if columns is not None else list(samples[0].keys())
-    arrays = []
-    for key in keys:
-        column = _column([s[key] for s in samples])
-        if schema is not None:
-            want = schema.field(key).type
-            if not column.type.equals(want):
-                try:
-                    column = column.cast(want)
-                except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
-                    raise DataError(
-                        f"{name}: key {key!r} holds {column.type} here but {want} in sample 0 "
-                        f"({error}); samples must keep their types"
-                    ) from error
-        arrays.append(column)
-    if schema is not None:
-        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema([schema.field(k) for k in keys]))
-    return pa.RecordBatch.from_arrays(arrays, names=keys)
+def _sample(dataset: Any, index: int, name: str, names: Sequence[str] | None = None) -> dict:
+    return as_dict(dataset[index], index, name, names)

@@ -1,0 +1,204 @@
+"""How columns become batch arrays: padding of variable-length lists, null fill values.
+
+`Padding` holds one list column's options; `ColumnRules` holds every column's, checked
+against the source's schema on the driver (`ColumnRules.build`), and travels to the
+readers inside `LoaderSettings`. The conversion itself is `rayshard.ragged`.
+
+A variable-length list column `name` of numbers or booleans (`list`, `large_list`)
+becomes, per batch:
+
+- `name`: a `(rows, width)` array padded with `pad_value`, where `width` is the longest
+  row of the batch (at most `max_length`), rounded up to `pad_to_multiple`;
+- `name_lengths`: int64 `(rows,)`, each row's length after truncation;
+- `name_mask`: bool `(rows, width)`, True where a real element is.
+
+With `nested=True` it becomes `name` (the flat values) and `name_offsets` (int64,
+`rows + 1`) instead; under `batch_format="torch"` that is one `torch.nested` jagged tensor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+
+from rayshard.errors import ConfigError
+
+LENGTHS_SUFFIX = "_lengths"
+MASK_SUFFIX = "_mask"
+OFFSETS_SUFFIX = "_offsets"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Padding:
+    """Options of one variable-length list column (see the module docstring).
+
+    - `pad_value`: what fills the rows past their length (default 0).
+    - `max_length`: longest row kept; `None` keeps every element.
+    - `truncate`: rows longer than `max_length` are cut (True, default) or refused with a
+      `DataError` naming the column and the sample (False).
+    - `pad_to_multiple`: round the padded width up to a multiple of this (e.g. 8).
+    - `nested`: deliver values and offsets (a `torch.nested` jagged tensor under torch)
+      instead of padding.
+    """
+
+    pad_value: int | float | bool = 0
+    max_length: int | None = None
+    truncate: bool = True
+    pad_to_multiple: int | None = None
+    nested: bool = False
+
+    def __post_init__(self) -> None:
+        value = self.pad_value
+        if not isinstance(value, (int, float)) or (isinstance(value, float) and math.isnan(value)):
+            raise ConfigError(f"Padding(pad_value={value!r}) must be a number or a bool (not NaN)")
+        for name in ("max_length", "pad_to_multiple"):
+            limit = getattr(self, name)
+            if limit is not None and (
+                isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
+            ):
+                raise ConfigError(
+                    f"Padding({name}={limit!r}) must be an integer >= 1, or None for no limit"
+                )
+        for name in ("truncate", "nested"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(f"Padding({name}={getattr(self, name)!r}) must be True or False")
+
+    def width(self, longest: int) -> int:
+        """The padded width of a batch whose longest row has `longest` elements."""
+        width = longest if self.max_length is None else min(longest, self.max_length)
+        if self.pad_to_multiple:
+            width = -(-width // self.pad_to_multiple) * self.pad_to_multiple
+        return width
+
+
+def is_ragged(type_: pa.DataType) -> bool:
+    """A variable-length list of numbers or booleans: what gets padded."""
+    if not (pa.types.is_list(type_) or pa.types.is_large_list(type_)):
+        return False
+    value = type_.value_type
+    return pa.types.is_integer(value) or pa.types.is_floating(value) or pa.types.is_boolean(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class ColumnRules:
+    """Per-column conversion options, checked against a schema (`build`)."""
+
+    padding: tuple[tuple[str, Padding], ...] = ()
+    fill_null: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def build(
+        cls,
+        padding: Mapping[str, Padding] | None,
+        fill_null: Mapping[str, Any] | None,
+        schema: pa.Schema,
+        where: str = "the source",
+    ) -> ColumnRules:
+        """Validate the options against `schema` (the columns the loader reads): every named
+        column exists, padding only on numeric list columns, fill values fit their column,
+        and the derived `_lengths`/`_mask`/`_offsets` names are free."""
+        padding = _mapping(padding, "padding")
+        fill_null = _mapping(fill_null, "fill_null")
+        for name, options in padding.items():
+            if not isinstance(options, Padding):
+                raise TypeError(
+                    f"padding[{name!r}] is a {type(options).__name__}: pass "
+                    f"rayshard.columns.Padding(...), e.g. Padding(pad_value=0, max_length=512)"
+                )
+            field = _field(schema, name, "padding", where)
+            if not is_ragged(field.type):
+                raise ConfigError(
+                    f"padding[{name!r}]: column {name!r} of {where} is {field.type}; padding "
+                    "applies to variable-length lists of numbers (list or large_list)"
+                )
+            try:
+                pa.array([options.pad_value]).cast(field.type.value_type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                raise ConfigError(
+                    f"padding[{name!r}]: pad_value={options.pad_value!r} does not fit the "
+                    f"{field.type.value_type} values of column {name!r}: pick a value of "
+                    "that type"
+                ) from error
+        for name, value in fill_null.items():
+            field = _field(schema, name, "fill_null", where)
+            target = field.type.value_type if is_ragged(field.type) else field.type
+            try:
+                pa.array([value]).cast(target)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
+                raise ConfigError(
+                    f"fill_null[{name!r}]={value!r} does not fit column {name!r} ({field.type}) "
+                    f"of {where}: give a value of type {target}"
+                ) from error
+        for field in schema:
+            if not is_ragged(field.type):
+                continue
+            nested = padding.get(field.name, Padding()).nested
+            for suffix in (OFFSETS_SUFFIX,) if nested else (LENGTHS_SUFFIX, MASK_SUFFIX):
+                if schema.get_field_index(field.name + suffix) >= 0:
+                    raise ConfigError(
+                        f"column {field.name!r} of {where} is a variable-length list, which "
+                        f"adds {field.name + suffix!r}, but the source already has a column of "
+                        "that name: rename it, or leave one out with columns="
+                    )
+        return cls(tuple(sorted(padding.items())), tuple(sorted(fill_null.items())))
+
+    def padding_of(self, name: str) -> Padding:
+        return dict(self.padding).get(name) or Padding()
+
+    def fill_of(self, name: str) -> tuple[bool, Any]:
+        """(whether a fill value is configured, the value)."""
+        fills = dict(self.fill_null)
+        return (name in fills, fills.get(name))
+
+    def nested_columns(self, schema: pa.Schema) -> tuple[str, ...]:
+        """The list columns of `schema` delivered as jagged (values + offsets)."""
+        return tuple(f.name for f in schema if is_ragged(f.type) and self.padding_of(f.name).nested)
+
+
+def check_loader_columns(
+    schema: pa.Schema,
+    columns: Any,
+    padding: Mapping[str, Padding] | None,
+    fill_null: Mapping[str, Any] | None,
+    where: str,
+) -> ColumnRules:
+    """On the driver: `Loader(columns=...)` names columns of the source (a `ConfigError`
+    naming the column, `where` (the source, its first file) and the available columns),
+    and the padding and fill options fit the columns read."""
+    if columns is not None:
+        names = [columns] if isinstance(columns, str) else list(columns)
+        missing = [c for c in names if schema.get_field_index(c) < 0]
+        if missing:
+            raise ConfigError(
+                f"columns={names!r}: {missing} not in {where}; available columns are "
+                f"{schema.names} (check the spelling)"
+            )
+        schema = pa.schema([schema.field(c) for c in names])
+    return ColumnRules.build(padding, fill_null, schema, where)
+
+
+def _mapping(value: Any, name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"{name}={value!r} must be a dict of column name -> option, "
+            f"e.g. {name}={{'tokens': ...}}"
+        )
+    return dict(value)
+
+
+def _field(schema: pa.Schema, name: str, option: str, where: str) -> pa.Field:
+    if schema.get_field_index(name) < 0:
+        raise ConfigError(
+            f"{option}[{name!r}]: column {name!r} is not read from {where}; "
+            f"the columns are {schema.names}"
+        )
+    return schema.field(name)
+
+
+__all__ = ["ColumnRules", "Padding", "check_loader_columns", "is_ragged"]

@@ -1,0 +1,76 @@
+"""What the iterator hands the training loop, per `batch_format`, from a reader's numpy
+batch: the numpy dict itself, an Arrow record batch, or (for torch) the host batch the
+device feed stages, with strings as Python lists and jagged columns as `torch.nested`.
+
+`collate_fn` runs after this conversion under every format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from rayshard.columns import OFFSETS_SUFFIX
+
+FORMATS = ("torch", "numpy", "arrow")
+
+
+def torch_host_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> dict[str, Any]:
+    """The batch the device feed stages: numeric arrays as they are, string, binary and
+    other object columns as Python lists, `nested` columns (values + `_offsets`) as one
+    `torch.nested` jagged tensor each."""
+    out: dict[str, Any] = {}
+    for key, value in batch.items():
+        if key.endswith(OFFSETS_SUFFIX) and key[: -len(OFFSETS_SUFFIX)] in nested:
+            continue
+        if key in nested:
+            import torch
+
+            values = torch.from_numpy(np.array(value))  # a copy: object-store memory is read-only
+            offsets = torch.from_numpy(np.array(batch[key + OFFSETS_SUFFIX], dtype=np.int64))
+            out[key] = torch.nested.nested_tensor_from_jagged(values, offsets)
+        elif isinstance(value, np.ndarray) and value.dtype.kind in "OUS":
+            out[key] = value.tolist()
+        else:
+            out[key] = value
+    return out
+
+
+def arrow_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> pa.RecordBatch:
+    """The batch as an Arrow record batch: arrays of rank >= 2 as (nested) fixed-size
+    lists, object arrays through `pa.array`, `nested`
+    columns as list columns again (zero-copy from values and offsets)."""
+    columns: dict[str, Any] = {}
+    for key, value in batch.items():
+        if key.endswith(OFFSETS_SUFFIX) and key[: -len(OFFSETS_SUFFIX)] in nested:
+            continue
+        if key in nested:
+            offsets = pa.array(batch[key + OFFSETS_SUFFIX], pa.int64())
+            columns[key] = pa.LargeListArray.from_arrays(offsets, pa.array(value))
+        elif isinstance(value, np.ndarray) and value.ndim >= 2:
+            column = pa.array(value.reshape(-1))
+            for size in reversed(value.shape[1:]):
+                column = pa.FixedSizeListArray.from_arrays(column, size)
+            columns[key] = column
+        else:
+            columns[key] = value
+    return pa.RecordBatch.from_pydict(columns)
+
+
+def convert_stream(
+    raw: Iterable[dict[str, Any]],
+    batch_format: str,
+    nested: Sequence[str] = (),
+    collate_fn: Callable[[Any], Any] | None = None,
+) -> Iterator[Any]:
+    """Batches in `batch_format` ("numpy" or "arrow"; "torch" goes through
+    `torch_host_batch` and the device feed), each passed through `collate_fn` if given."""
+    for batch in raw:
+        out: Any = batch if batch_format == "numpy" else arrow_batch(batch, nested)
+        yield out if collate_fn is None else collate_fn(out)
+
+
+__all__ = ["FORMATS", "arrow_batch", "convert_stream", "torch_host_batch"]

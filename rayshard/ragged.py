@@ -1,0 +1,169 @@
+"""Arrow columns to numpy batch arrays: padding of variable-length lists (from the list
+offsets and the flat values, no loop over rows), null checks and fill values.
+
+Pure functions, testable without Ray; the readers run `convert_table` on every batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from rayshard.columns import (
+    LENGTHS_SUFFIX,
+    MASK_SUFFIX,
+    OFFSETS_SUFFIX,
+    ColumnRules,
+    Padding,
+    is_ragged,
+)
+from rayshard.errors import DataError
+
+INDEX_KEY = "_index"
+
+
+def convert_table(table: pa.Table, rules: ColumnRules | None = None) -> dict[str, np.ndarray]:
+    """Columns as numpy arrays: fixed-size lists as (rows, *shape) arrays, variable-length numeric
+    lists padded (or values + offsets), anything else through `to_numpy`. A null is a
+    `DataError` naming the column and the sample (`_index`) unless `rules` fill it."""
+    rules = rules or ColumnRules()
+    index = table.column(INDEX_KEY) if INDEX_KEY in table.column_names else None
+    out: dict[str, np.ndarray] = {}
+    for name in table.column_names:
+        chunked = table.column(name)
+        # One chunk (the usual case): use it as is; `combine_chunks` would copy it.
+        column = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
+        has_fill, fill = rules.fill_of(name)
+        if is_ragged(column.type):
+            out.update(pad_list(name, column, rules.padding_of(name), has_fill, fill, index))
+            continue
+        if column.null_count:
+            if not has_fill:
+                raise _null_error(name, column.is_null(), index)
+            column = column.fill_null(pa.scalar(fill).cast(column.type))
+        if pa.types.is_fixed_size_list(column.type):
+            # fixed_size_list<...<fixed_size_list<t, d_k>...>, d_1> -> (rows, d_1, ..., d_k)
+            shape, flat = [], column
+            while pa.types.is_fixed_size_list(flat.type):
+                shape.append(flat.type.list_size)
+                flat = flat.flatten()
+            out[name] = flat.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
+        elif _is_list(column.type):  # lists of strings, of lists: Python lists per row
+            rows = column.to_pylist()
+            out[name] = np.empty(len(rows), dtype=object)
+            for i, row in enumerate(rows):
+                out[name][i] = row
+        else:
+            out[name] = column.to_numpy(zero_copy_only=False)
+    return out
+
+
+def _is_list(type_: pa.DataType) -> bool:
+    return pa.types.is_list(type_) or pa.types.is_large_list(type_)
+
+
+def pad_list(
+    name: str,
+    column: pa.Array,
+    padding: Padding,
+    has_fill: bool = False,
+    fill: Any = None,
+    index: Any = None,
+) -> dict[str, np.ndarray]:
+    """One `list`/`large_list` column as padded values, lengths and mask (or, with
+    `padding.nested`, flat values and offsets). Null rows become empty rows and null
+    elements `fill` when `has_fill`; otherwise a null is a `DataError`."""
+    rows = len(column)
+    # (rows + 1,) offsets into the child array (a slice keeps its parent's child)
+    offsets = column.offsets.to_numpy().astype(np.int64)
+    # only the child values this slice uses (a batch is often a slice of a row group)
+    values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+    offsets = offsets - offsets[0]
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    if column.null_count:
+        if not has_fill:
+            raise _null_error(name, column.is_null(), index)
+        lengths = np.where(column.is_null().to_numpy(zero_copy_only=False), 0, lengths)
+    # (values,) element i is used by some row: a null there matters
+    used = _used_elements(starts, lengths, len(values))
+    if values.null_count:
+        nulls = np.asarray(values.is_null().to_numpy(zero_copy_only=False)) & used
+        if nulls.any():
+            if not has_fill:
+                element = int(np.flatnonzero(nulls)[0])
+                row = int(np.searchsorted(offsets, element, side="right") - 1)
+                raise _null_error(name, None, index, row=row, detail=" (an element of the list)")
+            values = values.fill_null(pa.scalar(fill).cast(values.type))
+    flat = values.to_numpy(zero_copy_only=False)
+    limit = padding.max_length
+    if limit is not None and lengths.size and lengths.max() > limit:
+        if not padding.truncate:
+            row = int(np.flatnonzero(lengths > limit)[0])
+            raise DataError(
+                f"column {name!r}: sample {_sample(index, row)} has {int(lengths[row])} "
+                f"elements, more than max_length={limit} (Padding(truncate=False)); raise "
+                "max_length, or allow truncate=True"
+            )
+        lengths = np.minimum(lengths, limit)
+    if padding.nested:
+        return _jagged(name, flat, starts, lengths)
+    width = padding.width(int(lengths.max()) if rows else 0)
+    # (rows, width) True where a row has a real element
+    mask = np.arange(width)[None, :] < lengths[:, None]
+    padded = np.full((rows, width), padding.pad_value, dtype=flat.dtype)
+    if rows and lengths.sum() == len(flat):  # every element kept, rows back to back
+        padded[mask] = flat
+    else:
+        # (real elements,) positions in `flat`, row-major like `padded[mask]`
+        positions = (starts[:, None] + np.arange(width)[None, :])[mask]
+        padded[mask] = flat[positions]
+    return {name: padded, name + LENGTHS_SUFFIX: lengths, name + MASK_SUFFIX: mask}
+
+
+def _jagged(
+    name: str, flat: np.ndarray, starts: np.ndarray, lengths: np.ndarray
+) -> dict[str, np.ndarray]:
+    """Values of the rows, joined, and their (rows + 1,) offsets from 0."""
+    new_offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    contiguous = lengths.size == 0 or (
+        (starts[1:] == starts[:-1] + lengths[:-1]).all() if lengths.size > 1 else True
+    )
+    if contiguous:  # rows follow each other in `flat`: one slice, no gather
+        start = int(starts[0]) if starts.size else 0
+        values = flat[start : start + int(new_offsets[-1])]
+    else:
+        # (total,) element j of row r sits at starts[r] + j
+        row_of = np.repeat(np.arange(lengths.size), lengths)
+        values = flat[starts[row_of] + (np.arange(new_offsets[-1]) - new_offsets[row_of])]
+    return {name: values, name + OFFSETS_SUFFIX: new_offsets}
+
+
+def _used_elements(starts: np.ndarray, lengths: np.ndarray, size: int) -> np.ndarray:
+    """(size,) bool: which child elements lie inside some row (a difference array)."""
+    marks = np.zeros(size + 1, dtype=np.int64)
+    np.add.at(marks, starts, 1)
+    np.add.at(marks, starts + lengths, -1)
+    return np.cumsum(marks[:-1]) > 0
+
+
+def _sample(index: Any, row: int) -> int:
+    if index is None:
+        return row
+    return int(index[row].as_py()) if hasattr(index, "__getitem__") else row
+
+
+def _null_error(
+    name: str, is_null: Any, index: Any, *, row: int | None = None, detail: str = ""
+) -> DataError:
+    if row is None:
+        row = int(pc.index(is_null, True).as_py())
+    return DataError(
+        f"column {name!r} is null at sample {_sample(index, row)}{detail}: give a fill "
+        f"value with Loader(fill_null={{{name!r}: ...}}), or drop the column with columns="
+    )
+
+
+__all__ = ["convert_table", "pad_list"]

@@ -1,0 +1,154 @@
+"""Building a file source's catalog on the driver: every file's chunks, the promoted
+schema, hive partition values, and the rows a `filter=` keeps. Only metadata is read,
+plus the filter's own columns of the chunks that statistics cannot rule out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import warnings
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from rayshard.errors import ConfigError
+from rayshard.sources import _select
+from rayshard.sources.schema import conform, merge_schemas
+
+log = logging.getLogger(__name__)
+
+PARTITIONINGS = ("hive", None)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FileChunks:
+    """One non-empty file: where it is, its kept chunks (ids in the file), the rows of each
+    kept chunk, the selected rows of each (None: all), and its partition values."""
+
+    fs_index: int
+    path: str
+    display: str
+    chunk_rows: tuple[int, ...]
+    chunk_ids: tuple[int, ...] = ()
+    selections: tuple[np.ndarray | None, ...] = ()
+    partition: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def num_rows(self) -> int:
+        return sum(self.chunk_rows)
+
+
+@dataclasses.dataclass(frozen=True)
+class Catalog:
+    filesystems: tuple[pafs.FileSystem, ...]
+    files: tuple[FileChunks, ...]
+    file_schema: pa.Schema
+    partition_schema: pa.Schema
+    resolved: list  # what the paths named, for messages
+
+
+def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -> Catalog:
+    """Inspect every file through `source`'s hooks (`_inspect`, `_open`, `_read_chunk`,
+    `_prune_chunks`) and apply partitions and the filter."""
+    if partitioning not in PARTITIONINGS:
+        raise ConfigError(
+            f"partitioning={partitioning!r} is not a valid choice: use 'hive' (key=value "
+            "folders become columns; the default) or None"
+        )
+    filesystems: list[pafs.FileSystem] = []
+    found: list[tuple[int, str, str, str, list[int]]] = []
+    schema_of: tuple[str, pa.Schema] | None = None
+    promoted: set[str] = set()
+    for fs, path, display, relative in resolved:
+        if fs not in filesystems:
+            filesystems.append(fs)
+        chunk_rows, schema = source._inspect(fs, path, display)
+        if sum(chunk_rows) == 0:
+            # Empty files often carry loose types (all-null columns): not checked.
+            warnings.warn(f"{display} holds no rows; skipping it", stacklevel=4)
+            continue
+        if schema_of is None:
+            schema_of = (display, schema)
+        else:
+            merged, changed = merge_schemas(schema_of, (display, schema))
+            promoted.update(changed)
+            schema_of = (schema_of[0], merged)
+        found.append((filesystems.index(fs), path, display, relative, chunk_rows))
+    if schema_of is None:
+        where = ", ".join(r[2] for r in resolved[:3]) + (" ..." if len(resolved) > 3 else "")
+        raise ConfigError(
+            f"the dataset has no rows: every file is empty ({where}); "
+            "check the paths, or write some rows first"
+        )
+    file_schema = schema_of[1]
+    if promoted:
+        log.info(
+            "rayshard: files of %s differ safely; columns %s are promoted, schema: %s",
+            schema_of[0],
+            sorted(promoted),
+            file_schema,
+        )
+    values = [(d, _select.hive_values(r) if partitioning else {}) for _, _, d, r, _ in found]
+    parts = _select.partition_schema(values, file_schema)
+    full = pa.schema([*file_schema, *parts])
+    used = _select.check_filter(filter_, full) if filter_ is not None else []
+    files = []
+    for (fs_index, path, display, _, chunk_rows), (_, keys) in zip(found, values):
+        partition = tuple((k, keys[k]) for k in parts.names)
+        file = FileChunks(
+            fs_index, path, display, tuple(chunk_rows), tuple(range(len(chunk_rows))),
+            (None,) * len(chunk_rows), partition,
+        )  # fmt: skip
+        if filter_ is not None:
+            file = _filtered(source, filesystems[fs_index], file, filter_, used, file_schema, parts)
+        if file.num_rows:
+            files.append(file)
+    if not files:
+        raise ConfigError(
+            f"filter={filter_} keeps no row of the dataset ({len(found)} files): "
+            "check the expression against the data"
+        )
+    if filter_ is not None:
+        kept = sum(f.num_rows for f in files)
+        log.info("rayshard: filter=%s keeps %d rows in %d files", filter_, kept, len(files))
+    return Catalog(tuple(filesystems), tuple(files), file_schema, parts, resolved)
+
+
+def _filtered(
+    source: Any,
+    fs: pafs.FileSystem,
+    file: FileChunks,
+    filter_: Any,
+    used: list[str],
+    file_schema: pa.Schema,
+    parts: pa.Schema,
+) -> FileChunks:
+    values = dict(file.partition)
+    file_used = [c for c in used if file_schema.get_field_index(c) >= 0]
+    if not file_used:  # partition columns only: the whole file is in or out
+        table = pa.table(_select.constants(parts, values, 1), schema=parts)
+        keep = _select.select_rows(table, filter_, file.display) is None
+        return file if keep else dataclasses.replace(file, chunk_rows=(), chunk_ids=())
+    typed = {f.name: c[0].as_py() for f, c in zip(parts, _select.constants(parts, values, 1))}
+    candidates = source._prune_chunks(fs, file.path, filter_, typed, len(file.chunk_ids))
+    handle = source._open(fs, file.path)
+    ids, rows, selections = [], [], []
+    for chunk in candidates:
+        table = conform(source._read_chunk(handle, chunk, file_used), file_schema)
+        for field, column in zip(parts, _select.constants(parts, values, table.num_rows)):
+            table = table.append_column(field, column)
+        selection = _select.select_rows(table, filter_, file.display)
+        count = table.num_rows if selection is None else len(selection)
+        if count:
+            ids.append(chunk)
+            rows.append(count)
+            selections.append(selection)
+    return dataclasses.replace(
+        file, chunk_rows=tuple(rows), chunk_ids=tuple(ids), selections=tuple(selections)
+    )
+
+
+__all__ = ["Catalog", "FileChunks", "build"]
