@@ -22,3 +22,24 @@ class DataError(RayshardError):
 
 class StaleClientError(RayshardError):
     """A client spoke for an epoch or generation the coordinator has already left."""
+
+
+class TransformError(DataError):
+    """A loader's transform failed (raised, or returned something unusable) in a reader.
+
+    The message names the loader, data-parallel rank, epoch and the batch's sample indices
+    and carries the transform's traceback; the same facts are attributes."""
+
+    def __init__(
+        self,
+        message: str,
+        loader: str = "",
+        rank: int | None = None,
+        epoch: int | None = None,
+        samples: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.loader, self.rank, self.epoch, self.samples = loader, rank, epoch, samples
+
+    def __reduce__(self):  # crosses actor boundaries: rebuild with every attribute
+        return (type(self), (self.args[0], self.loader, self.rank, self.epoch, self.samples))

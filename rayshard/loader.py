@@ -29,12 +29,16 @@ from rayshard.runtime.reader import ShardReader
 from rayshard.settings import LoaderSettings, as_tuple_groups
 from rayshard.sharding import assign
 from rayshard.sources import Source
+from rayshard.transforms import TransformFn, check_transform
 
 log = logging.getLogger(__name__)
 
 
 class Loader:
-    """An elastic, exactly-once data loader over `source` (see the README for the options)."""
+    """An elastic, exactly-once data loader over `source` (see the README for the options).
+
+    `transform=fn` runs `fn(batch, ctx)` on every batch in the reader processes (see
+    `rayshard.transforms`); it must be callable and pickle with cloudpickle."""
 
     def __init__(
         self,
@@ -66,6 +70,7 @@ class Loader:
         journal_path: str | None = None,
         coordinator_max_restarts: int = 3,
         config_file: dict | None = None,
+        transform: TransformFn | None = None,
     ) -> None:
         if not isinstance(source, Source):
             raise TypeError(
@@ -102,6 +107,8 @@ class Loader:
             state_timeout_s=state_timeout_s,
             journal_path=journal_path,
         )
+        check_transform(transform)
+        self.transform = transform
         self.source = source
         self.layout = source.layout()
         check_not_empty(self.layout, source.describe())
@@ -260,6 +267,7 @@ class Loader:
                 dp.dp_rank,
                 len(dp.group),
                 self.loader_id,
+                self.transform,
             )
         )
         ray.get(

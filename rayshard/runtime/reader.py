@@ -35,8 +35,9 @@ from rayshard.batching import (
     rebatch,
 )
 from rayshard.device.affinity import reader_pool
-from rayshard.errors import RayshardError, StaleClientError
+from rayshard.errors import RayshardError, StaleClientError, TransformError
 from rayshard.metrics import set_prefetch_depth
+from rayshard.runtime.transform_stage import column_bytes, transform_input, transform_stream
 from rayshard.settings import LoaderSettings
 from rayshard.sharding import ShardingPolicy
 from rayshard.shuffle import shuffle_batches
@@ -54,6 +55,7 @@ class ShardReader:
         dp_rank: int,
         consumers: int,
         loader_id: str = "",
+        transform: Any = None,
     ) -> None:
         self._coordinator = coordinator
         self._source = source
@@ -62,6 +64,7 @@ class ShardReader:
         self._consumers = consumers
         self._splits = source.splits()
         self._loader_name = loader_id
+        self._transform = transform  # fn(batch, ctx), run on the reader thread
         self._stopped = threading.Event()
         self._cond = threading.Condition()
         self._key: tuple[int, int] | None = None  # (generation, epoch) being read
@@ -103,7 +106,7 @@ class ShardReader:
             self._error = None
             self._cancel = threading.Event()
             self._thread = threading.Thread(
-                target=self._read_loop, args=(produce, self._cancel), daemon=True
+                target=self._read_loop, args=(produce, self._cancel, epoch), daemon=True
             )
             self._thread.start()
         return {"batches": batches}
@@ -127,6 +130,8 @@ class ShardReader:
             if index not in self._ready:
                 if self._error is None:
                     return None
+                if isinstance(self._error, TransformError):
+                    raise self._error  # names loader, rank, epoch and samples already
                 raise RayshardError(
                     f"reader of data-parallel rank {self._dp_rank} failed at batch {index} of "
                     f"epoch {epoch}: {self._error}"
@@ -221,10 +226,13 @@ class ShardReader:
             yield from pad_rows(self._source, count, last_index, settings.columns, pad_cache)
             rows_out += count
 
-    def _read_loop(self, rows: Iterator[pa.RecordBatch], cancel: threading.Event) -> None:
-        """Batches go to the object store in blocks (one `ray.put` and one fetch per block,
-        not per batch): a block closes at `block_batches` batches or `object_bytes` bytes,
-        whichever comes first. Index `i` of `next()` is block `i`."""
+    def _read_loop(
+        self, rows: Iterator[pa.RecordBatch], cancel: threading.Event, epoch: int
+    ) -> None:
+        """Batches (transformed, with a transform) go to the object store in blocks (one
+        `ray.put` and one fetch per block, not per batch): a block closes at
+        `block_batches` batches or `object_bytes` bytes, whichever comes first. Index `i`
+        of `next()` is block `i`."""
         settings = self._settings
         per_object = settings.block_batches
         # Blocks ready ahead of the consumers: at least `prefetch_depth` batches.
@@ -232,10 +240,10 @@ class ShardReader:
         block: list[dict] = []
         block_bytes = 0
         try:
-            for batch in itertools.chain(rebatch(rows, settings.plan.batch_size), [FLUSH]):
+            for batch in itertools.chain(self._batches_of(rows, epoch), [FLUSH]):
                 if batch is not FLUSH:
                     block.append(batch)
-                    block_bytes += sum(column.nbytes for column in batch.values())
+                    block_bytes += sum(column_bytes(column) for column in batch.values())
                 full = len(block) >= per_object or block_bytes >= settings.object_bytes
                 if not block or (batch is not FLUSH and not full):
                     continue
@@ -255,9 +263,25 @@ class ShardReader:
                 self._final = self._next_to_read
                 self._cond.notify_all()
         except BaseException as error:  # noqa: BLE001 - reported to every consumer
+            if not isinstance(error, TransformError):
+                error = RayshardError(f"{error!r}\n{traceback.format_exc()}")
             with self._cond:
-                self._error = RayshardError(f"{error!r}\n{traceback.format_exc()}")
+                self._error = error
                 self._cond.notify_all()
+
+    def _batches_of(self, rows: Iterator[pa.RecordBatch], epoch: int) -> Iterator[Any]:
+        """Rebatched rows, through the transform if there is one."""
+        batch_size = self._settings.plan.batch_size
+        if self._transform is None:
+            return rebatch(rows, batch_size)
+        return transform_stream(
+            rebatch(rows, batch_size, convert=transform_input),
+            self._transform,
+            loader=self._loader_name,
+            seed=self._settings.plan.seed,
+            epoch=epoch,
+            rank=self._dp_rank,
+        )
 
     def _stop_thread(self) -> None:
         thread = self._thread
