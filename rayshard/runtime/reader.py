@@ -273,14 +273,16 @@ class ShardReader:
         """Rebatched rows, through the transform if there is one."""
         batch_size = self._settings.plan.batch_size
         if self._transform is None:
-            return rebatch(rows, batch_size)
-        return transform_stream(
-            rebatch(rows, batch_size, convert=transform_input),
-            self._transform,
-            loader=self._loader_name,
-            seed=self._settings.plan.seed,
-            epoch=epoch,
-            rank=self._dp_rank,
+            return _flush_before_error(rebatch(rows, batch_size))
+        return _flush_before_error(
+            transform_stream(
+                rebatch(rows, batch_size, convert=transform_input),
+                self._transform,
+                loader=self._loader_name,
+                seed=self._settings.plan.seed,
+                epoch=epoch,
+                rank=self._dp_rank,
+            )
         )
 
     def _stop_thread(self) -> None:
@@ -290,3 +292,13 @@ class ShardReader:
             with self._cond:
                 self._cond.notify_all()
             thread.join(timeout=30)
+
+
+def _flush_before_error(batches: Iterator[Any]) -> Iterator[Any]:
+    """Pass `batches` on; if the stream fails, emit `FLUSH` first so the batches made
+    before the failure reach the consumers ahead of the error."""
+    try:
+        yield from batches
+    except Exception:
+        yield FLUSH
+        raise
