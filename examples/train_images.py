@@ -40,14 +40,15 @@ from rayshard.transforms import per_sample
 SIZE, CROP, SEED = 32, 28, 7
 
 
-def make_dataset(folder: str, files: int = 3) -> str:
-    """The digits, upscaled to 32x32 grey PNGs, with their label and id, in Parquet."""
+def make_dataset(folder: str, samples: int | None = None, files: int = 3) -> str:
+    """The digits (the first `samples` of them), upscaled to 32x32 grey PNGs, with their
+    label and id, in Parquet."""
     from PIL import Image
     from sklearn.datasets import load_digits
 
     os.makedirs(folder, exist_ok=True)
     digits = load_digits()
-    images = (digits.images * (255 / 16)).clip(0, 255).astype(np.uint8)
+    images = (digits.images[:samples] * (255 / 16)).clip(0, 255).astype(np.uint8)
     pngs = []
     for image in images:
         out = io.BytesIO()
@@ -183,15 +184,22 @@ def check_resume_reproducible(data: str) -> tuple[bool, int]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="Parquet folder or glob (default: make the digits)")
+    parser.add_argument("--samples", type=int, help="use the first N digits (default: all)")
     parser.add_argument("--workers", type=int, default=2, help="Ray Train workers")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--use-gpu", action="store_true", help="one GPU per worker")
     parser.add_argument("--storage", default=os.path.abspath("rayshard-output/ray-results"))
+    parser.add_argument(
+        "--address",
+        default=os.environ.get("RAY_ADDRESS"),
+        help="Ray address (default: RAY_ADDRESS, else the cluster `ray start` runs here, else "
+        "a new local Ray); `local` always starts a new one",
+    )
     args = parser.parse_args(argv)
 
     apply_ray_env_defaults()  # for the local Ray this may start (see rayshard.ray_tuning)
-    ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
-    data = args.data or make_dataset(os.path.abspath("rayshard-output/digits-png"))
+    ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
+    data = args.data or make_dataset(os.path.abspath("rayshard-output/digits-png"), args.samples)
     loader = make_loader(data, "images")
     num_samples = loader.layout.num_samples
     audit = start_audit(num_samples)

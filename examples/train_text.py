@@ -38,7 +38,7 @@ from rayshard.sources.parquet import ParquetSource
 SEQ_LEN, VOCAB, PAD = 128, 2048, 0
 
 
-def stdlib_chunks(max_bytes: int, chunk_chars: int = 600) -> list[tuple[str, str]]:
+def stdlib_chunks(max_bytes: int, chunk_chars: int = 450) -> list[tuple[str, str]]:
     """(file, text) chunks of whole lines from the standard library's top-level modules,
     in file-name order, up to `max_bytes` of text."""
     folder = sysconfig.get_paths()["stdlib"]
@@ -190,10 +190,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--use-gpu", action="store_true", help="one GPU per worker")
     parser.add_argument("--storage", default=os.path.abspath("rayshard-output/ray-results"))
+    parser.add_argument(
+        "--address",
+        default=os.environ.get("RAY_ADDRESS"),
+        help="Ray address (default: RAY_ADDRESS, else the cluster `ray start` runs here, else "
+        "a new local Ray); `local` always starts a new one",
+    )
     args = parser.parse_args(argv)
 
     apply_ray_env_defaults()  # for the local Ray this may start (see rayshard.ray_tuning)
-    ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
+    ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
     data = args.data or make_dataset(os.path.abspath("rayshard-output/stdlib-text"), args.max_bytes)
     started = time.perf_counter()
     tokenizer_json = train_tokenizer(data)
