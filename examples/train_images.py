@@ -157,7 +157,7 @@ def lockstep(iterators: list, steps: int | None = None) -> list[list[dict]]:
 
 
 def check_resume_reproducible(data: str) -> tuple[bool, int]:
-    """Epoch 0 on 2 ranks vs. epoch 0 stopped after 3 steps on 2 ranks and resumed on 1:
+    """Epoch 0 on 2 ranks vs. epoch 0 stopped half-way on 2 ranks and resumed on 1:
     every sample's augmented image must be identical. Runs outside Ray Train (the loader
     is the same one the trainer used, in fresh namespaces)."""
     full = make_loader(data, "images-check", namespace="rayshard-images-full")
@@ -166,8 +166,9 @@ def check_resume_reproducible(data: str) -> tuple[bool, int]:
     full.shutdown()
     first = make_loader(data, "images-check", namespace="rayshard-images-a")
     ranks = [first.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-    before = lockstep(ranks, steps=3)
+    before = lockstep(ranks, steps=len(ranks[0]) // 2)
     state = json.loads(json.dumps(ranks[0].state_dict()))  # as a checkpoint holds it
+    assert state["epoch"] == 0 and state["consumed"], "stopped mid-epoch"
     first.shutdown()
     second = make_loader(data, "images-check", namespace="rayshard-images-b")
     alone = second.iterator(world_rank=0, world_size=1, batch_format="numpy")
@@ -230,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     loader.shutdown()
     same, checked = check_resume_reproducible(data)
     print(
-        f"augmentation check: {checked} samples, world size 2 vs. stopped after 3 steps and "
+        f"augmentation check: {checked} samples, world size 2 vs. stopped half-way and "
         f"resumed on world size 1: {'identical' if same else 'DIFFERENT'}"
     )
     if not (exact and same):
