@@ -213,3 +213,18 @@ def test_bad_transforms_are_refused_at_construction(ray_session, dataset):
     lock = threading.Lock()
     with pytest.raises(TypeError, match="cannot be pickled"):
         make_loader(dataset, transform=lambda batch, ctx: batch if lock else None)
+
+
+def test_transform_is_not_part_of_the_loader_id(ray_session, dataset):
+    name = unique_name("tf")
+    plain = Loader(ParquetSource(dataset), batch_size=8, name=name, namespace=f"{name}-a")
+    other = Loader(
+        ParquetSource(dataset),
+        batch_size=8,
+        name=name,
+        namespace=f"{name}-b",
+        transform=drop_thirds,
+    )
+    assert plain.loader_id == other.loader_id  # a saved state loads into either
+    plain.shutdown()
+    other.shutdown()
