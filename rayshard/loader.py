@@ -38,7 +38,8 @@ class Loader:
     """An elastic, exactly-once data loader over `source` (see the README for the options).
 
     `transform=fn` runs `fn(batch, ctx)` on every batch in the reader processes (see
-    `rayshard.transforms`); it must be callable and pickle with cloudpickle."""
+    `rayshard.transforms`); it must be callable and pickle with cloudpickle.
+    `transform_workers=k` runs it in k processes per rank, in batch order."""
 
     def __init__(
         self,
@@ -71,6 +72,7 @@ class Loader:
         coordinator_max_restarts: int = 3,
         config_file: dict | None = None,
         transform: TransformFn | None = None,
+        transform_workers: int = 1,
     ) -> None:
         if not isinstance(source, Source):
             raise TypeError(
@@ -106,8 +108,14 @@ class Loader:
             dp_groups=as_tuple_groups(dp_groups),
             state_timeout_s=state_timeout_s,
             journal_path=journal_path,
+            transform_workers=transform_workers,
         )
         check_transform(transform)
+        if transform is None and self.settings.transform_workers > 1:
+            raise ConfigError(
+                f"transform_workers={transform_workers} needs a transform: pass transform=fn, "
+                f"or leave transform_workers at 1"
+            )
         self.transform = transform
         self.source = source
         self.layout = source.layout()

@@ -32,12 +32,13 @@ from rayshard.batching import (
     iter_rows_parallel,
     pad_rows,
     reading_pieces,
-    rebatch,
 )
 from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, StaleClientError, TransformError
 from rayshard.metrics import set_prefetch_depth
-from rayshard.runtime.transform_stage import column_bytes, transform_input, transform_stream
+from rayshard.runtime.pipeline import reader_batches
+from rayshard.runtime.transform_stage import column_bytes
+from rayshard.runtime.transform_workers import start_workers
 from rayshard.settings import LoaderSettings
 from rayshard.sharding import ShardingPolicy
 from rayshard.shuffle import shuffle_batches
@@ -65,6 +66,7 @@ class ShardReader:
         self._splits = source.splits()
         self._loader_name = loader_id
         self._transform = transform  # fn(batch, ctx), run on the reader thread
+        self._workers: list | None = None  # transform workers, made on first use
         self._stopped = threading.Event()
         self._cond = threading.Condition()
         self._key: tuple[int, int] | None = None  # (generation, epoch) being read
@@ -106,7 +108,9 @@ class ShardReader:
             self._error = None
             self._cancel = threading.Event()
             self._thread = threading.Thread(
-                target=self._read_loop, args=(produce, self._cancel, epoch), daemon=True
+                target=self._read_loop,
+                args=(self._batches_of(produce, epoch), self._cancel),
+                daemon=True,
             )
             self._thread.start()
         return {"batches": batches}
@@ -226,13 +230,10 @@ class ShardReader:
             yield from pad_rows(self._source, count, last_index, settings.columns, pad_cache)
             rows_out += count
 
-    def _read_loop(
-        self, rows: Iterator[pa.RecordBatch], cancel: threading.Event, epoch: int
-    ) -> None:
-        """Batches (transformed, with a transform) go to the object store in blocks (one
-        `ray.put` and one fetch per block, not per batch): a block closes at
-        `block_batches` batches or `object_bytes` bytes, whichever comes first. Index `i`
-        of `next()` is block `i`."""
+    def _read_loop(self, batches: Iterator[Any], cancel: threading.Event) -> None:
+        """Batches go to the object store in blocks (one `ray.put` and one fetch per block,
+        not per batch): a block closes at `block_batches` batches or `object_bytes` bytes,
+        whichever comes first. Index `i` of `next()` is block `i`."""
         settings = self._settings
         per_object = settings.block_batches
         # Blocks ready ahead of the consumers: at least `prefetch_depth` batches.
@@ -240,7 +241,7 @@ class ShardReader:
         block: list[dict] = []
         block_bytes = 0
         try:
-            for batch in itertools.chain(self._batches_of(rows, epoch), [FLUSH]):
+            for batch in itertools.chain(batches, [FLUSH]):
                 if batch is not FLUSH:
                     block.append(batch)
                     block_bytes += sum(column_bytes(column) for column in batch.values())
@@ -271,19 +272,25 @@ class ShardReader:
 
     def _batches_of(self, rows: Iterator[pa.RecordBatch], epoch: int) -> Iterator[Any]:
         """Rebatched rows, through the transform if there is one."""
-        batch_size = self._settings.plan.batch_size
-        if self._transform is None:
-            return _flush_before_error(rebatch(rows, batch_size))
-        return _flush_before_error(
-            transform_stream(
-                rebatch(rows, batch_size, convert=transform_input),
-                self._transform,
-                loader=self._loader_name,
-                seed=self._settings.plan.seed,
-                epoch=epoch,
-                rank=self._dp_rank,
-            )
+        settings = self._settings
+        return reader_batches(
+            rows,
+            batch_size=settings.plan.batch_size,
+            transform=self._transform,
+            workers=self._workers_ if settings.transform_workers > 1 else None,
+            loader=self._loader_name,
+            seed=settings.plan.seed,
+            epoch=epoch,
+            rank=self._dp_rank,
         )
+
+    def _workers_(self) -> list:
+        """The transform workers, started on first use; they live as long as the reader."""
+        rank = self._dp_rank
+        if self._workers is None:
+            count, seed = self._settings.transform_workers, self._settings.plan.seed
+            self._workers = start_workers(count, self._transform, self._loader_name, seed, rank)
+        return self._workers
 
     def _stop_thread(self) -> None:
         thread = self._thread
@@ -292,13 +299,3 @@ class ShardReader:
             with self._cond:
                 self._cond.notify_all()
             thread.join(timeout=30)
-
-
-def _flush_before_error(batches: Iterator[Any]) -> Iterator[Any]:
-    """Pass `batches` on; if the stream fails, emit `FLUSH` first so the batches made
-    before the failure reach the consumers ahead of the error."""
-    try:
-        yield from batches
-    except Exception:
-        yield FLUSH
-        raise

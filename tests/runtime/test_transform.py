@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 from collections import Counter
 
@@ -20,7 +21,7 @@ from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from rayshard.transforms import sample_rng
 from tests.runtime.helpers import run_lockstep, unique_name
-from tests.runtime.transform_fns import drop_thirds, noisy
+from tests.runtime.transform_fns import drop_thirds, noisy, slow_noisy
 
 pytestmark = pytest.mark.ray
 
@@ -228,3 +229,50 @@ def test_transform_is_not_part_of_the_loader_id(ray_session, dataset):
     assert plain.loader_id == other.loader_id  # a saved state loads into either
     plain.shutdown()
     other.shutdown()
+
+
+def worker_pids(loader) -> list[int]:
+    """The pids of the transform workers of every reader of `loader`."""
+    pids = []
+    for name in ray.get(loader._coordinator.reader_names.remote()):
+        reader = ray.get_actor(name, namespace=loader.namespace)
+        handles = ray.get(reader.__ray_call__.remote(lambda self: self._workers or []))
+        pids += ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in handles])
+    return pids
+
+
+def batches_as_tuples(rank_batches):
+    return [
+        [(b["_index"].tolist(), b["_padded"].tolist(), b["noise"].tolist()) for b in batches]
+        for batches in rank_batches
+    ]
+
+
+def test_transform_workers_keep_the_order_and_survive_a_worker_death(ray_session, dataset):
+    options = {"transform": slow_noisy, "seed": 11, "batch_size": 4, "shuffle": True}
+    single = make_loader(dataset, **options)
+    expected = batches_as_tuples(run_lockstep(iterators(single, 2)))
+    single.shutdown()
+
+    loader = make_loader(dataset, transform_workers=2, batches_per_object=1, **options)
+    its = iterators(loader, 2)
+    first = run_lockstep(its, steps=2)
+    pids = worker_pids(loader)
+    assert len(set(pids)) == 4  # 2 ranks x 2 workers, each its own process
+    os.kill(pids[0], signal.SIGKILL)  # a real process death mid-epoch
+    rest = run_lockstep(its)
+    got = batches_as_tuples([a + b for a, b in zip(first, rest)])
+    assert got == expected  # same batches, same order, same random state
+    seen = {int(p) for rank in rest for b in rank for p in b["pid"]}
+    assert seen - set(pids), "a restarted worker process took over"
+    names = ray.get(loader._coordinator.reader_names.remote())
+    handles = [ray.get_actor(name, namespace=loader.namespace) for name in names]
+    readers = ray.get([h.__ray_call__.remote(lambda self: os.getpid()) for h in handles])
+    assert not seen & set(readers)  # the transform ran in the workers, not the readers
+    assert loader.stats()["reserved_samples"] == 0
+    loader.shutdown()
+
+
+def test_transform_workers_need_a_transform(ray_session, dataset):
+    with pytest.raises(ValueError, match="transform_workers=2 needs a transform"):
+        make_loader(dataset, transform_workers=2)

@@ -24,3 +24,11 @@ def noisy(batch, ctx):
 def drop_thirds(batch, ctx):
     """A filter: every sample whose index is a multiple of 3 is dropped."""
     return keep_rows(batch, ctx.indices % 3 != 0)
+
+
+def slow_noisy(batch, ctx):
+    """`noisy` that takes a while per batch (time to kill a worker mid-epoch)."""
+    import time
+
+    time.sleep(0.03)
+    return noisy(batch, ctx)
