@@ -100,6 +100,7 @@ def reference_noise(ray_session, dataset):
         (2, {"policy": "file"}),
         (2, {"policy": "dynamic", "split_rows": 10}),
         (3, {"policy": "dynamic", "batch_size": 4}),
+        (2, {"policy": "dynamic", "transform_workers": 2}),
     ],
 )
 def test_same_noise_per_sample_whatever_world_policy_and_batching(
@@ -186,14 +187,14 @@ def test_filter_resume_counts_dropped_samples_consumed(ray_session, dataset):
     fresh.shutdown()
 
 
-@pytest.mark.parametrize("fmt", ["torch", "numpy"])
-def test_transform_error_reaches_the_loop_as_transform_error(ray_session, dataset, fmt):
+@pytest.mark.parametrize(("fmt", "workers"), [("torch", 1), ("numpy", 1), ("torch", 2)])
+def test_transform_error_reaches_the_loop_as_transform_error(ray_session, dataset, fmt, workers):
     def explode_at_42(batch, ctx):
         if 42 in ctx.indices:
             raise ValueError("sample 42 is cursed")
         return {"id": batch["id"]}
 
-    loader = make_loader(dataset, transform=explode_at_42)
+    loader = make_loader(dataset, transform=explode_at_42, transform_workers=workers)
     its = iterators(loader, 2, fmt)
     received = []
     with pytest.raises(TransformError) as info:
