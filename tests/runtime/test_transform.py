@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import threading
+import time
 from collections import Counter
 
 import numpy as np
@@ -271,7 +272,20 @@ def test_transform_workers_keep_the_order_and_survive_a_worker_death(ray_session
     readers = ray.get([h.__ray_call__.remote(lambda self: os.getpid()) for h in handles])
     assert not seen & set(readers)  # the transform ran in the workers, not the readers
     assert loader.stats()["reserved_samples"] == 0
+    live = worker_pids(loader)
     loader.shutdown()
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in live) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in live), "workers die with their reader"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def test_transform_workers_need_a_transform(ray_session, dataset):
