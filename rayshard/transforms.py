@@ -47,7 +47,7 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(key=key))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # holds arrays: compared by identity
 class TransformContext:
     """What a transform knows about its batch.
 

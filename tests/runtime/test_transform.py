@@ -22,7 +22,7 @@ from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from rayshard.transforms import sample_rng
 from tests.runtime.helpers import run_lockstep, unique_name
-from tests.runtime.transform_fns import drop_thirds, noisy, slow_noisy
+from tests.runtime.transform_fns import drop_below_16, drop_thirds, noisy, slow_noisy
 
 pytestmark = pytest.mark.ray
 
@@ -163,6 +163,18 @@ def test_filter_covers_the_kept_samples_exactly_once_and_keeps_steps(ray_session
     assert not any(e["event"] == "rank_lost" and e["reason"] != "left" for e in stats["events"])
     loader.shutdown()
     plain.shutdown()
+
+
+def test_filter_can_empty_a_batch_which_still_counts_as_a_step(ray_session, dataset):
+    loader = make_loader(dataset, transform=drop_below_16)
+    (it,) = iterators(loader, 1, "torch")
+    steps = len(it)
+    batches = list(it)
+    assert len(batches) == steps == -(-N // 8)
+    assert [len(b["id"]) for b in batches[:3]] == [0, 0, 8]
+    assert [int(i) for b in batches for i in b["id"]] == list(range(16, N))
+    assert it.state_dict()["epoch"] == 1  # the emptied batches' samples were consumed too
+    loader.shutdown()
 
 
 def test_filter_resume_counts_dropped_samples_consumed(ray_session, dataset):

@@ -32,3 +32,9 @@ def slow_noisy(batch, ctx):
 
     time.sleep(0.03)
     return noisy(batch, ctx)
+
+
+def drop_below_16(batch, ctx):
+    """A filter that empties the first batches of rank 0 (batch size 8)."""
+    numeric = {k: batch[k] for k in ("id", "_index", "_padded")}  # torch takes numbers
+    return keep_rows(numeric, ctx.indices >= 16)
