@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.rayshard-installed
 
-.PHONY: demo test test-submit lint bench plan clean
+.PHONY: demo example-images example-text test test-submit lint bench plan clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -17,6 +17,12 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) examples/train.py
+
+example-images: $(STAMP)
+	$(PY) examples/train_images.py
+
+example-text: $(STAMP)
+	$(PY) examples/train_text.py
 
 test: $(STAMP)
 	$(PY) -m ruff check .

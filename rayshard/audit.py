@@ -48,3 +48,11 @@ def start_audit(num_samples: int, name: str | None = None) -> Any:
     if name:
         options["name"] = name
     return ray.remote(CoverageAudit).options(**options).remote(num_samples)
+
+
+def format_report(report: dict[int, dict[str, int]]) -> str:
+    """`CoverageAudit.report()` as a table: epoch, seen, lost, duplicates."""
+    lines = [f"{'epoch':>5} {'seen':>8} {'lost':>6} {'duplicates':>10}"]
+    for epoch, row in report.items():
+        lines.append(f"{epoch:>5} {row['seen']:>8} {row['lost']:>6} {row['duplicates']:>10}")
+    return "\n".join(lines)

@@ -10,7 +10,7 @@ import bisect
 import collections
 import itertools
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -92,18 +92,21 @@ def iter_padding(
 
 
 def rebatch(
-    record_batches: Iterator[pa.RecordBatch], batch_size: int, rules: ColumnRules | None = None
+    record_batches: Iterator[pa.RecordBatch],
+    batch_size: int,
+    convert: Callable[[pa.Table], Any] | None = None,
 ) -> Iterator[Batch]:
     """Cut a stream of record batches into numpy dicts of exactly `batch_size` rows
-    (the last one possibly shorter), converted by `to_numpy` under `rules`. A `FLUSH` in
+    (the last one possibly shorter), made by `convert` (default `to_numpy`). A `FLUSH` in
     the stream emits the rows held so far as a short batch, then passes the `FLUSH` on (a
     dynamic reader about to wait must not sit on rows others wait for)."""
+    convert = convert or to_numpy
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in record_batches:
         if batch is FLUSH:
             if rows:
-                yield to_numpy(pa.Table.from_batches(pending).combine_chunks(), rules)
+                yield convert(pa.Table.from_batches(pending).combine_chunks())
                 pending, rows = [], 0
             yield FLUSH  # downstream holders (object blocks) must flush too
             continue
@@ -116,12 +119,12 @@ def rebatch(
             # copied (and only when they span record batches); the rest stays as
             # zero-copy slices instead of being re-concatenated on every cut.
             table = pa.Table.from_batches(pending)
-            yield to_numpy(table.slice(0, batch_size), rules)
+            yield convert(table.slice(0, batch_size))
             rest = table.slice(batch_size)
             pending = rest.to_batches() if rest.num_rows else []
             rows = rest.num_rows
     if rows:
-        yield to_numpy(pa.Table.from_batches(pending), rules)
+        yield convert(pa.Table.from_batches(pending))
 
 
 def to_numpy(table: pa.Table, rules: ColumnRules | None = None) -> Batch:

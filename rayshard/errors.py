@@ -7,6 +7,7 @@ callers that already catch `ValueError` keep working. Failures at run time are
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 
@@ -34,6 +35,29 @@ def unwrap_task_error(error: Any, where: str) -> BaseException:
     if not isinstance(cause, RayshardError):
         return error
     try:
-        return type(cause)(f"{where}: {cause}")
-    except TypeError:  # a subclass with another constructor: keep the family
+        unwrapped = copy.copy(cause)  # keeps a subclass's attributes (its __reduce__)
+    except TypeError:  # a subclass that cannot be rebuilt: keep the family
         return RayshardError(f"{where}: {cause}")
+    unwrapped.args = (f"{where}: {cause}", *cause.args[1:])
+    return unwrapped
+
+
+class TransformError(DataError):
+    """A loader's transform failed (raised, or returned something unusable) in a reader.
+
+    The message names the loader, data-parallel rank, epoch and the batch's sample indices
+    and carries the transform's traceback; the same facts are attributes."""
+
+    def __init__(
+        self,
+        message: str,
+        loader: str = "",
+        rank: int | None = None,
+        epoch: int | None = None,
+        samples: tuple[int, int] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.loader, self.rank, self.epoch, self.samples = loader, rank, epoch, samples
+
+    def __reduce__(self):  # crosses actor boundaries: rebuild with every attribute
+        return (type(self), (self.args[0], self.loader, self.rank, self.epoch, self.samples))

@@ -23,6 +23,7 @@ from rayshard.errors import unwrap_task_error
 from rayshard.formats import FORMATS, convert_stream, torch_host_batch
 from rayshard.metrics import record_batches
 from rayshard.plan import DataParallelRank
+from rayshard.runtime.transform_stage import DROPPED_KEY
 
 STALL_FLUSH_S = 0.02  # a consumer waiting this long for a batch sends its pending acks
 
@@ -63,7 +64,8 @@ class ShardIterator:
         self._collate_fn = collate_fn
         self._feed: Any = None  # the DeviceFeed of the current epoch (torch format)
         self._stream: Iterator[Any] = iter(())
-        self._delivered_meta: collections.deque = collections.deque()  # (ids, padded) in order
+        # (ids, padded, bytes, samples a transform dropped) per batch, in order
+        self._delivered_meta: collections.deque = collections.deque()
         self._epoch = 0
         self._started = False  # whether `_epoch` has begun on this worker
         self._ended = False  # whether this worker received all of `_epoch`
@@ -146,9 +148,9 @@ class ShardIterator:
                 self._end_epoch()
                 return
             stall = time.perf_counter() - waited
-            ids, padded, nbytes = self._delivered_meta.popleft()
+            ids, padded, nbytes, dropped = self._delivered_meta.popleft()
             self._received += 1
-            self._acknowledge(epoch, ids, padded, nbytes, stall)
+            self._acknowledge(epoch, ids, padded, nbytes, stall, dropped)
             if self._received >= self._length and self._length_final():
                 self._end_epoch()  # before the yield: the caller may never ask again
             else:
@@ -271,8 +273,10 @@ class ShardIterator:
                 more = False
                 continue
             for batch in ray.get(ref):
+                dropped = batch.pop(DROPPED_KEY, None)  # a transform's filter: consumed too
                 nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
-                self._delivered_meta.append((batch[INDEX_KEY], batch[PADDED_KEY], nbytes))
+                meta = (batch[INDEX_KEY], batch[PADDED_KEY], nbytes, dropped)
+                self._delivered_meta.append(meta)
                 yield batch
 
     def _close_feed(self) -> None:
@@ -281,13 +285,22 @@ class ShardIterator:
             self._feed = None
 
     def _acknowledge(
-        self, epoch: int, ids: np.ndarray, padded: np.ndarray, nbytes: int, stall: float
+        self,
+        epoch: int,
+        ids: np.ndarray,
+        padded: np.ndarray,
+        nbytes: int,
+        stall: float,
+        dropped: np.ndarray | None = None,
     ) -> None:
-        """Record a received batch; acknowledgements go out in groups (see `_AckSender`)."""
+        """Record a received batch, with the samples a transform dropped from it (consumed,
+        not delivered); acknowledgements go out in groups (see `_AckSender`)."""
         real = int((~padded).sum())
         self.samples_received += real
         self.stall_seconds += stall
         real_ids = ids[~padded]
+        if dropped is not None and dropped.size:
+            real_ids = np.concatenate((real_ids, dropped))
         if real_ids.size > 1 and not (real_ids[1:] > real_ids[:-1]).all():
             real_ids = np.sort(real_ids)  # shuffled: `_runs` needs them in order
         self._acks.add(epoch, self._received, _runs(real_ids), real, nbytes, stall)

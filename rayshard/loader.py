@@ -31,12 +31,17 @@ from rayshard.runtime.reader import ShardReader
 from rayshard.settings import LoaderSettings, as_tuple_groups
 from rayshard.sharding import assign
 from rayshard.sources import Source
+from rayshard.transforms import TransformFn, check_transform
 
 log = logging.getLogger(__name__)
 
 
 class Loader:
-    """An elastic, exactly-once data loader over `source` (see the README for the options)."""
+    """An elastic, exactly-once data loader over `source` (see the README for the options).
+
+    `transform=fn` runs `fn(batch, ctx)` on every batch in the reader processes (see
+    `rayshard.transforms`); it must be callable and pickle with cloudpickle.
+    `transform_workers=k` runs it in k processes per rank, in batch order."""
 
     def __init__(
         self,
@@ -70,6 +75,8 @@ class Loader:
         journal_path: str | None = None,
         coordinator_max_restarts: int = 3,
         config_file: dict | None = None,
+        transform: TransformFn | None = None,
+        transform_workers: int = 1,
     ) -> None:
         if not isinstance(source, Source):
             raise TypeError(
@@ -109,7 +116,15 @@ class Loader:
             dp_groups=as_tuple_groups(dp_groups),
             state_timeout_s=state_timeout_s,
             journal_path=journal_path,
+            transform_workers=transform_workers,
         )
+        check_transform(transform)
+        if transform is None and self.settings.transform_workers > 1:
+            raise ConfigError(
+                f"transform_workers={transform_workers} needs a transform: pass transform=fn, "
+                f"or leave transform_workers at 1"
+            )
+        self.transform = transform
         self.source = source
         self.layout = source.layout()
         check_not_empty(self.layout, source.describe())
@@ -276,6 +291,7 @@ class Loader:
                 dp.dp_rank,
                 len(dp.group),
                 self.loader_id,
+                self.transform,
             )
         )
         ray.get(

@@ -38,7 +38,8 @@ def record_batches(loader: str, rank: int, batches: int, nbytes: int, stall_s: f
     seconds for them."""
     tags = _tags(loader, rank)
     _metric("Counter", "rayshard_batches", "batches received by training loops").inc(batches, tags)
-    _metric("Counter", "rayshard_bytes", "bytes received by training loops").inc(nbytes, tags)
+    if nbytes > 0:  # 0 when a transform dropped every row (Ray counters refuse 0)
+        _metric("Counter", "rayshard_bytes", "bytes received by training loops").inc(nbytes, tags)
     if stall_s > 0:
         _metric(
             "Counter", "rayshard_consumer_stall_seconds", "time training loops waited for data"

@@ -36,6 +36,7 @@ class LoaderSettings:
     ack_interval_s: float = 0.1
     journal_path: str | None = None
     column_rules: ColumnRules = ColumnRules()  # padding and fill values (`rayshard.columns`)
+    transform_workers: int = 1  # processes running a rank's transform (1: the reader)
 
     def __post_init__(self) -> None:
         policy = ShardingPolicy.parse(self.policy)
@@ -57,6 +58,7 @@ class LoaderSettings:
             fix="bytes per object-store block; 8 MiB is the default",
         )
         check_int(self.reader_threads, "reader_threads", minimum=1)
+        check_int(self.transform_workers, "transform_workers", minimum=1)
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
 

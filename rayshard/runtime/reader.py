@@ -32,11 +32,13 @@ from rayshard.batching import (
     iter_rows_parallel,
     pad_rows,
     reading_pieces,
-    rebatch,
 )
 from rayshard.device.affinity import reader_pool
-from rayshard.errors import RayshardError, StaleClientError
+from rayshard.errors import RayshardError, StaleClientError, TransformError
 from rayshard.metrics import set_prefetch_depth
+from rayshard.runtime.pipeline import reader_batches
+from rayshard.runtime.transform_stage import column_bytes
+from rayshard.runtime.transform_workers import start_workers
 from rayshard.settings import LoaderSettings
 from rayshard.sharding import ShardingPolicy
 from rayshard.shuffle import shuffle_batches
@@ -54,6 +56,7 @@ class ShardReader:
         dp_rank: int,
         consumers: int,
         loader_id: str = "",
+        transform: Any = None,
     ) -> None:
         self._coordinator = coordinator
         self._source = source
@@ -62,6 +65,8 @@ class ShardReader:
         self._consumers = consumers
         self._splits = source.splits()
         self._loader_name = loader_id
+        self._transform = transform  # fn(batch, ctx), run on the reader thread
+        self._workers: list | None = None  # transform workers, made on first use
         self._stopped = threading.Event()
         self._cond = threading.Condition()
         self._key: tuple[int, int] | None = None  # (generation, epoch) being read
@@ -126,7 +131,9 @@ class ShardReader:
             self._error = None
             self._cancel = threading.Event()
             self._thread = threading.Thread(
-                target=self._read_loop, args=(produce, self._cancel), daemon=True
+                target=self._read_loop,
+                args=(self._batches_of(produce, epoch), self._cancel),
+                daemon=True,
             )
             self._thread.start()
             self._cond.notify_all()  # consumers still waiting on the previous epoch: it ended
@@ -153,6 +160,8 @@ class ShardReader:
             if index not in self._ready:
                 if self._error is None:
                     return None
+                if isinstance(self._error, TransformError):
+                    raise self._error  # names loader, rank, epoch and samples already
                 raise _same_kind(
                     self._error,
                     f"reader failed at block {index} of epoch {epoch}: {self._error}",
@@ -243,7 +252,7 @@ class ShardReader:
             yield from pad_rows(self._source, pad, last_index, settings.columns, pad_cache)
             rows_out += pad
 
-    def _read_loop(self, rows: Iterator[pa.RecordBatch], cancel: threading.Event) -> None:
+    def _read_loop(self, batches: Iterator[Any], cancel: threading.Event) -> None:
         """Batches go to the object store in blocks (one `ray.put` and one fetch per block,
         not per batch): a block closes at `block_batches` batches or `object_bytes` bytes,
         whichever comes first. Index `i` of `next()` is block `i`."""
@@ -254,11 +263,10 @@ class ShardReader:
         block: list[dict] = []
         block_bytes = 0
         try:
-            batches = rebatch(rows, settings.plan.batch_size, settings.column_rules)
             for batch in itertools.chain(batches, [FLUSH]):
                 if batch is not FLUSH:
                     block.append(batch)
-                    block_bytes += sum(column.nbytes for column in batch.values())
+                    block_bytes += sum(column_bytes(column) for column in batch.values())
                 full = len(block) >= per_object or block_bytes >= settings.object_bytes
                 if not block or (batch is not FLUSH and not full):
                     continue
@@ -281,10 +289,37 @@ class ShardReader:
             trace = traceback.format_exc()
             with self._cond:
                 # A rayshard error (`DataError`: unreadable data) keeps its type; the
-                # reader thread's traceback rides along in the message.
-                kind = error if isinstance(error, RayshardError) else RayshardError(repr(error))
-                self._error = _same_kind(kind, f"{kind}\n--- reader traceback ---\n{trace}")
+                # reader thread's traceback rides along in the message. A transform's
+                # error already names loader, rank, epoch and samples, with its traceback.
+                if isinstance(error, TransformError):
+                    self._error = error
+                else:
+                    kind = error if isinstance(error, RayshardError) else RayshardError(repr(error))
+                    self._error = _same_kind(kind, f"{kind}\n--- reader traceback ---\n{trace}")
                 self._cond.notify_all()
+
+    def _batches_of(self, rows: Iterator[pa.RecordBatch], epoch: int) -> Iterator[Any]:
+        """Rebatched rows, through the transform if there is one."""
+        settings = self._settings
+        return reader_batches(
+            rows,
+            batch_size=settings.plan.batch_size,
+            rules=settings.column_rules,
+            transform=self._transform,
+            workers=self._workers_ if settings.transform_workers > 1 else None,
+            loader=self._loader_name,
+            seed=settings.plan.seed,
+            epoch=epoch,
+            rank=self._dp_rank,
+        )
+
+    def _workers_(self) -> list:
+        """The transform workers, started on first use; they live as long as the reader."""
+        rank = self._dp_rank
+        if self._workers is None:
+            count, seed = self._settings.transform_workers, self._settings.plan.seed
+            self._workers = start_workers(count, self._transform, self._loader_name, seed, rank)
+        return self._workers
 
     def _stop_thread(self) -> None:
         thread = self._thread

@@ -1,0 +1,49 @@
+"""A reader's batch pipeline: rebatching, then the transform (on the reader's thread or in
+its transform workers), with the batches made before a failure delivered ahead of it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from rayshard.batching import FLUSH, rebatch, to_numpy
+from rayshard.columns import ColumnRules
+from rayshard.runtime.transform_stage import transform_input, transform_stream
+from rayshard.runtime.transform_workers import parallel_transform_stream
+
+
+def reader_batches(
+    rows: Iterator[pa.RecordBatch],
+    *,
+    batch_size: int,
+    rules: ColumnRules | None = None,
+    transform: Any,
+    workers: Callable[[], list] | None,
+    loader: str,
+    seed: int,
+    epoch: int,
+    rank: int,
+) -> Iterator[Any]:
+    """Batches of `batch_size` rows from `rows`, through `transform` if there is one: in
+    the processes `workers()` returns when `workers` is given, here otherwise. Without a
+    transform, columns are converted under `rules` (padding, null fills); a transform sees
+    the rows as they are and its output is delivered as it returns it."""
+    if transform is None:
+        return flush_before_error(rebatch(rows, batch_size, lambda t: to_numpy(t, rules)))
+    batches = rebatch(rows, batch_size, convert=transform_input)
+    if workers is not None:
+        return flush_before_error(parallel_transform_stream(batches, workers(), epoch))
+    stream = transform_stream(batches, transform, loader=loader, seed=seed, epoch=epoch, rank=rank)
+    return flush_before_error(stream)
+
+
+def flush_before_error(batches: Iterator[Any]) -> Iterator[Any]:
+    """Pass `batches` on; if the stream fails, emit `FLUSH` first so the batches made
+    before the failure reach the consumers ahead of the error."""
+    try:
+        yield from batches
+    except Exception:
+        yield FLUSH
+        raise

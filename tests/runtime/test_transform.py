@@ -1,0 +1,305 @@
+"""Transforms on a real local Ray over real Parquet: where they run, per-sample random state
+across world sizes, policies, batching and a resume; filters' exactly-once accounting;
+errors in the training loop; transforms refused at construction."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections import Counter
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from rayshard.errors import TransformError
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from rayshard.transforms import sample_rng
+from tests.runtime.helpers import run_lockstep, unique_name
+from tests.runtime.transform_fns import drop_below_16, drop_thirds, noisy, slow_noisy
+
+pytestmark = pytest.mark.ray
+
+SIZES = [23, 17, 31, 9, 20]  # 100 rows, uneven files, row groups of 7
+N = sum(SIZES)
+KEPT = [i for i in range(N) if i % 3 != 0]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("transform")
+    start = 0
+    for number, rows in enumerate(SIZES):
+        ids = np.arange(start, start + rows, dtype=np.int64)
+        table = pa.table(
+            {
+                "id": ids,
+                "text": [f"sample-{i}" for i in ids],
+                "blob": [bytes([i % 256]) * (i % 5) for i in ids],
+            }
+        )
+        pq.write_table(table, os.path.join(folder, f"part-{number}.parquet"), row_group_size=7)
+        start += rows
+    return str(folder)
+
+
+def make_loader(dataset, **options):
+    options.setdefault("batch_size", 8)
+    return Loader(ParquetSource(dataset), name=unique_name("tf"), **options)
+
+
+def noise_by_sample(rank_batches) -> dict[int, float]:
+    """Sample index -> noise of the real rows; fails on a sample delivered twice."""
+    out: dict[int, float] = {}
+    for batches in rank_batches:
+        for batch in batches:
+            for index, value in zip(batch["_index"][~batch["_padded"]], batch["noise"]):
+                assert int(index) not in out, f"sample {index} delivered twice"
+                out[int(index)] = float(value)
+    return out
+
+
+def iterators(loader, world, fmt="numpy"):
+    return [loader.iterator(world_rank=r, world_size=world, batch_format=fmt) for r in range(world)]
+
+
+def test_transform_runs_in_the_reader_process_on_lists_for_strings(ray_session, dataset):
+    loader = make_loader(dataset, transform=noisy)
+    (it,) = iterators(loader, 1)
+    batches = list(it)
+    pids = {int(p) for b in batches for p in b["pid"]}
+    (name,) = ray.get(loader._coordinator.reader_names.remote())
+    reader = ray.get_actor(name, namespace=loader.namespace)
+    reader_pid = ray.get(reader.__ray_call__.remote(lambda self: os.getpid()))
+    assert pids == {reader_pid} and reader_pid != os.getpid()
+    assert all(b["text_ok"].all() for b in batches)
+    assert [int(n) for b in batches for n in b["blob_len"]] == [i % 5 for i in range(N)]
+    loader.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference_noise(ray_session, dataset):
+    loader = make_loader(dataset, transform=noisy, seed=11)
+    out = noise_by_sample(run_lockstep(iterators(loader, 1)))
+    loader.shutdown()
+    assert sorted(out) == list(range(N))
+    assert out == {i: sample_rng(11, 0, i).random() for i in range(N)}
+    return out
+
+
+@pytest.mark.parametrize(
+    ("world", "options"),
+    [
+        (2, {"policy": "data"}),
+        (3, {"policy": "data", "shuffle": True, "batch_size": 5}),
+        (2, {"policy": "file"}),
+        (2, {"policy": "dynamic", "split_rows": 10}),
+        (3, {"policy": "dynamic", "batch_size": 4}),
+        (2, {"policy": "dynamic", "transform_workers": 2}),
+    ],
+)
+def test_same_noise_per_sample_whatever_world_policy_and_batching(
+    ray_session, dataset, reference_noise, world, options
+):
+    split_rows = options.pop("split_rows", None)
+    loader = Loader(
+        ParquetSource(dataset, split_rows=split_rows),
+        name=unique_name("tf"),
+        transform=noisy,
+        seed=11,
+        **{"batch_size": 8, **options},
+    )
+    its = iterators(loader, world)
+    epoch0 = noise_by_sample(run_lockstep(its))
+    assert epoch0 == reference_noise
+    epoch1 = noise_by_sample(run_lockstep(its))  # the next epoch draws anew
+    assert epoch1 == {i: sample_rng(11, 1, i).random() for i in range(N)}
+    loader.shutdown()
+
+
+@pytest.mark.parametrize(("policy", "new_world"), [("data", 3), ("dynamic", 1)])
+def test_same_noise_per_sample_across_a_resume_on_another_world_size(
+    ray_session, dataset, reference_noise, policy, new_world
+):
+    loader = make_loader(dataset, transform=noisy, seed=11, policy=policy, shuffle=True)
+    its = iterators(loader, 2)
+    before = run_lockstep(its, steps=3)
+    state = json.loads(json.dumps(its[0].state_dict()))
+    loader.shutdown()
+    fresh = make_loader(dataset, transform=noisy, seed=11, policy=policy, shuffle=True)
+    state["loader"] = fresh.loader_id  # same configuration, new name in this test
+    resumed = iterators(fresh, new_world)
+    for it in resumed:
+        it.load_state_dict(state)
+    after = run_lockstep(resumed)
+    assert noise_by_sample([*before, *after]) == reference_noise
+    fresh.shutdown()
+
+
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_filter_covers_the_kept_samples_exactly_once_and_keeps_steps(ray_session, dataset, policy):
+    loader = make_loader(dataset, transform=drop_thirds, policy=policy)
+    plain = make_loader(dataset, policy=policy)
+    its, reference = iterators(loader, 2), iterators(plain, 2)
+    for epoch in range(2):
+        lengths = [len(it) for it in its]
+        assert lengths == [len(it) for it in reference]  # a filter leaves step counts alone
+        batches = run_lockstep(its)
+        assert [len(b) for b in batches] == lengths
+        ids = [int(i) for rank in batches for b in rank for i in b["id"][~b["_padded"]]]
+        assert Counter(ids) == Counter(KEPT), f"epoch {epoch}"
+        assert all(len(b["id"]) <= 8 for rank in batches for b in rank)
+        state = its[0].state_dict()  # the epoch is complete: dropped samples were consumed
+        assert state["epoch"] == epoch + 1 and state["consumed"] == []
+        run_lockstep(reference)
+    stats = loader.stats()
+    assert stats["reserved_samples"] == 0
+    assert not any(e["event"] == "rank_lost" and e["reason"] != "left" for e in stats["events"])
+    loader.shutdown()
+    plain.shutdown()
+
+
+def test_filter_can_empty_a_batch_which_still_counts_as_a_step(ray_session, dataset):
+    loader = make_loader(dataset, transform=drop_below_16)
+    (it,) = iterators(loader, 1, "torch")
+    steps = len(it)
+    batches = list(it)
+    assert len(batches) == steps == -(-N // 8)
+    assert [len(b["id"]) for b in batches[:3]] == [0, 0, 8]
+    assert [int(i) for b in batches for i in b["id"]] == list(range(16, N))
+    assert it.state_dict()["epoch"] == 1  # the emptied batches' samples were consumed too
+    loader.shutdown()
+
+
+def test_filter_resume_counts_dropped_samples_consumed(ray_session, dataset):
+    loader = make_loader(dataset, transform=drop_thirds)
+    its = iterators(loader, 2)
+    before = run_lockstep(its, steps=2)
+    state = json.loads(json.dumps(its[1].state_dict()))
+    # Ranks read [0, 50) and [50, 100) in order: their first two batches of 8 rows are
+    # consumed, including the samples the filter dropped from them.
+    assert state["consumed"] == [[0, 16], [50, 66]]
+    loader.shutdown()
+    fresh = make_loader(dataset, transform=drop_thirds)
+    state["loader"] = fresh.loader_id  # same configuration, new name in this test
+    resumed = iterators(fresh, 3)
+    for it in resumed:
+        it.load_state_dict(state)
+    after = run_lockstep(resumed)
+    ids = [int(i) for part in (before, after) for rank in part for b in rank for i in b["id"]]
+    assert Counter(ids) == Counter(KEPT)
+    assert resumed[0].state_dict()["epoch"] == 1
+    nxt = run_lockstep(resumed)
+    assert Counter(int(i) for rank in nxt for b in rank for i in b["id"]) == Counter(KEPT)
+    fresh.shutdown()
+
+
+@pytest.mark.parametrize(("fmt", "workers"), [("torch", 1), ("numpy", 1), ("torch", 2)])
+def test_transform_error_reaches_the_loop_as_transform_error(ray_session, dataset, fmt, workers):
+    def explode_at_42(batch, ctx):
+        if 42 in ctx.indices:
+            raise ValueError("sample 42 is cursed")
+        return {"id": batch["id"]}
+
+    loader = make_loader(dataset, transform=explode_at_42, transform_workers=workers)
+    its = iterators(loader, 2, fmt)
+    received = []
+    with pytest.raises(TransformError) as info:
+        for batch in its[0]:
+            received.append(batch)
+    text = str(info.value)
+    assert f"loader {loader.loader_id!r}" in text and "rank 0" in text and "epoch 0" in text
+    assert "[40, 47]" in text  # the batch of rows 40..47
+    assert "ValueError('sample 42 is cursed')" in text and "in explode_at_42" in text
+    assert len(received) == 5  # the batches before the failing one were delivered
+    assert (info.value.rank, info.value.epoch, info.value.samples) == (0, 0, (40, 48))
+    loader.shutdown()
+
+
+def test_bad_transforms_are_refused_at_construction(ray_session, dataset):
+    with pytest.raises(TypeError, match="is not callable"):
+        make_loader(dataset, transform="tokenize")
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        make_loader(dataset, transform=lambda batch, ctx: batch if lock else None)
+
+
+def test_transform_is_not_part_of_the_loader_id(ray_session, dataset):
+    name = unique_name("tf")
+    plain = Loader(ParquetSource(dataset), batch_size=8, name=name, namespace=f"{name}-a")
+    other = Loader(
+        ParquetSource(dataset),
+        batch_size=8,
+        name=name,
+        namespace=f"{name}-b",
+        transform=drop_thirds,
+    )
+    assert plain.loader_id == other.loader_id  # a saved state loads into either
+    plain.shutdown()
+    other.shutdown()
+
+
+def worker_pids(loader) -> list[int]:
+    """The pids of the transform workers of every reader of `loader`."""
+    pids = []
+    for name in ray.get(loader._coordinator.reader_names.remote()):
+        reader = ray.get_actor(name, namespace=loader.namespace)
+        handles = ray.get(reader.__ray_call__.remote(lambda self: self._workers or []))
+        pids += ray.get([w.__ray_call__.remote(lambda self: os.getpid()) for w in handles])
+    return pids
+
+
+def batches_as_tuples(rank_batches):
+    return [
+        [(b["_index"].tolist(), b["_padded"].tolist(), b["noise"].tolist()) for b in batches]
+        for batches in rank_batches
+    ]
+
+
+def test_transform_workers_keep_the_order_and_survive_a_worker_death(ray_session, dataset):
+    options = {"transform": slow_noisy, "seed": 11, "batch_size": 4, "shuffle": True}
+    single = make_loader(dataset, **options)
+    expected = batches_as_tuples(run_lockstep(iterators(single, 2)))
+    single.shutdown()
+
+    loader = make_loader(dataset, transform_workers=2, batches_per_object=1, **options)
+    its = iterators(loader, 2)
+    first = run_lockstep(its, steps=2)
+    pids = worker_pids(loader)
+    assert len(set(pids)) == 4  # 2 ranks x 2 workers, each its own process
+    os.kill(pids[0], signal.SIGKILL)  # a real process death mid-epoch
+    rest = run_lockstep(its)
+    got = batches_as_tuples([a + b for a, b in zip(first, rest)])
+    assert got == expected  # same batches, same order, same random state
+    seen = {int(p) for rank in rest for b in rank for p in b["pid"]}
+    assert seen - set(pids), "a restarted worker process took over"
+    names = ray.get(loader._coordinator.reader_names.remote())
+    handles = [ray.get_actor(name, namespace=loader.namespace) for name in names]
+    readers = ray.get([h.__ray_call__.remote(lambda self: os.getpid()) for h in handles])
+    assert not seen & set(readers)  # the transform ran in the workers, not the readers
+    assert loader.stats()["reserved_samples"] == 0
+    live = worker_pids(loader)
+    loader.shutdown()
+    deadline = time.monotonic() + 30
+    while any(alive(pid) for pid in live) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(alive(pid) for pid in live), "workers die with their reader"
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_transform_workers_need_a_transform(ray_session, dataset):
+    with pytest.raises(ValueError, match="transform_workers=2 needs a transform"):
+        make_loader(dataset, transform_workers=2)

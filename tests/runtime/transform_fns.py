@@ -1,0 +1,40 @@
+"""Transforms the Ray tests use, in a module the reader actors can import by name."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from rayshard.transforms import keep_rows
+
+
+def noisy(batch, ctx):
+    """Per-sample random values, the reader's pid and what the columns arrived as."""
+    assert isinstance(batch["text"], list) and isinstance(batch["blob"], list)
+    return {
+        "id": batch["id"],
+        "noise": np.array([ctx.rng(row).random() for row in range(len(ctx))]),
+        "pid": np.full(len(ctx), os.getpid()),
+        "text_ok": np.array([t == f"sample-{i}" for t, i in zip(batch["text"], batch["id"])]),
+        "blob_len": np.array([len(b) for b in batch["blob"]]),
+    }
+
+
+def drop_thirds(batch, ctx):
+    """A filter: every sample whose index is a multiple of 3 is dropped."""
+    return keep_rows(batch, ctx.indices % 3 != 0)
+
+
+def slow_noisy(batch, ctx):
+    """`noisy` that takes a while per batch (time to kill a worker mid-epoch)."""
+    import time
+
+    time.sleep(0.03)
+    return noisy(batch, ctx)
+
+
+def drop_below_16(batch, ctx):
+    """A filter that empties the first batches of rank 0 (batch size 8)."""
+    numeric = {k: batch[k] for k in ("id", "_index", "_padded")}  # torch takes numbers
+    return keep_rows(numeric, ctx.indices >= 16)

@@ -1,0 +1,181 @@
+"""The pure parts of transforms, without Ray: per-sample random state, the checks on what a
+transform returns, filter accounting, per_sample, input conversion, the error type."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from rayshard.errors import DataError, TransformError
+from rayshard.runtime.transform_stage import (
+    DROPPED_KEY,
+    apply_transform,
+    transform_input,
+    transform_stream,
+)
+from rayshard.transforms import (
+    TransformContext,
+    check_transform,
+    keep_rows,
+    per_sample,
+    sample_rng,
+)
+
+
+def ctx_for(indices, padded=None, seed=3, epoch=1, rank=0) -> TransformContext:
+    indices = np.asarray(indices, dtype=np.int64)
+    padded = np.zeros(len(indices), bool) if padded is None else np.asarray(padded, bool)
+    return TransformContext("L:abc", seed, epoch, rank, indices, padded)
+
+
+def batch_for(ctx: TransformContext) -> dict:
+    return {"x": ctx.indices * 10, "_index": ctx.indices, "_padded": ctx.padded}
+
+
+@given(
+    seed=st.integers(0, 2**63 - 1),
+    epoch=st.integers(0, 10**6),
+    indices=st.lists(st.integers(0, 2**40), min_size=1, max_size=20, unique=True),
+    rank=st.integers(0, 64),
+)
+@example(seed=0, epoch=0, indices=[0], rank=0)
+def test_rng_of_a_row_depends_only_on_seed_epoch_and_sample(seed, epoch, indices, rank):
+    ctx = ctx_for(indices, seed=seed, epoch=epoch, rank=rank)
+    reordered = ctx_for(indices[::-1], seed=seed, epoch=epoch, rank=rank + 1)
+    for row, index in enumerate(indices):
+        expected = sample_rng(seed, epoch, index).random(3)
+        assert np.array_equal(ctx.rng(row).random(3), expected)
+        assert np.array_equal(reordered.rng(len(indices) - 1 - row).random(3), expected)
+
+
+def test_rng_streams_differ_by_sample_epoch_and_seed():
+    draws = {
+        (s, e, i): sample_rng(s, e, i).integers(0, 2**62)
+        for s in (0, 1)
+        for e in (0, 1)
+        for i in (0, 1, 2**33)
+    }
+    assert len(set(draws.values())) == len(draws)
+    with pytest.raises(ValueError, match="must all be >= 0"):
+        sample_rng(0, 0, -1)
+
+
+def test_same_rows_returned_keep_index_and_padding():
+    ctx = ctx_for([5, 6, 7], padded=[False, False, True])
+    out = apply_transform(lambda b, c: {"y": b["x"] + 1}, batch_for(ctx), ctx)
+    assert out["y"].tolist() == [51, 61, 71]
+    assert out["_index"].tolist() == [5, 6, 7] and out["_padded"].tolist() == [0, 0, 1]
+    assert DROPPED_KEY not in out
+
+
+def test_filter_records_dropped_real_samples_only():
+    ctx = ctx_for([3, 4, 5, 6, 5], padded=[False, False, False, False, True])
+    out = apply_transform(lambda b, c: keep_rows(b, b["_index"] % 3 != 0), batch_for(ctx), ctx)
+    assert out["_index"].tolist() == [4, 5, 5]
+    assert out["_padded"].tolist() == [False, False, True]
+    assert out[DROPPED_KEY].tolist() == [3, 6]  # padding rows are never acknowledged
+
+
+def test_filter_of_everything_leaves_an_empty_batch():
+    ctx = ctx_for([1, 2])
+    out = apply_transform(lambda b, c: keep_rows(b, [False, False]), batch_for(ctx), ctx)
+    assert out["x"].shape == (0,) and out[DROPPED_KEY].tolist() == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (lambda b, c: None, "returned None"),
+        (lambda b, c: {"x": np.arange(4), **{k: b[k] for k in ("_index", "_padded")}}, "lengths"),
+        (lambda b, c: {"x": np.arange(2)}, "without '_index'"),
+        (lambda b, c: {"x": np.arange(5)}, "may drop rows, not add them"),
+        (lambda b, c: {"x": 3}, "numpy array with a row dimension"),
+        (lambda b, c: {**b, "_index": np.array([1, 1, 2])}, "not rows of its batch"),
+        (lambda b, c: {**b, DROPPED_KEY: b["x"]}, "that name is rayshard's"),
+        (lambda b, c: {"x": b["x"][:1], "_index": b["_index"][:1]}, "keep both"),
+    ],
+)
+def test_unusable_results_are_transform_errors(fn, message):
+    ctx = ctx_for([1, 2, 3])
+    with pytest.raises(TransformError, match=message):
+        apply_transform(fn, batch_for(ctx), ctx)
+
+
+def test_error_names_loader_rank_epoch_samples_and_keeps_the_traceback():
+    def broken(batch, ctx):
+        raise KeyError("no such column")
+
+    ctx = ctx_for([9, 4, 7], epoch=2, rank=1)
+    with pytest.raises(TransformError) as info:
+        apply_transform(broken, batch_for(ctx), ctx)
+    error = info.value
+    assert isinstance(error, DataError)
+    text = str(error)
+    assert "'L:abc'" in text and "rank 1" in text and "epoch 2" in text and "[4, 9]" in text
+    assert "in broken" in text and "KeyError: 'no such column'" in text
+    copy = pickle.loads(pickle.dumps(error))  # crosses the actor boundary
+    assert type(copy) is TransformError and str(copy) == text
+    assert (copy.loader, copy.rank, copy.epoch, copy.samples) == ("L:abc", 1, 2, (4, 10))
+
+
+def test_per_sample_stacks_drops_and_keeps_columns_of_empty_batches():
+    def fn(sample, rng):
+        if sample["x"] % 20 == 0:
+            return None
+        return {"y": np.full(2, sample["x"]), "name": f"s{sample['x']}", "r": rng.random()}
+
+    transform = per_sample(fn)
+    ctx = ctx_for([1, 2, 3])
+    out = apply_transform(transform, batch_for(ctx), ctx)
+    assert out["y"].shape == (2, 2) and out["name"] == ["s10", "s30"]
+    assert out["r"].tolist() == [sample_rng(3, 1, 1).random(), sample_rng(3, 1, 3).random()]
+    assert out[DROPPED_KEY].tolist() == [2]
+    empty = ctx_for([2, 4])
+    out = apply_transform(transform, batch_for(empty), empty)
+    assert out["y"].shape == (0, 2) and out["name"] == [] and out["_index"].size == 0
+
+
+def test_transform_input_gives_strings_and_bytes_as_lists():
+    table = pa.table(
+        {
+            "s": pa.array(["a", None, "ccc"]),
+            "b": pa.array([b"\x00", b"xy", b""], pa.large_binary()),
+            "v": pa.FixedSizeListArray.from_arrays(pa.array(np.arange(6.0)), 2),
+            "_index": pa.array([0, 1, 2], pa.int64()),
+        }
+    )
+    batch = transform_input(table)
+    assert list(batch) == ["s", "b", "v", "_index"]
+    assert batch["s"] == ["a", None, "ccc"] and batch["b"] == [b"\x00", b"xy", b""]
+    assert batch["v"].shape == (3, 2) and isinstance(batch["_index"], np.ndarray)
+
+
+def test_stream_passes_flush_markers_and_builds_contexts():
+    from rayshard.batching import FLUSH
+
+    seen = []
+
+    def spy(batch, ctx):
+        seen.append((ctx.loader, ctx.seed, ctx.epoch, ctx.rank, ctx.indices.tolist()))
+        return batch
+
+    stream = [batch_for(ctx_for([0, 1])), FLUSH, batch_for(ctx_for([2]))]
+    out = list(transform_stream(iter(stream), spy, loader="L", seed=4, epoch=5, rank=6))
+    assert out[1] is FLUSH and len(out) == 3
+    assert seen == [("L", 4, 5, 6, [0, 1]), ("L", 4, 5, 6, [2])]
+
+
+def test_check_transform_refuses_what_cannot_run_in_a_reader():
+    check_transform(None)
+    check_transform(per_sample(lambda s, r: s))
+    with pytest.raises(TypeError, match="is not callable"):
+        check_transform(42)
+    lock = threading.Lock()
+    with pytest.raises(TypeError, match="cannot be pickled"):
+        check_transform(lambda batch, ctx: (lock, batch)[1])
