@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", help="Parquet folder or glob (default: make the digits)")
     parser.add_argument("--samples", type=int, help="use the first N digits (default: all)")
     parser.add_argument("--workers", type=int, default=2, help="Ray Train workers")
-    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--use-gpu", action="store_true", help="one GPU per worker")
     parser.add_argument("--storage", default=os.path.abspath("rayshard-output/ray-results"))
     parser.add_argument(

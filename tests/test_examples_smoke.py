@@ -18,7 +18,7 @@ def run_example(script: str, args: list[str], cwd: Path) -> str:
     env.pop("RAY_ADDRESS", None)
     command = [sys.executable, str(ROOT / "examples" / script), *args]
     command += [f"--storage={cwd / 'results'}", "--address=local"]
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=150)
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done.stdout
 
