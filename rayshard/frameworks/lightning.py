@@ -68,8 +68,9 @@ class LightningBatches:
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` was saved; `len()` counts the batches had before it."""
         if not isinstance(state, dict) or STATE_KEY not in state:
+            found = sorted(state) if isinstance(state, dict) else type(state).__name__
             raise ValueError(
-                f"not a LightningBatches state (keys {sorted(state) if isinstance(state, dict) else state!r}):"
+                f"not a LightningBatches state (found {found}):"
                 " the checkpoint was written with another train_dataloaders iterable;"
                 " pass the same kind of iterable that wrote it"
             )

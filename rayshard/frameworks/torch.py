@@ -61,7 +61,8 @@ def dataloader(
     refused (see the module docstring); other `DataLoader` arguments pass on."""
     if kwargs.get("batch_size") is not None:
         raise ValueError(
-            f"batch_size={kwargs['batch_size']!r}: rayshard batches already (Loader(batch_size=...));"
+            f"batch_size={kwargs['batch_size']!r}: rayshard batches already"
+            " (Loader(batch_size=...));"
             " the DataLoader must pass them through with batch_size=None"
         )
     if kwargs.get("num_workers", 0):
