@@ -34,7 +34,7 @@ from ray.train.torch import TorchTrainer
 
 import rayshard.train
 from rayshard.audit import start_audit
-from rayshard.frameworks.lightning import LightningBatches
+from rayshard.frameworks.lightning import LightningBatches, RayshardCheckpoint
 from rayshard.loader import Loader
 from rayshard.ray_tuning import apply_ray_env_defaults
 from rayshard.sources.parquet import ParquetSource
@@ -138,11 +138,13 @@ def build_trainer(
 def fit(
     config: dict, model: pl.LightningModule, callbacks: list | None = None, report: bool = True
 ) -> None:
-    """`trainer.fit` over rayshard; resumes from Ray Train's latest checkpoint (Lightning's
-    own, which carries the loader's state) after a restart."""
+    """`trainer.fit` over rayshard; after a restart it resumes from Ray Train's latest
+    checkpoint, Lightning's own, which carries the loader's state (`RayshardCheckpoint`)."""
     train = LightningBatches(rayshard.train.iterator(config["loader"]))
     val = rayshard.train.iterator(config["val_loader"]) if config.get("val_loader") else None
-    trainer = build_trainer(config["epochs"], callbacks, report)
+    trainer = build_trainer(
+        config["epochs"], [RayshardCheckpoint(train), *(callbacks or [])], report
+    )
     checkpoint = ray.train.get_checkpoint()
     with checkpoint.as_directory() if checkpoint else nullcontext() as folder:
         ckpt_path = os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME) if folder else None
@@ -154,17 +156,20 @@ def train_loop_per_worker(config: dict) -> None:
     fit(config, Classifier(audit=config.get("audit")))
 
 
-def make_loaders(data: str, val_data: str, batch_size: int) -> tuple[Loader, Loader]:
+def make_loaders(
+    data: str, val_data: str, batch_size: int, name: str = "lightning"
+) -> tuple[Loader, Loader]:
+    """The training loader (shuffled) and the validation loader (in order)."""
     columns = ["id", "x", "label"]
     train = Loader(
         ParquetSource(data, columns=columns),
         batch_size=batch_size,
-        name="lightning-train",
+        name=f"{name}-train",
         shuffle=True,
         seed=7,
     )
     val = Loader(
-        ParquetSource(val_data, columns=columns), batch_size=batch_size, name="lightning-val"
+        ParquetSource(val_data, columns=columns), batch_size=batch_size, name=f"{name}-val"
     )
     return train, val
 

@@ -1,32 +1,38 @@
-"""PyTorch Lightning: hand `trainer.fit` a rayshard iterator, resumable from Lightning's
-own checkpoint.
+"""PyTorch Lightning: a rayshard iterator for `trainer.fit`, its state in Lightning's own
+checkpoint.
 
-    batches = rayshard.frameworks.lightning.LightningBatches(rayshard.train.iterator(loader))
+    batches = LightningBatches(rayshard.train.iterator(loader))
+    trainer = pl.Trainer(..., callbacks=[RayshardCheckpoint(batches)])
     trainer.fit(model, train_dataloaders=batches, ckpt_path=...)
 
-A bare `ShardIterator` already works for `fit` (Lightning stops each epoch at `len()`,
-which ends the epoch, SPEC 14) and for checkpoints taken at the end of an epoch: Lightning
-stores the `state_dict()` of every iterable that has one in its checkpoint
-(`FitLoop.on_save_checkpoint`, key `loops.fit_loop.state_dict.combined_loader`) and calls
-`load_state_dict()` on resume. For a checkpoint taken *mid-epoch* Lightning expects `len()`
-to be the whole epoch's batch count while the loader yields only the rest (its batch
-counter resumes at the batches already trained), but a `ShardIterator`'s `len()` counts the
-batches still to come, so Lightning would end the resumed epoch early. `LightningBatches`
-reports the whole epoch and records in the checkpoint how many batches this rank had had.
+A bare `ShardIterator` works for `fit` (Lightning stops each epoch at `len()`, which ends
+the epoch, SPEC 14), but Lightning's own handling of an iterable's `state_dict()` does not
+resume it (lightning 2.6): it saves the state (`FitLoop.on_save_checkpoint`) but loads it
+only when `fit_loop.restarting`, which its setter turns off when the checkpoint was taken
+after an epoch's last batch (`RayTrainReportCallback` saves there); and mid-epoch it
+expects `len()` to be the whole epoch's batch count while the loader yields only the rest,
+but a `ShardIterator`'s `len()` counts the batches still to come, so the resumed epoch would
+end early. Hence `LightningBatches` (whole-epoch `len()`) and `RayshardCheckpoint` (saves
+and loads the state through the callback hooks, which run for every checkpoint).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
-STATE_KEY = "rayshard"
+import lightning.pytorch as pl
+
+CHECKPOINT_KEY = "rayshard"  # the key of the loader state in a Lightning checkpoint
 
 
 class LightningBatches:
-    """A `ShardIterator` as Lightning counts it: `len()` is the whole current epoch (batches
-    already yielded, also before a restored checkpoint, plus those to come); `state_dict()`
-    is the loader's state plus that count. Iterate, `len()` and checkpoint as usual."""
+    """A `ShardIterator` as Lightning counts it: `len()` is the whole current epoch (the
+    batches this rank already had, also before a restored checkpoint, plus those to come).
+    Its state travels through `RayshardCheckpoint`; `state_dict()`/`load_state_dict()` are
+    empty on purpose (Lightning's own path, see the module docstring), present so that
+    Lightning does not warn that the loader cannot resume mid-epoch."""
 
     def __init__(self, iterator: Any) -> None:
         self.iterator = iterator
@@ -34,12 +40,16 @@ class LightningBatches:
         self._yielded = 0  # batches of `_epoch` yielded on this rank (restored on resume)
 
     def __iter__(self) -> Iterator[Any]:
-        batches = iter(self.iterator)  # decides the epoch (SPEC 14)
-        if self.iterator.epoch != self._epoch:
-            self._epoch, self._yielded = self.iterator.epoch, 0
-        return self._count(batches, self._epoch)
+        """The current epoch's batches; the epoch is decided at the first `next()`, not at
+        `iter()`: Lightning calls `iter()` once to check the iterable before it loads a
+        checkpoint, and an epoch begun then would be stale after a Ray Train restart."""
+        return self._batches()
 
-    def _count(self, batches: Iterator[Any], epoch: int) -> Iterator[Any]:
+    def _batches(self) -> Iterator[Any]:
+        batches = iter(self.iterator)  # decides the epoch (SPEC 14)
+        epoch = self.iterator.epoch
+        if epoch != self._epoch:
+            self._epoch, self._yielded = epoch, 0
         for batch in batches:
             if self._epoch == epoch:
                 self._yielded += 1
@@ -58,24 +68,58 @@ class LightningBatches:
         return self.iterator.epoch
 
     def state_dict(self) -> dict:
+        """Empty: `RayshardCheckpoint` carries the state (see the class docstring)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """A no-op: `RayshardCheckpoint` restores the state (see the class docstring)."""
+
+    def snapshot(self) -> dict:
         """The loader's state (what the model received) and this rank's batch count in the
-        unfinished epoch (0 at an epoch boundary)."""
+        unfinished epoch (0 at an epoch boundary). JSON-safe."""
         return {
-            STATE_KEY: self.iterator.state_dict(),
+            "loader": self.iterator.state_dict(),
             "batches": self._yielded if self._in_epoch() else 0,
         }
 
-    def load_state_dict(self, state: dict) -> None:
-        """Resume where `state` was saved; `len()` counts the batches had before it."""
-        if not isinstance(state, dict) or STATE_KEY not in state:
-            found = sorted(state) if isinstance(state, dict) else type(state).__name__
+    def restore(self, snapshot: dict) -> None:
+        """Resume where `snapshot` was taken; `len()` counts the batches had before it."""
+        if not isinstance(snapshot, dict) or "loader" not in snapshot:
+            found = sorted(snapshot) if isinstance(snapshot, dict) else type(snapshot).__name__
             raise ValueError(
-                f"not a LightningBatches state (found {found}):"
-                " the checkpoint was written with another train_dataloaders iterable;"
-                " pass the same kind of iterable that wrote it"
+                f"not a LightningBatches snapshot (found {found}): expected the dict that"
+                " LightningBatches.snapshot() returns, with keys 'loader' and 'batches'"
             )
-        self.iterator.load_state_dict(state[STATE_KEY])
-        self._epoch, self._yielded = self.iterator.epoch, int(state.get("batches", 0))
+        self.iterator.load_state_dict(snapshot["loader"])
+        self._epoch, self._yielded = self.iterator.epoch, int(snapshot.get("batches", 0))
 
 
-__all__ = ["LightningBatches", "STATE_KEY"]
+class RayshardCheckpoint(pl.Callback):
+    """Puts `batches.snapshot()` into every Lightning checkpoint (key `"rayshard"`) and
+    restores it when Lightning loads one (`ckpt_path=`), on every rank: the loader goes on
+    exactly where the model stood, mid-epoch or at an epoch boundary."""
+
+    def __init__(self, batches: LightningBatches) -> None:
+        if not isinstance(batches, LightningBatches):
+            raise TypeError(
+                f"RayshardCheckpoint needs the LightningBatches passed to trainer.fit, got "
+                f"{type(batches).__name__}: wrap the iterator, LightningBatches(iterator)"
+            )
+        self.batches = batches
+
+    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict) -> None:
+        checkpoint[CHECKPOINT_KEY] = self.batches.snapshot()
+
+    def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict) -> None:
+        snapshot = checkpoint.get(CHECKPOINT_KEY)
+        if snapshot is None:
+            warnings.warn(
+                "the Lightning checkpoint has no rayshard state (it was not written with"
+                " RayshardCheckpoint): the loader starts from its own position, not the model's",
+                stacklevel=2,
+            )
+            return
+        self.batches.restore(snapshot)
+
+
+__all__ = ["CHECKPOINT_KEY", "LightningBatches", "RayshardCheckpoint"]
