@@ -22,7 +22,8 @@ CKPT_FILE = "checkpoint.ckpt"  # the name RayTrainReportCallback uses, which `fi
 class LedgerCallback(pl.Callback):
     """Every training step's real ids to the ledger (tagged attempt, rank, Lightning's epoch,
     the rank's step count `seq`); a Lightning checkpoint reported to Ray Train every `every`
-    steps and at every epoch end, with a marker {attempt, seq, epoch}. With `crash_at`, rank 1
+    steps (not at an epoch's last step) and, unless `epoch_end` is False, at every epoch end,
+    with a marker {attempt, seq, epoch}. With `crash_at`, rank 1
     of attempt 0 exits its process at a step >= crash_at once rank 0 reported 2 checkpoints."""
 
     def __init__(self, config: dict, attempt: int) -> None:
@@ -54,7 +55,8 @@ class LedgerCallback(pl.Callback):
             self._report(trainer)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        self._report(trainer)
+        if self.config.get("epoch_end", True):
+            self._report(trainer)
 
     def _report(self, trainer: pl.Trainer) -> None:
         marker = {"attempt": self.attempt, "seq": self.seq, "epoch": trainer.current_epoch}
