@@ -41,6 +41,13 @@ def row_ids(inputs: dict) -> list[int]:
 
 
 def hf_loop(config: dict) -> None:
+    """`hf_train` for each entry of `config["runs"]`, one after the other (one worker group
+    start-up for several trainings)."""
+    for run in config["runs"]:
+        hf_train(run)
+
+
+def hf_train(config: dict) -> None:
     """A tiny GPT-2 (built from a config, no download) trained by `transformers.Trainer`,
     fed by rayshard; every training step's rows go to the audit actor."""
     from ray.train.huggingface.transformers import RayTrainReportCallback
@@ -80,4 +87,3 @@ def hf_loop(config: dict) -> None:
     )
     trainer = prepare_trainer(ray_prepare_trainer(trainer))
     trainer.train()
-    ray.train.report({"global_step": trainer.state.global_step, "epochs_len": len(batches)})

@@ -21,36 +21,36 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 ROWS, BATCH = 200, 16  # 2 ranks: 7 steps per epoch, the last batch of one rank padded
 
 
-@pytest.mark.parametrize(
-    "epochs, max_steps", [(2, None), (1, 10)], ids=["num_train_epochs", "max_steps"]
-)
-def test_trainer_epochs_and_max_steps_exact(ray_session, tmp_path, epochs, max_steps):
+def test_trainer_num_train_epochs_and_max_steps_exact(ray_session, tmp_path):
     data = write_tokens(str(tmp_path / "tokens"), ROWS)
-    loader = Loader(ParquetSource(data), batch_size=BATCH, name=unique_name("hf"), shuffle=True)
-    audit = start_audit(ROWS)
-    config = {"loader": loader, "audit": audit, "epochs": epochs}
-    if max_steps:
-        config["max_steps"] = max_steps
+    runs = [
+        {"epochs": 2},  # num_train_epochs
+        {"epochs": 1, "max_steps": 10},  # max_steps wins: one epoch, then 3 steps of the next
+    ]
+    for run in runs:
+        run["loader"] = Loader(
+            ParquetSource(data), batch_size=BATCH, name=unique_name("hf"), shuffle=True
+        )
+        run["audit"] = start_audit(ROWS)
     result = TorchTrainer(
         hf_loop,
-        train_loop_config=config,
+        train_loop_config={"runs": runs},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name=unique_name("hf"), storage_path=str(tmp_path / "results")),
     ).fit()
     assert result.error is None, result.error
-    report = ray.get(audit.report.remote())
     steps = 7  # per epoch and rank: ceil(200 / 2 / 16)
-    if max_steps is None:
-        assert sorted(report) == list(range(epochs)), report
-        for epoch, row in report.items():
-            assert row["lost"] == 0 and row["duplicates"] == 0, (epoch, row)
-            assert row["batches"] == 2 * steps, (epoch, row)
-        assert result.metrics["global_step"] == epochs * steps
-    else:
-        # max_steps wins over num_train_epochs: one whole epoch, then 3 steps of the next.
-        assert result.metrics["global_step"] == max_steps
-        assert sorted(report) == [0, 1], report
-        assert report[0]["lost"] == 0 and report[0]["duplicates"] == 0, report
-        assert report[1]["batches"] == 2 * (max_steps - steps), report
-        assert report[1]["duplicates"] == 0 and 0 < report[1]["seen"] <= 2 * BATCH * 3, report
-    loader.shutdown()
+    # `batches`: training steps, summed over the 2 ranks.
+    report = ray.get(runs[0]["audit"].report.remote())
+    assert sorted(report) == [0, 1], report
+    for epoch, row in report.items():
+        assert row["lost"] == 0 and row["duplicates"] == 0, (epoch, row)
+        assert row["batches"] == 2 * steps, (epoch, row)
+    report = ray.get(runs[1]["audit"].report.remote())
+    assert sorted(report) == [0, 1], report
+    assert report[0]["lost"] == 0 and report[0]["duplicates"] == 0, report
+    assert report[0]["batches"] == 2 * steps, report
+    assert report[1]["batches"] == 2 * (10 - steps), report
+    assert report[1]["duplicates"] == 0 and 0 < report[1]["seen"] <= 2 * BATCH * 3, report
+    for run in runs:
+        run["loader"].shutdown()
