@@ -110,41 +110,31 @@ class Classifier(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=self.lr)
 
 
-def build_trainer(
-    epochs: int, callbacks: list | None = None, report: bool = True, **kwargs: Any
-) -> pl.Trainer:
-    """A Lightning Trainer wired for Ray Train (Ray's guide): Ray's DDP strategy and
-    environment and, with `report`, a checkpoint reported to Ray Train every epoch
-    (`RayTrainReportCallback`). No sanity validation: it would read two batches of the
-    validation loader's first epoch, and the first validation would continue from there."""
+def fit(
+    config: dict, model: pl.LightningModule, callbacks: list | None = None, report: bool = True
+) -> None:
+    """`trainer.fit` over rayshard, wired for Ray Train as Ray's guide does (Ray's DDP
+    strategy and environment; with `report`, a checkpoint reported every epoch). After a
+    restart it resumes from Ray Train's latest checkpoint, Lightning's own, which carries
+    the loader's state (`RayshardCheckpoint`)."""
+    train = LightningBatches(rayshard.train.iterator(config["loader"]))
+    val = rayshard.train.iterator(config["val_loader"]) if config.get("val_loader") else None
+    reporting = [RayTrainReportCallback()] if report else []
     trainer = pl.Trainer(
-        max_epochs=epochs,
+        max_epochs=config["epochs"],
         devices="auto",
         accelerator="auto",
         strategy=RayDDPStrategy(),
         plugins=[RayLightningEnvironment()],
-        callbacks=[*([RayTrainReportCallback()] if report else []), *(callbacks or [])],
-        num_sanity_val_steps=0,
+        callbacks=[RayshardCheckpoint(train), *reporting, *(callbacks or [])],
+        num_sanity_val_steps=0,  # it would read 2 batches of the validation loader's epoch
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
         default_root_dir=tempfile.mkdtemp(prefix="lightning-"),
-        **kwargs,
     )
-    return prepare_trainer(trainer)
-
-
-def fit(
-    config: dict, model: pl.LightningModule, callbacks: list | None = None, report: bool = True
-) -> None:
-    """`trainer.fit` over rayshard; after a restart it resumes from Ray Train's latest
-    checkpoint, Lightning's own, which carries the loader's state (`RayshardCheckpoint`)."""
-    train = LightningBatches(rayshard.train.iterator(config["loader"]))
-    val = rayshard.train.iterator(config["val_loader"]) if config.get("val_loader") else None
-    trainer = build_trainer(
-        config["epochs"], [RayshardCheckpoint(train), *(callbacks or [])], report
-    )
+    trainer = prepare_trainer(trainer)
     checkpoint = ray.train.get_checkpoint()
     with checkpoint.as_directory() if checkpoint else nullcontext() as folder:
         ckpt_path = os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME) if folder else None
