@@ -126,7 +126,7 @@ def fit(
         accelerator="auto",
         strategy=RayDDPStrategy(),
         plugins=[RayLightningEnvironment()],
-        callbacks=[RayshardCheckpoint(train), *reporting, *(callbacks or [])],
+        callbacks=[RayshardCheckpoint(train, val), *reporting, *(callbacks or [])],
         num_sanity_val_steps=0,  # it would read 2 batches of the validation loader's epoch
         enable_checkpointing=False,
         enable_progress_bar=False,

@@ -25,6 +25,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 CHECKPOINT_KEY = "rayshard"  # the key of the loader state in a Lightning checkpoint
+VAL_CHECKPOINT_KEY = "rayshard_val"  # and of the validation loader's
 
 
 class LightningBatches:
@@ -97,18 +98,24 @@ class LightningBatches:
 class RayshardCheckpoint(pl.Callback):
     """Puts `batches.snapshot()` into every Lightning checkpoint (key `"rayshard"`) and
     restores it when Lightning loads one (`ckpt_path=`), on every rank: the loader goes on
-    exactly where the model stood, mid-epoch or at an epoch boundary."""
+    exactly where the model stood, mid-epoch or at an epoch boundary.
 
-    def __init__(self, batches: LightningBatches) -> None:
+    `val`: the validation `ShardIterator`, if any. Its state (the next validation epoch) is
+    saved and restored too: after a Ray Train restart a new validation iterator would
+    otherwise ask for epoch 0, which the loader refuses as stale."""
+
+    def __init__(self, batches: LightningBatches, val: Any = None) -> None:
         if not isinstance(batches, LightningBatches):
             raise TypeError(
                 f"RayshardCheckpoint needs the LightningBatches passed to trainer.fit, got "
                 f"{type(batches).__name__}: wrap the iterator, LightningBatches(iterator)"
             )
-        self.batches = batches
+        self.batches, self.val = batches, val
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = self.batches.snapshot()
+        if self.val is not None:
+            checkpoint[VAL_CHECKPOINT_KEY] = self.val.state_dict()
 
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict) -> None:
         snapshot = checkpoint.get(CHECKPOINT_KEY)
@@ -120,6 +127,8 @@ class RayshardCheckpoint(pl.Callback):
             )
             return
         self.batches.restore(snapshot)
+        if self.val is not None and VAL_CHECKPOINT_KEY in checkpoint:
+            self.val.load_state_dict(checkpoint[VAL_CHECKPOINT_KEY])
 
 
-__all__ = ["CHECKPOINT_KEY", "LightningBatches", "RayshardCheckpoint"]
+__all__ = ["CHECKPOINT_KEY", "VAL_CHECKPOINT_KEY", "LightningBatches", "RayshardCheckpoint"]

@@ -19,8 +19,6 @@ from ray.train.torch import TorchTrainer
 from examples.train_lightning import Classifier, make_dataset, make_loaders, train_loop_per_worker
 from rayshard.audit import start_audit
 from rayshard.frameworks.lightning import CHECKPOINT_KEY
-from rayshard.loader import Loader
-from rayshard.sources.parquet import ParquetSource
 from tests.frameworks.lightning_loops import CKPT_FILE, ledger_loop
 from tests.multinode.scenarios import TrainLedger
 from tests.runtime.helpers import unique_name
@@ -81,12 +79,15 @@ def test_worker_killed_mid_epoch_resumes_from_lightning_checkpoint_exactly(ray_s
     # epoch-end path is tested in test_lightning_resume.py); rank 1 dies at its 7th step or
     # later (epoch 1), once rank 0 reported two checkpoints. Whichever of them Ray Train had
     # registered, the group resumes mid-epoch.
+    # A validation loader runs every epoch too: restored from the checkpoint with the rest,
+    # the new validation iterators go on with the next validation epoch (not stale).
     rows = 160
     data = make_dataset(str(tmp_path / "train"), rows)
-    loader = Loader(ParquetSource(data), batch_size=BATCH, name=unique_name("plr"), shuffle=True)
+    val = make_dataset(str(tmp_path / "val"), 40, seed=1)
+    loader, val_loader = make_loaders(data, val, BATCH, name=unique_name("plr"))
     ledger = ray.remote(TrainLedger).options(num_cpus=0).remote()
-    config = {"loader": loader, "ledger": ledger, "epochs": 2, "every": 3, "crash_at": 7}
-    config["epoch_end"] = False
+    config = {"loader": loader, "val_loader": val_loader, "ledger": ledger, "epochs": 2}
+    config.update({"every": 3, "crash_at": 7, "epoch_end": False})
     result = _trainer(
         ledger_loop, config, tmp_path, failure_config=FailureConfig(max_failures=1)
     ).fit()
@@ -99,3 +100,4 @@ def test_worker_killed_mid_epoch_resumes_from_lightning_checkpoint_exactly(ray_s
     for epoch, row in audit["per_epoch"].items():
         assert row["lost"] == 0 and row["duplicates"] == 0 and row["seen"] == rows, (epoch, row)
     loader.shutdown()
+    val_loader.shutdown()
