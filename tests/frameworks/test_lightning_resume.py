@@ -115,3 +115,10 @@ def test_lightning_does_not_restore_an_iterables_state_from_an_epoch_end_checkpo
     loop.epoch_progress.current.processed = 1  # the epoch's last batch was processed
     loop.restarting = True
     assert loop.restarting is False
+
+
+def test_checkpoint_callback_and_snapshot_errors_name_the_fix():
+    with pytest.raises(TypeError, match=r"LightningBatches\(iterator\)"):
+        RayshardCheckpoint(object())
+    with pytest.raises(ValueError, match="'loader' and 'batches'"):
+        LightningBatches(object()).restore({"epoch": 1})

@@ -16,11 +16,28 @@ from rayshard.sources.parquet import ParquetSource
 from tests.frameworks.hf_loops import hf_loop, write_tokens
 from tests.runtime.helpers import unique_name
 
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
-
 ROWS, BATCH = 200, 16  # 2 ranks: 7 steps per epoch, the last batch of one rank padded
 
 
+def test_causal_lm_inputs_label_padding_rows_and_drop_rayshard_keys():
+    import torch
+
+    from rayshard.frameworks.transformers import IGNORE_INDEX, causal_lm_inputs
+
+    batch = {
+        "input_ids": torch.arange(12).reshape(3, 4),
+        "_index": torch.tensor([5, 6, 6]),
+        "_padded": torch.tensor([False, False, True]),
+    }
+    inputs = causal_lm_inputs(batch)
+    assert set(inputs) == {"input_ids", "attention_mask", "labels"}
+    assert (inputs["labels"][:2] == batch["input_ids"][:2]).all()
+    assert (inputs["labels"][2] == IGNORE_INDEX).all()
+    assert (batch["input_ids"][2] == torch.arange(8, 12)).all(), "the batch was modified"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
 def test_trainer_num_train_epochs_and_max_steps_exact(ray_session, tmp_path):
     data = write_tokens(str(tmp_path / "tokens"), ROWS)
     runs = [
