@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.rayshard-installed
 
-.PHONY: demo example-images example-text test test-submit lint bench plan clean
+.PHONY: demo example-images example-text example-lightning test test-submit lint bench plan clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,6 +23,10 @@ example-images: $(STAMP)
 
 example-text: $(STAMP)
 	$(PY) examples/train_text.py
+
+# PyTorch Lightning under Ray Train over rayshard: 3 epochs, per-epoch coverage table.
+example-lightning: $(STAMP)
+	$(PY) examples/train_lightning.py
 
 test: $(STAMP)
 	$(PY) -m ruff check .

@@ -1,0 +1,80 @@
+"""torch `DataLoader` and Accelerate over rayshard: a thin `IterableDataset` adapter.
+
+    loader_dl = rayshard.frameworks.torch.dataloader(rayshard.train.iterator(loader))
+    for batch in loader_dl:  # rayshard's batches as they are: no second batching
+        ...
+
+rayshard batches rows already (per rank), so the `DataLoader` must pass batches through:
+`batch_size=None` and `num_workers=0`. A `DataLoader` worker process would read the rank's
+whole shard again (every worker gets a copy of the dataset), so the adapter refuses to be
+iterated in one. Accelerate: do not `prepare()` this `DataLoader` in a multi-process run:
+Accelerate would split each rank's batches once more over the processes (or read them all
+on rank 0 and dispatch); it is per rank already. Prepare the model and optimizer only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch.utils.data
+
+
+class IterableAdapter(torch.utils.data.IterableDataset):
+    """A rayshard iterator as a torch `IterableDataset`: `iter()` yields the iterator's
+    batches (through `transform` if given), `len()` is `len(iterator)` (batches the next
+    iteration yields), `state_dict()`/`load_state_dict()` are the loader's."""
+
+    def __init__(self, iterator: Any, transform: Callable[[dict], Any] | None = None) -> None:
+        super().__init__()
+        self.iterator = iterator
+        self.transform = transform
+
+    def __iter__(self) -> Iterator[Any]:
+        if torch.utils.data.get_worker_info() is not None:
+            raise RuntimeError(
+                "rayshard's IterableAdapter was iterated in a DataLoader worker process: each"
+                " worker would read this rank's whole shard again. rayshard reads and batches in"
+                " its own actors; use DataLoader(adapter, batch_size=None, num_workers=0)"
+                " (or rayshard.frameworks.torch.dataloader(iterator))"
+            )
+        batches = iter(self.iterator)
+        if self.transform is None:
+            return batches
+        return (self.transform(batch) for batch in batches)
+
+    def __len__(self) -> int:
+        return len(self.iterator)
+
+    def state_dict(self) -> dict:
+        return self.iterator.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.iterator.load_state_dict(state)
+
+
+def dataloader(
+    iterator: Any, transform: Callable[[dict], Any] | None = None, **kwargs: Any
+) -> torch.utils.data.DataLoader:
+    """`DataLoader(IterableAdapter(iterator, transform), batch_size=None)`: batches pass
+    through as rayshard made them. `batch_size` other than None and `num_workers > 0` are
+    refused (see the module docstring); other `DataLoader` arguments pass on."""
+    if kwargs.get("batch_size") is not None:
+        raise ValueError(
+            f"batch_size={kwargs['batch_size']!r}: rayshard batches already"
+            " (Loader(batch_size=...));"
+            " the DataLoader must pass them through with batch_size=None"
+        )
+    if kwargs.get("num_workers", 0):
+        raise ValueError(
+            f"num_workers={kwargs['num_workers']!r}: each DataLoader worker would read this"
+            " rank's whole shard again; rayshard reads in its own actors, use num_workers=0"
+            " (raise Loader(reader_threads=...) or prefetch_depth for more read-ahead)"
+        )
+    kwargs.pop("batch_size", None)
+    return torch.utils.data.DataLoader(
+        IterableAdapter(iterator, transform), batch_size=None, **kwargs
+    )
+
+
+__all__ = ["IterableAdapter", "dataloader"]

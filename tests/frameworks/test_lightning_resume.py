@@ -1,0 +1,124 @@
+"""Lightning's `ckpt_path` resume over rayshard, in one process (no Ray Train, so it is
+quick): stop after a checkpoint taken mid-epoch or after an epoch's last batch, start a new
+Trainer and loader from that checkpoint, and every epoch is covered exactly once relative
+to the checkpoint. Also pins the Lightning behaviour that makes `RayshardCheckpoint` and
+`LightningBatches` necessary (see rayshard/frameworks/lightning.py)."""
+
+from __future__ import annotations
+
+import collections
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from rayshard.frameworks.lightning import CHECKPOINT_KEY, LightningBatches, RayshardCheckpoint
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import unique_name, write_parquet
+
+pytestmark = pytest.mark.ray
+
+SIZES = [50, 40, 30]  # 120 rows, batch 8: 15 steps per epoch
+ROWS, EPOCHS = sum(SIZES), 3
+
+
+class Recorder(pl.LightningModule):
+    """Records the real ids of every training step per Lightning epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+        self.seen: dict[int, list[int]] = collections.defaultdict(list)
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        real = ~batch["_padded"]
+        self.seen[self.current_epoch] += batch["id"][real].tolist()
+        return ((self.lin(batch["x"]).squeeze(1) * real) ** 2).mean()
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+class _Stop(Exception):
+    pass
+
+
+class SaveAndStop(pl.Callback):
+    """Saves a checkpoint after global step `step` (mid-epoch) or at the end of epoch
+    `epoch`, then stops the run by raising."""
+
+    def __init__(self, path: str, step: int | None = None, epoch: int | None = None) -> None:
+        self.path, self.step, self.epoch = path, step, epoch
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path)
+            raise _Stop
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        if trainer.current_epoch == self.epoch:
+            trainer.save_checkpoint(self.path)
+            raise _Stop
+
+
+def _trainer(*callbacks) -> pl.Trainer:
+    return pl.Trainer(
+        max_epochs=EPOCHS,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_parquet(tmp_path_factory.mktemp("pl"), SIZES, row_group_size=8)
+
+
+@pytest.mark.parametrize("stop", [{"step": 20}, {"epoch": 0}], ids=["mid_epoch", "epoch_end"])
+def test_ckpt_path_resume_covers_every_epoch_exactly_once(ray_session, dataset, tmp_path, stop):
+    name, path = unique_name("plres"), str(tmp_path / "stop.ckpt")
+    loader = Loader(ParquetSource(dataset), batch_size=8, name=name, shuffle=True)
+    batches = LightningBatches(loader.iterator(world_rank=0, world_size=1))
+    first = Recorder()
+    with pytest.raises(_Stop):
+        _trainer(RayshardCheckpoint(batches), SaveAndStop(path, **stop)).fit(first, batches)
+    loader.shutdown()
+    saved = torch.load(path, weights_only=False)[CHECKPOINT_KEY]
+    assert saved["batches"] == (5 if "step" in stop else 0), saved
+
+    # A new loader of the same name and configuration (as after a restart), a new Trainer.
+    loader = Loader(ParquetSource(dataset), batch_size=8, name=name, shuffle=True)
+    batches = LightningBatches(loader.iterator(world_rank=0, world_size=1))
+    second = Recorder()
+    _trainer(RayshardCheckpoint(batches)).fit(second, batches, ckpt_path=path)
+    for epoch in range(EPOCHS):
+        ids = collections.Counter(first.seen.get(epoch, []) + second.seen.get(epoch, []))
+        assert ids == collections.Counter(range(ROWS)), (epoch, stop, sorted(ids.items())[:5])
+    loader.shutdown()
+
+
+def test_lightning_does_not_restore_an_iterables_state_from_an_epoch_end_checkpoint():
+    """The fact `RayshardCheckpoint` exists for (lightning 2.6, FitLoop.restarting): after
+    loading a checkpoint taken once an epoch finished, `restarting` is False, and
+    `_load_combined_loader_states` only loads the iterables' states when restarting."""
+    from lightning.pytorch.loops.fit_loop import _FitLoop
+
+    trainer = _trainer()
+    loop = _FitLoop(trainer)
+    loop.epoch_progress.current.ready = loop.epoch_progress.current.started = 1
+    loop.epoch_progress.current.processed = 1  # the epoch's last batch was processed
+    loop.restarting = True
+    assert loop.restarting is False
+
+
+def test_checkpoint_callback_and_snapshot_errors_name_the_fix():
+    with pytest.raises(TypeError, match=r"LightningBatches\(iterator\)"):
+        RayshardCheckpoint(object())
+    with pytest.raises(ValueError, match="'loader' and 'batches'"):
+        LightningBatches(object()).restore({"epoch": 1})

@@ -1,0 +1,73 @@
+"""Hugging Face `transformers.Trainer` over rayshard inside Ray Train (real transformers,
+real TorchTrainer, 2 workers): a tiny GPT-2 built from a config, token rows from Parquet.
+`num_train_epochs` gives every epoch exactly once; `max_steps` stops at that step count,
+mid-epoch, with no row repeated."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+from ray.train import RunConfig, ScalingConfig
+from ray.train.torch import TorchTrainer
+
+from rayshard.audit import start_audit
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.frameworks.hf_loops import hf_loop, write_tokens
+from tests.runtime.helpers import unique_name
+
+ROWS, BATCH = 200, 16  # 2 ranks: 7 steps per epoch, the last batch of one rank padded
+
+
+def test_causal_lm_inputs_label_padding_rows_and_drop_rayshard_keys():
+    import torch
+
+    from rayshard.frameworks.transformers import IGNORE_INDEX, causal_lm_inputs
+
+    batch = {
+        "input_ids": torch.arange(12).reshape(3, 4),
+        "_index": torch.tensor([5, 6, 6]),
+        "_padded": torch.tensor([False, False, True]),
+    }
+    inputs = causal_lm_inputs(batch)
+    assert set(inputs) == {"input_ids", "attention_mask", "labels"}
+    assert (inputs["labels"][:2] == batch["input_ids"][:2]).all()
+    assert (inputs["labels"][2] == IGNORE_INDEX).all()
+    assert (batch["input_ids"][2] == torch.arange(8, 12)).all(), "the batch was modified"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_trainer_num_train_epochs_and_max_steps_exact(ray_session, tmp_path):
+    data = write_tokens(str(tmp_path / "tokens"), ROWS)
+    runs = [
+        {"epochs": 2},  # num_train_epochs
+        {"epochs": 1, "max_steps": 10},  # max_steps wins: one epoch, then 3 steps of the next
+    ]
+    for run in runs:
+        run["loader"] = Loader(
+            ParquetSource(data), batch_size=BATCH, name=unique_name("hf"), shuffle=True
+        )
+        run["audit"] = start_audit(ROWS)
+    result = TorchTrainer(
+        hf_loop,
+        train_loop_config={"runs": runs},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name=unique_name("hf"), storage_path=str(tmp_path / "results")),
+    ).fit()
+    assert result.error is None, result.error
+    steps = 7  # per epoch and rank: ceil(200 / 2 / 16)
+    # `batches`: training steps, summed over the 2 ranks.
+    report = ray.get(runs[0]["audit"].report.remote())
+    assert sorted(report) == [0, 1], report
+    for epoch, row in report.items():
+        assert row["lost"] == 0 and row["duplicates"] == 0, (epoch, row)
+        assert row["batches"] == 2 * steps, (epoch, row)
+    report = ray.get(runs[1]["audit"].report.remote())
+    assert sorted(report) == [0, 1], report
+    assert report[0]["lost"] == 0 and report[0]["duplicates"] == 0, report
+    assert report[0]["batches"] == 2 * steps, report
+    assert report[1]["batches"] == 2 * (10 - steps), report
+    assert report[1]["duplicates"] == 0 and 0 < report[1]["seen"] <= 2 * BATCH * 3, report
+    for run in runs:
+        run["loader"].shutdown()
