@@ -184,7 +184,7 @@ def train_loop_per_worker(config: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", help="Parquet with a `text` column (default: the stdlib)")
-    parser.add_argument("--max-bytes", type=int, default=1_000_000, help="stdlib text to use")
+    parser.add_argument("--max-bytes", type=int, default=600_000, help="stdlib text to use")
     parser.add_argument("--workers", type=int, default=2, help="Ray Train workers")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=32)
