@@ -23,6 +23,12 @@ folder's files and bytes after each epoch (partial downloads excluded).
 Timing: epoch seconds from the first rank's `iter()` to the last rank's last batch.
 The ratio is the mean of epochs 2..E with the cache over the same without it, from this
 run (the machine is shared: compare ratios, not absolute numbers).
+
+moto is not S3: it answers every GET, range reads included, by reading and copying the
+whole object (objects over about 5 MB live in a temporary file), so an uncached epoch
+costs about GETs x object size inside the server and grows faster than the data (objects
+of 16 MB: warm uncached epochs ~0.7 s; objects of 41 MB: ~13 s). The ratio therefore
+depends on the object size here, and says little about a real object store's latency.
 """
 
 from __future__ import annotations
