@@ -41,13 +41,16 @@ def dynamic_loader(dataset, **options):
 class Consumer(threading.Thread):
     """Consumes one iterator in a thread, recording ids; stops at the first error."""
 
-    def __init__(self, iterator, delay=0.0, stop_after=None):
+    def __init__(self, iterator, delay=0.0, stop_after=None, hold_after=None):
         super().__init__(daemon=True)
         self.iterator, self.delay, self.stop_after = iterator, delay, stop_after
         self.ids: list[int] = []
         self.batches = 0
         self.error: BaseException | None = None
         self.started_reading = threading.Event()
+        # With `hold_after=n` the loop pauses after n batches until `go_on` is set: the
+        # test's fault then lands mid-epoch, however fast or slow the machine is.
+        self.hold_after, self.holding, self.go_on = hold_after, threading.Event(), threading.Event()
 
     def run(self):
         try:
@@ -57,6 +60,9 @@ class Consumer(threading.Thread):
                 self.started_reading.set()
                 if self.stop_after is not None and self.batches >= self.stop_after:
                     return
+                if self.batches == self.hold_after:
+                    self.holding.set()
+                    self.go_on.wait(120)
                 time.sleep(self.delay)
         except BaseException as error:  # noqa: BLE001 - the test inspects it
             self.error = error
@@ -97,12 +103,14 @@ def test_killed_reader_work_is_served_again(ray_session, dataset, equal_steps):
         dataset, equal_steps=equal_steps, prefetch_depth=2, ack_interval_s=0, batches_per_object=4
     )
     its = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
-    consumers = [Consumer(it, delay=0.02) for it in its]
+    consumers = [
+        Consumer(it, delay=0.02, hold_after=1 if r == 1 else None) for r, it in enumerate(its)
+    ]
     for c in consumers:
         c.start()
-    consumers[1].started_reading.wait(30)
-    time.sleep(0.1)
-    ray.kill(its[1]._reader, no_restart=True)  # a real actor death
+    assert consumers[1].holding.wait(60), "rank 1 received no batch"
+    ray.kill(its[1]._reader, no_restart=True)  # a real actor death, mid-epoch for rank 1
+    consumers[1].go_on.set()
     for c in consumers:
         c.join(90)
     assert consumers[0].error is None and consumers[2].error is None
