@@ -72,6 +72,7 @@ class Loader:
         model_parallel_size: int = 1,
         dp_groups: Sequence[Sequence[int]] | None = None,
         state_timeout_s: float = 60.0,
+        straggler_timeout_s: float | None = None,
         journal_path: str | None = None,
         coordinator_max_restarts: int = 3,
         config_file: dict | None = None,
@@ -115,6 +116,7 @@ class Loader:
             model_parallel_size=model_parallel_size,
             dp_groups=as_tuple_groups(dp_groups),
             state_timeout_s=state_timeout_s,
+            straggler_timeout_s=straggler_timeout_s,
             journal_path=journal_path,
             transform_workers=transform_workers,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ class LoaderSettings:
     journal_path: str | None = None
     column_rules: ColumnRules = ColumnRules()  # padding and fill values (`rayshard.columns`)
     transform_workers: int = 1  # processes running a rank's transform (1: the reader)
+    straggler_timeout_s: float | None = None  # `dynamic`: silence before work is reoffered
 
     def __post_init__(self) -> None:
         policy = ShardingPolicy.parse(self.policy)
@@ -61,6 +63,35 @@ class LoaderSettings:
         check_int(self.transform_workers, "transform_workers", minimum=1)
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
+        self._check_straggler_timeout(policy)
+
+    def _check_straggler_timeout(self, policy: ShardingPolicy) -> None:
+        timeout = self.straggler_timeout_s
+        if timeout is None:
+            return
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(
+                f"straggler_timeout_s={timeout!r} must be a number of seconds, or None (off)"
+            )
+        if not math.isfinite(timeout) or timeout <= 0:
+            raise ConfigError(
+                f"straggler_timeout_s={timeout!r} is not in the range straggler_timeout_s>0: "
+                "give the seconds a rank may hold work silently, or None to turn it off"
+            )
+        if policy is not ShardingPolicy.DYNAMIC:
+            raise ConfigError(
+                f"straggler_timeout_s={timeout!r} needs policy='dynamic' (policy="
+                f"{policy.value!r} plans every rank's share up front): use policy='dynamic', "
+                "or leave straggler_timeout_s unset"
+            )
+        slowest = max(self.ack_interval_s, self.lease_poll_s)
+        if timeout <= 2 * slowest:
+            raise ConfigError(
+                f"straggler_timeout_s={timeout!r} must exceed twice ack_interval_s="
+                f"{self.ack_interval_s!r} and lease_poll_s={self.lease_poll_s!r}, or healthy "
+                "ranks would look silent: raise it (well above a training step's time)"
+            )
+        object.__setattr__(self, "straggler_timeout_s", float(timeout))
 
     @property
     def block_batches(self) -> int:

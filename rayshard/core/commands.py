@@ -55,24 +55,28 @@ class StartEpoch(Command):
 @dataclasses.dataclass(frozen=True)
 class Lease(Command):
     """A dynamic rank asks for up to `count` pieces of `epoch`; `finishing`: it reached its
-    equal step count, so only work returned by a lost rank may follow."""
+    equal step count, so only work returned by a lost rank may follow. `time`: when it
+    asked (the straggler clock; 0 in journals older than it)."""
 
     kind: ClassVar[str] = "lease"
     dp_rank: int
     epoch: int
     count: int = 1
     finishing: bool = False
+    time: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
 class Ack(Command):
-    """Consumers of `dp_rank` received batches up to their `batches`-th, holding `ids`."""
+    """Consumers of `dp_rank` received batches up to their `batches`-th, holding `ids`;
+    recorded at `time` (restarts the rank's straggler clock)."""
 
     kind: ClassVar[str] = "ack"
     dp_rank: int
     epoch: int
     batches: int
     ids: tuple[tuple[int, int], ...]
+    time: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +135,7 @@ class Leased:
     pieces: tuple[tuple[int, int], ...] = ()
     wait: bool = False
     outstanding: int = 0  # leases not finished, for the metrics
+    stragglers: tuple[int, ...] = ()  # ranks whose work was taken back for this request
 
     @property
     def done(self) -> bool:

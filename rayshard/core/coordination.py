@@ -4,20 +4,21 @@ progress and events.
 `CoordinatorCore.apply(command)` is the only way the state changes; it reads no clock
 (times come in the commands), draws no random number and touches no metrics, so replaying
 the journal of applied commands, or loading a snapshot (`to_dict`) and replaying what
-followed it, rebuilds the same state. Everything else here is a query. The Ray actor
+followed it, rebuilds the same state. The queries live in `rayshard.core.queries`, the straggler
+policy in `rayshard.core.stragglers`. The Ray actor
 (`rayshard.runtime.coordinator`) checks a request, builds the command, applies it, journals
 it and carries out the decision.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from rayshard.core import commands as cmd
 from rayshard.core.leases import LeaseBook
-from rayshard.core.planning import epoch_plan
-from rayshard.errors import StaleClientError
+from rayshard.core.membership import Membership
+from rayshard.core.queries import CoreQueries
+from rayshard.core.stragglers import reoffer
 from rayshard.plan import EpochPlan, RankPlan
 from rayshard.plan import intervals as iv
 from rayshard.settings import LoaderSettings
@@ -26,19 +27,7 @@ from rayshard.sources.base import Source
 from rayshard.state import LoaderState
 
 
-@dataclasses.dataclass
-class Membership:
-    """The ranks of one generation and their readers."""
-
-    generation: int
-    dp_size: int
-    world_size: int
-    ranks: set[int] = dataclasses.field(default_factory=set)  # registered dp ranks
-    world: dict[int, int] = dataclasses.field(default_factory=dict)  # world rank -> dp rank
-    readers: dict[int, str] = dataclasses.field(default_factory=dict)  # dp rank -> actor name
-
-
-class CoordinatorCore:
+class CoordinatorCore(CoreQueries):
     """Epoch, membership, plan and progress of one loader (see module docstring)."""
 
     def __init__(self, loader_id: str, source: Source, settings: LoaderSettings) -> None:
@@ -122,25 +111,34 @@ class CoordinatorCore:
     def _lease(self, c: cmd.Lease) -> cmd.Leased:
         self.rank_epoch[c.dp_rank] = c.epoch
         book = self._book(c.epoch)
-        pieces = self._take(book, c.dp_rank, c.count)
+        pieces = self._take(book, c.dp_rank, c.count, c.time)
         if not pieces and c.finishing and book.unleased_rows():
             # Capacity held for declared ranks that never came: give it to the living.
             for rank in [r for r in book.ranks if r not in self.members.ranks]:
                 book.release(rank)
-            pieces = self._take(book, c.dp_rank, c.count)
+            pieces = self._take(book, c.dp_rank, c.count, c.time)
+        stragglers: list[int] = []
+        timeout = self.settings.straggler_timeout_s
+        if not pieces and timeout is not None:
+            # An idle rank asks: work held by ranks silent for the timeout is offered to it.
+            for rank, back in reoffer(book, c.dp_rank, c.time, timeout):
+                stragglers.append(rank)
+                self._event("straggler", c.time, dp_rank=rank, reoffered_rows=iv.total(back))
+            if stragglers:
+                pieces = self._take(book, c.dp_rank, c.count, c.time)
         wait = False
         if not pieces and (c.finishing or not self.settings.plan.equal_steps):
             # A rank that may end (no equal steps, or past its last step) stays until no
             # other rank holds unfinished work that could come back if that rank died.
             book.close_finished()
             wait = any(le.rank != c.dp_rank for le in book.outstanding())
-        return cmd.Leased(tuple(pieces), wait, book.outstanding_count())
+        return cmd.Leased(tuple(pieces), wait, book.outstanding_count(), tuple(stragglers))
 
     @staticmethod
-    def _take(book: LeaseBook, rank: int, count: int) -> list[tuple[int, int]]:
+    def _take(book: LeaseBook, rank: int, count: int, now: float) -> list[tuple[int, int]]:
         pieces = []
         while len(pieces) < count:
-            lease = book.lease(rank)
+            lease = book.lease(rank, now)
             if lease is None:
                 break
             pieces.append((lease.start, lease.end))
@@ -151,7 +149,7 @@ class CoordinatorCore:
         counts[c.dp_rank] = max(counts.get(c.dp_rank, 0), c.batches)
         self.consumed.setdefault(c.epoch, []).extend(c.ids)
         if c.epoch in self.books:
-            self.books[c.epoch].ack(c.ids)
+            self.books[c.epoch].ack(c.ids, c.dp_rank, c.time)
         return cmd.Noted()
 
     def _lost(self, c: cmd.Lost) -> cmd.RankLost:
@@ -176,119 +174,11 @@ class CoordinatorCore:
         self.members.generation += 1
         return cmd.Noted()
 
-    # -- queries ---------------------------------------------------------------------------
-    def check(self, generation: int) -> Membership:
-        """The membership, if `generation` is current; else a `StaleClientError`."""
-        members = self.members
-        if members is None or generation != members.generation:
-            current = members.generation if members else None
-            raise StaleClientError(
-                f"client of generation {generation} talks to a loader at generation {current}: "
-                "the worker group changed since this iterator was made; take a new one"
-            )
-        return members
-
-    def check_epoch(self, generation: int, dp_rank: int, epoch: int) -> None:
-        self.check(generation)
-        last = self.rank_epoch.get(dp_rank)
-        if last is not None and epoch < last:
-            raise StaleClientError(
-                f"data-parallel rank {dp_rank} asked for epoch {epoch}, but it already started "
-                f"epoch {last}: this iterator is stale; take a new one from the loader"
-            )
-
-    def plan(self, epoch: int) -> EpochPlan:
-        """The static plan of `epoch` for the current membership (and resume point)."""
-        key = (self.members.generation, self.members.dp_size, epoch)
-        if key not in self._plans:
-            self._plans[key] = epoch_plan(
-                self.settings, self.source, self.members.dp_size, epoch, self.resume
-            )
-        return self._plans[key]
-
-    def length(self, dp_rank: int, epoch: int) -> int:
-        """Batches `dp_rank` yields in `epoch` (dynamic: as the lease book stands now)."""
-        if not self.dynamic:
-            return self.plan(epoch).ranks[dp_rank].batches
-        book = self.books.get(epoch) or self._new_book(epoch)  # not kept: a query
-        steps = book.steps(dp_rank) if dp_rank in book.ranks else None
-        if steps is None:  # no equal steps: an even share of what is left, as an estimate
-            rows = book.unleased_rows() + sum(le.end - le.start for le in book.outstanding())
-            steps = -(-rows // (max(len(book.ranks), 1) * self.settings.plan.batch_size))
-        return steps
-
-    def steps(self, dp_rank: int, epoch: int) -> int | None:
-        """Final batch count of `dp_rank` under equal steps (asked once its leases ran out)."""
-        book = self.books.get(epoch)
-        return book.steps(dp_rank) if book is not None else None
-
-    def begun(self, epoch: int) -> bool:
-        return epoch in self.started or epoch in self.books
-
-    def settled(self, epoch: int, received: int) -> bool:
-        """Every active rank acknowledged `received` batches of `epoch` (or all it has)."""
-        counts = self.received.get(epoch, {})
-        return all(
-            counts.get(r, 0) >= min(received, self.total(epoch, r)) for r in self.active_ranks()
-        )
-
-    def state_at(self, epoch: int, received: int) -> dict:
-        """The loader-wide state once `settled(epoch, received)`: the next epoch's start if
-        `epoch` is complete, else what of it was consumed."""
-        if not self.begun(epoch):
-            return self.state_dict(epoch, self.resumed_consumed(epoch))
-        consumed = self.all_consumed(epoch)
-        if received > 0 and not iv.subtract(self.epoch_samples(epoch), consumed):
-            return self.state_dict(epoch + 1, ())
-        return self.state_dict(epoch, consumed)
-
-    def active_ranks(self) -> list[int]:
-        return sorted(self.members.ranks) if self.members else []
-
-    def resumed_consumed(self, epoch: int) -> iv.Intervals:
-        resume = self.resume
-        return resume.consumed if resume is not None and resume.epoch == epoch else ()
-
-    def all_consumed(self, epoch: int) -> iv.Intervals:
-        return iv.normalize([*self.consumed.get(epoch, []), *self.resumed_consumed(epoch)])
-
-    def epoch_samples(self, epoch: int) -> iv.Intervals:
-        if epoch in self.started:
-            return iv.normalize([*self.plan(epoch).delivered(), *self.resumed_consumed(epoch)])
-        return ((0, self.num_samples),)
-
-    def state_dict(self, epoch: int, consumed: iv.Intervals) -> dict:
-        members = self.members
-        return LoaderState(
-            loader=self.loader_id,
-            epoch=epoch,
-            seed=self.settings.plan.seed,
-            consumed=tuple(consumed),
-            world_size=members.dp_size if members else 0,
-            num_samples=self.num_samples,
-        ).to_dict()
-
-    def epoch_complete(self, epoch: int) -> bool:
-        """Every sample of a begun `epoch` was acknowledged (a point to compact the journal)."""
-        return self.begun(epoch) and not iv.subtract(
-            self.epoch_samples(epoch), self.all_consumed(epoch)
-        )
-
     # -- snapshots (journal compaction) ----------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The whole state, JSON-safe; `load_dict` on a fresh core rebuilds it."""
-        m = self.members
         return {
-            "members": None
-            if m is None
-            else {
-                "generation": m.generation,
-                "dp_size": m.dp_size,
-                "world_size": m.world_size,
-                "ranks": sorted(m.ranks),
-                "world": [[w, d] for w, d in sorted(m.world.items())],
-                "readers": [[d, n] for d, n in sorted(m.readers.items())],
-            },
+            "members": None if self.members is None else self.members.to_dict(),
             "started": sorted(self.started),
             "books": [[e, b.to_dict()] for e, b in sorted(self.books.items())],
             "rank_epoch": [[r, e] for r, e in sorted(self.rank_epoch.items())],
@@ -305,18 +195,7 @@ class CoordinatorCore:
 
     def load_dict(self, data: dict[str, Any]) -> None:
         m = data["members"]
-        self.members = (
-            None
-            if m is None
-            else Membership(
-                m["generation"],
-                m["dp_size"],
-                m["world_size"],
-                set(m["ranks"]),
-                {w: d for w, d in m["world"]},
-                {d: n for d, n in m["readers"]},
-            )
-        )
+        self.members = None if m is None else Membership.from_dict(m)
         self.started = set(data["started"])
         self.books = {e: LeaseBook.from_dict(b) for e, b in data["books"]}
         self.rank_epoch = {r: e for r, e in data["rank_epoch"]}
@@ -374,13 +253,6 @@ class CoordinatorCore:
             equal_steps=self.settings.plan.equal_steps,
             consumed=self.resumed_consumed(epoch),
         )
-
-    def total(self, epoch: int, dp_rank: int) -> int:
-        """Batches `dp_rank` receives in a begun `epoch` (a huge number when unknown)."""
-        if epoch in self.started:
-            return self.plan(epoch).ranks[dp_rank].batches
-        steps = self.books[epoch].steps(dp_rank) if epoch in self.books else None
-        return steps if steps is not None else 1 << 62
 
     def _event(self, kind: str, time: float, **details: Any) -> None:
         self.events.append({"time": time, "event": kind, **details})

@@ -9,6 +9,13 @@ Equal steps without a per-batch barrier: with `equal_steps`, every rank gets a c
 capacity (a split is cut, its rest stays at the front of the queue). All data then fits
 and every rank yields exactly `T` batches, the last ones padded when the queue ran dry.
 Without `equal_steps` there is no cap and faster ranks read more.
+
+Stragglers: every lease granted to a rank and every acknowledgement from it restarts its
+clock (`since`, a time carried in by the caller). `stragglers(now, timeout)` names the
+ranks that hold unacknowledged rows and whose clock is older than `timeout`; `revoke`
+puts their unacknowledged rows back at the front of the queue, as `release` does, but the
+rank stays a member (its capacity stops at what it kept; the others' grow to take the
+rest). Rows acknowledged twice are counted in `duplicate_rows`.
 """
 
 from __future__ import annotations
@@ -57,6 +64,9 @@ class LeaseBook:
         self._leased: dict[int, int] = {}  # rank -> rows leased this epoch (kept on release)
         self._capacity: dict[int, int | None] = {}
         self.requeued_rows = 0
+        self.duplicate_rows = 0  # rows acknowledged again (counted once rows were requeued)
+        self._since: dict[int, float] = {}  # rank -> time of its last lease or acknowledgement
+        self._stalled: set[int] = set()  # ranks whose work was revoked this epoch
         self._set_capacities(list(ranks), initial=True)
 
     # -- queries ---------------------------------------------------------------------------
@@ -91,9 +101,9 @@ class LeaseBook:
         return not self._queue
 
     # -- changes (each is journaled by the coordinator) ------------------------------------
-    def lease(self, rank: int) -> Lease | None:
+    def lease(self, rank: int, now: float = 0.0) -> Lease | None:
         """The next piece of work for `rank`, or None if the queue is empty or its capacity
-        is used up."""
+        is used up. `now` restarts the rank's straggler clock when it gets a piece."""
         if rank not in self._capacity:
             raise KeyError(f"rank {rank} is not a member of this epoch")
         room = self._room(rank)
@@ -106,12 +116,27 @@ class LeaseBook:
             self._next_id += 1
             self._leases[lease.lease_id] = lease
             self._leased[rank] = self._leased.get(rank, 0) + end - start
+            self._since[rank] = now
             return lease
         return None
 
-    def ack(self, ranges: Iterable[Sequence[int]]) -> None:
-        """Samples that reached a consumer; finished leases are closed."""
-        self._consumed.extend(tuple(r) for r in ranges)
+    def ack(
+        self, ranges: Iterable[Sequence[int]], rank: int | None = None, now: float = 0.0
+    ) -> None:
+        """Samples that reached a consumer of `rank` at `now` (restarts its straggler clock)."""
+        pairs = [(int(r[0]), int(r[1])) for r in ranges]
+        if rank is not None:
+            self._since[rank] = now
+        if self.requeued_rows and pairs:
+            # After churn a row may come twice: count it, and drop acknowledged rows that
+            # still wait in the queue (a straggler delivered them after all).
+            new = iv.normalize(pairs)
+            self.duplicate_rows += iv.total(iv.intersect(new, self.consumed()))
+            if self._stalled:
+                self._queue = collections.deque(
+                    p for piece in self._queue for p in iv.subtract((piece,), new)
+                )
+        self._consumed.extend(pairs)
         self._dirty = True
 
     def close_finished(self) -> None:
@@ -135,26 +160,64 @@ class LeaseBook:
         self._queue.extendleft(reversed(back))
         self.requeued_rows += iv.total(back)
         self._capacity.pop(rank, None)
-        self._set_capacities(self.ranks, initial=False)
+        self._spread()
         return back
 
     def join(self, rank: int) -> None:
         """A new rank takes part from now on (capacities of everyone are re-spread)."""
         if rank not in self._capacity:
             self._capacity[rank] = 0
-            self._set_capacities(self.ranks, initial=False)
+            self._spread()
+
+    def stragglers(self, now: float, timeout: float, exclude: int | None = None) -> list[int]:
+        """Ranks (but `exclude`) holding unacknowledged rows whose last lease and last
+        acknowledgement are both at least `timeout` before `now`."""
+        done = self.consumed()
+        holding = {
+            le.rank
+            for le in self._leases.values()
+            if le.rank != exclude and iv.subtract(((le.start, le.end),), done)
+        }
+        return sorted(r for r in holding if now - self._since.get(r, now) >= timeout)
+
+    def revoke(self, rank: int) -> list[tuple[int, int]]:
+        """`rank` stalls: the unacknowledged rest of its leases goes back to the front of
+        the queue for the others; it stays a member, its capacity stops at what it kept.
+        Returns those pieces."""
+        done = self.consumed()
+        back: list[tuple[int, int]] = []
+        for lease in self.outstanding(rank):
+            back.extend(iv.subtract(((lease.start, lease.end),), done))
+            del self._leases[lease.lease_id]
+        self._queue.extendleft(reversed(back))
+        rows = iv.total(back)
+        self.requeued_rows += rows
+        self._leased[rank] = self._leased.get(rank, 0) - rows
+        self._stalled.add(rank)
+        if self._equal and rank in self._capacity:
+            self._capacity[rank] = self._leased[rank]
+        self._spread()
+        return back
+
+    def held(self, rank: int) -> iv.Intervals:
+        """The rows leased to `rank` and not taken back (a revoked reader drops the rest)."""
+        return iv.normalize((le.start, le.end) for le in self.outstanding(rank))
 
     # -- internals -------------------------------------------------------------------------
     def _room(self, rank: int) -> int:
         cap = self._capacity[rank]
         return 1 << 62 if cap is None else cap - self._leased.get(rank, 0)
 
+    def _spread(self) -> None:
+        """Re-spread what is not leased over the ranks that did not stall."""
+        ranks = [r for r in self.ranks if r not in self._stalled] or self.ranks
+        self._set_capacities(ranks, initial=False)
+
     def _set_capacities(self, ranks: list[int], *, initial: bool) -> None:
         if not self._equal:
-            self._capacity = {r: None for r in ranks}
+            self._capacity.update({r: None for r in ranks})
             return
         if not ranks:
-            self._capacity = {}
             return
         unleased = self.unleased_rows()
         if initial:
@@ -165,10 +228,12 @@ class LeaseBook:
         # rank already leased; a rank's capacity never shrinks below what it holds.
         share = -(-unleased // (len(ranks) * self._batch)) * self._batch
         spare = {r: (self._capacity.get(r) or 0) - self._leased.get(r, 0) for r in ranks}
-        self._capacity = {
-            r: self._leased.get(r, 0) + max(spare[r], 0) + max(share - max(spare[r], 0), 0)
-            for r in ranks
-        }
+        self._capacity.update(
+            {
+                r: self._leased.get(r, 0) + max(spare[r], 0) + max(share - max(spare[r], 0), 0)
+                for r in ranks
+            }
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The whole book, JSON-safe (the coordinator's journal snapshots hold it)."""
@@ -182,6 +247,9 @@ class LeaseBook:
             "leased": [[r, n] for r, n in sorted(self._leased.items())],
             "capacity": [[r, c] for r, c in sorted(self._capacity.items())],
             "requeued_rows": self.requeued_rows,
+            "duplicate_rows": self.duplicate_rows,
+            "since": [[r, t] for r, t in sorted(self._since.items())],
+            "stalled": sorted(self._stalled),
         }
 
     @classmethod
@@ -196,6 +264,9 @@ class LeaseBook:
         book._leased = {r: n for r, n in data["leased"]}
         book._capacity = {r: c for r, c in data["capacity"]}
         book.requeued_rows = data["requeued_rows"]
+        book.duplicate_rows = data.get("duplicate_rows", 0)  # absent before stragglers
+        book._since = {r: t for r, t in data.get("since", [])}
+        book._stalled = set(data.get("stalled", []))
         return book
 
     def snapshot(self) -> dict[str, Any]:
@@ -204,6 +275,8 @@ class LeaseBook:
             "unleased_rows": self.unleased_rows(),
             "outstanding": len(self._leases),
             "requeued_rows": self.requeued_rows,
+            "duplicate_rows": self.duplicate_rows,
+            "stalled": sorted(self._stalled),
             "consumed_rows": iv.total(self.consumed()),
             "capacity": {str(r): c for r, c in self._capacity.items()},
         }

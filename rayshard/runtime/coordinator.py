@@ -129,7 +129,13 @@ class Coordinator:
         """Up to `count` split pieces `[start, end)` for `dp_rank` in one round trip (see
         `Leased`: pieces, or wait and ask again, or done)."""
         self._core.check_epoch(generation, dp_rank, epoch)
-        return self._do(cmd.Lease(dp_rank, epoch, count, finishing))
+        return self._do(cmd.Lease(dp_rank, epoch, count, finishing, time.time()))
+
+    async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
+        """Rows of `epoch` still leased to `dp_rank` (a reader that was silent for the
+        straggler timeout drops the rest of what it read)."""
+        self._core.check(generation)
+        return [list(pair) for pair in self._core.held(dp_rank, epoch)]
 
     async def steps(self, generation: int, dp_rank: int, epoch: int) -> int | None:
         """Final batch count of `dp_rank` under equal steps (asked once its leases ran out)."""
@@ -151,7 +157,7 @@ class Coordinator:
         members = self._core.members
         if members is None or generation != members.generation:
             return  # late acknowledgement of a previous generation: already accounted
-        self._do(cmd.Ack(dp_rank, epoch, batches, tuple(tuple(pair) for pair in ids)))
+        self._do(cmd.Ack(dp_rank, epoch, batches, tuple(tuple(pair) for pair in ids), time.time()))
         totals = self._usage.setdefault(
             dp_rank, {"batches": 0, "samples": 0, "bytes": 0, "stall_s": 0.0}
         )

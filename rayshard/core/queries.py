@@ -1,0 +1,148 @@
+"""What the coordinator's core answers without changing anything: membership checks,
+plans, batch counts, progress and the loader-wide state (`CoordinatorCore` inherits
+these; only `apply` changes the state)."""
+
+from __future__ import annotations
+
+from rayshard.core.leases import LeaseBook
+from rayshard.core.membership import Membership
+from rayshard.core.planning import epoch_plan
+from rayshard.errors import StaleClientError
+from rayshard.plan import EpochPlan
+from rayshard.plan import intervals as iv
+from rayshard.settings import LoaderSettings
+from rayshard.sources.base import Source
+from rayshard.state import LoaderState
+
+
+class CoreQueries:
+    """Read-only questions about a `CoordinatorCore`'s state."""
+
+    loader_id: str
+    source: Source
+    settings: LoaderSettings
+    num_samples: int
+    dynamic: bool
+    members: Membership | None
+    started: set[int]
+    books: dict[int, LeaseBook]
+    rank_epoch: dict[int, int]
+    resume: LoaderState | None
+    received: dict[int, dict[int, int]]
+    consumed: dict[int, list[iv.Interval]]
+    _plans: dict[tuple, EpochPlan]
+
+    def _new_book(self, epoch: int) -> LeaseBook:  # defined by the core
+        raise NotImplementedError
+
+    def check(self, generation: int) -> Membership:
+        """The membership, if `generation` is current; else a `StaleClientError`."""
+        members = self.members
+        if members is None or generation != members.generation:
+            current = members.generation if members else None
+            raise StaleClientError(
+                f"client of generation {generation} talks to a loader at generation {current}: "
+                "the worker group changed since this iterator was made; take a new one"
+            )
+        return members
+
+    def check_epoch(self, generation: int, dp_rank: int, epoch: int) -> None:
+        self.check(generation)
+        last = self.rank_epoch.get(dp_rank)
+        if last is not None and epoch < last:
+            raise StaleClientError(
+                f"data-parallel rank {dp_rank} asked for epoch {epoch}, but it already started "
+                f"epoch {last}: this iterator is stale; take a new one from the loader"
+            )
+
+    def plan(self, epoch: int) -> EpochPlan:
+        """The static plan of `epoch` for the current membership (and resume point)."""
+        key = (self.members.generation, self.members.dp_size, epoch)
+        if key not in self._plans:
+            self._plans[key] = epoch_plan(
+                self.settings, self.source, self.members.dp_size, epoch, self.resume
+            )
+        return self._plans[key]
+
+    def length(self, dp_rank: int, epoch: int) -> int:
+        """Batches `dp_rank` yields in `epoch` (dynamic: as the lease book stands now)."""
+        if not self.dynamic:
+            return self.plan(epoch).ranks[dp_rank].batches
+        book = self.books.get(epoch) or self._new_book(epoch)  # not kept: a query
+        steps = book.steps(dp_rank) if dp_rank in book.ranks else None
+        if steps is None:  # no equal steps: an even share of what is left, as an estimate
+            rows = book.unleased_rows() + sum(le.end - le.start for le in book.outstanding())
+            steps = -(-rows // (max(len(book.ranks), 1) * self.settings.plan.batch_size))
+        return steps
+
+    def steps(self, dp_rank: int, epoch: int) -> int | None:
+        """Final batch count of `dp_rank` under equal steps (asked once its leases ran out)."""
+        book = self.books.get(epoch)
+        return book.steps(dp_rank) if book is not None else None
+
+    def begun(self, epoch: int) -> bool:
+        return epoch in self.started or epoch in self.books
+
+    def settled(self, epoch: int, received: int) -> bool:
+        """Every active rank acknowledged `received` batches of `epoch` (or all it has)."""
+        counts = self.received.get(epoch, {})
+        return all(
+            counts.get(r, 0) >= min(received, self.total(epoch, r)) for r in self.active_ranks()
+        )
+
+    def state_at(self, epoch: int, received: int) -> dict:
+        """The loader-wide state once `settled(epoch, received)`: the next epoch's start if
+        `epoch` is complete, else what of it was consumed."""
+        if not self.begun(epoch):
+            return self.state_dict(epoch, self.resumed_consumed(epoch))
+        consumed = self.all_consumed(epoch)
+        if received > 0 and not iv.subtract(self.epoch_samples(epoch), consumed):
+            return self.state_dict(epoch + 1, ())
+        return self.state_dict(epoch, consumed)
+
+    def active_ranks(self) -> list[int]:
+        return sorted(self.members.ranks) if self.members else []
+
+    def resumed_consumed(self, epoch: int) -> iv.Intervals:
+        resume = self.resume
+        return resume.consumed if resume is not None and resume.epoch == epoch else ()
+
+    def all_consumed(self, epoch: int) -> iv.Intervals:
+        return iv.normalize([*self.consumed.get(epoch, []), *self.resumed_consumed(epoch)])
+
+    def epoch_samples(self, epoch: int) -> iv.Intervals:
+        if epoch in self.started:
+            return iv.normalize([*self.plan(epoch).delivered(), *self.resumed_consumed(epoch)])
+        return ((0, self.num_samples),)
+
+    def state_dict(self, epoch: int, consumed: iv.Intervals) -> dict:
+        members = self.members
+        return LoaderState(
+            loader=self.loader_id,
+            epoch=epoch,
+            seed=self.settings.plan.seed,
+            consumed=tuple(consumed),
+            world_size=members.dp_size if members else 0,
+            num_samples=self.num_samples,
+        ).to_dict()
+
+    def epoch_complete(self, epoch: int) -> bool:
+        """Every sample of a begun `epoch` was acknowledged (a point to compact the journal)."""
+        return self.begun(epoch) and not iv.subtract(
+            self.epoch_samples(epoch), self.all_consumed(epoch)
+        )
+
+    def total(self, epoch: int, dp_rank: int) -> int:
+        """Batches `dp_rank` receives in a begun `epoch` (a huge number when unknown)."""
+        if epoch in self.started:
+            return self.plan(epoch).ranks[dp_rank].batches
+        steps = self.books[epoch].steps(dp_rank) if epoch in self.books else None
+        return steps if steps is not None else 1 << 62
+
+    def held(self, dp_rank: int, epoch: int) -> iv.Intervals:
+        """Rows of `epoch` leased to `dp_rank` and not taken back from it as a straggler."""
+        book = self.books.get(epoch)
+        return book.held(dp_rank) if book is not None else ()
+
+
+__all__ = ["CoreQueries"]

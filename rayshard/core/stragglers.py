@@ -1,0 +1,44 @@
+"""Stragglers under `dynamic` (SPEC 13): a rank that holds leases and goes silent for
+`straggler_timeout_s` has its unacknowledged work offered to the ranks that ask for more.
+
+Pure: the clock comes in with the lease request that asks (a journaled command), so a
+replayed journal takes the same decisions. The straggler stays a member: it may come back,
+and what it delivers of the work taken from it counts as duplicates, within
+`late_rows_bound`; its reader drops what it had not yet made into batches.
+"""
+
+from __future__ import annotations
+
+from rayshard.core.leases import LeaseBook
+from rayshard.plan import intervals as iv
+from rayshard.settings import LoaderSettings
+
+TRANSFORM_AHEAD = 2  # batches per transform worker in flight (`parallel_transform_stream`)
+
+
+def reoffer(
+    book: LeaseBook, requester: int, now: float, timeout: float
+) -> list[tuple[int, iv.Intervals]]:
+    """`requester` found no work at `now`: take back the unacknowledged rows of every other
+    rank silent for `timeout` (no lease taken, no batch acknowledged). Returns each such
+    rank with the rows put back at the front of the queue."""
+    return [
+        (rank, tuple(book.revoke(rank)))
+        for rank in book.stragglers(now, timeout, exclude=requester)
+    ]
+
+
+def late_rows_bound(settings: LoaderSettings) -> int:
+    """Rows of revoked work a straggler may still deliver once it wakes: what had already
+    passed its reader's check when it went silent. Blocks (of `block_batches` batches) ready
+    in the object store (`ceil(prefetch_depth / block_batches)`, at least 1), the block
+    being filled, the two its consumer requested and the one it is going through; the
+    rebatching remainder (one batch); batches in its transform workers."""
+    per_block = settings.block_batches
+    ahead = max(1, -(-settings.prefetch_depth // per_block))
+    workers = settings.transform_workers if settings.transform_workers > 1 else 0
+    batches = (ahead + 4) * per_block + 1 + TRANSFORM_AHEAD * workers
+    return batches * settings.plan.batch_size
+
+
+__all__ = ["late_rows_bound", "reoffer"]
