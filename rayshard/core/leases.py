@@ -106,6 +106,9 @@ class LeaseBook:
         is used up. `now` restarts the rank's straggler clock when it gets a piece."""
         if rank not in self._capacity:
             raise KeyError(f"rank {rank} is not a member of this epoch")
+        if len(self._since) < len(self._capacity):  # the first lease starts every clock
+            for member in self._capacity:
+                self._since.setdefault(member, now)
         room = self._room(rank)
         while self._queue and room > 0:
             start, end = self._queue.popleft()
@@ -127,15 +130,19 @@ class LeaseBook:
         pairs = [(int(r[0]), int(r[1])) for r in ranges]
         if rank is not None:
             self._since[rank] = now
+            self._stalled.discard(rank)  # it made progress: it may take a share again
         if self.requeued_rows and pairs:
             # After churn a row may come twice: count it, and drop acknowledged rows that
             # still wait in the queue (a straggler delivered them after all).
+            before = self.consumed()
+            merged = iv.normalize([*before, *pairs])
+            self.duplicate_rows += iv.total(pairs) - (iv.total(merged) - iv.total(before))
             new = iv.normalize(pairs)
-            self.duplicate_rows += iv.total(iv.intersect(new, self.consumed()))
-            if self._stalled:
-                self._queue = collections.deque(
-                    p for piece in self._queue for p in iv.subtract((piece,), new)
-                )
+            self._queue = collections.deque(
+                p for piece in self._queue for p in iv.subtract((piece,), new)
+            )
+            self._consumed, self._consumed_norm = list(merged), merged
+            return
         self._consumed.extend(pairs)
         self._dirty = True
 
@@ -170,15 +177,21 @@ class LeaseBook:
             self._spread()
 
     def stragglers(self, now: float, timeout: float, exclude: int | None = None) -> list[int]:
-        """Ranks (but `exclude`) holding unacknowledged rows whose last lease and last
-        acknowledgement are both at least `timeout` before `now`."""
+        """Ranks (but `exclude`) whose last lease and last acknowledgement are both at
+        least `timeout` before `now` and that hold unacknowledged rows or (equal steps)
+        room for queued rows no one else may take."""
         done = self.consumed()
         holding = {
-            le.rank
-            for le in self._leases.values()
-            if le.rank != exclude and iv.subtract(((le.start, le.end),), done)
+            le.rank for le in self._leases.values() if iv.subtract(((le.start, le.end),), done)
         }
+        if self._equal and self._queue:
+            holding |= {r for r in self._capacity if r not in self._stalled and self._room(r) > 0}
+        holding.discard(exclude)
         return sorted(r for r in holding if now - self._since.get(r, now) >= timeout)
+
+    def unstall(self, rank: int) -> None:
+        """`rank` asks for work: it is alive, and may take a share again."""
+        self._stalled.discard(rank)
 
     def revoke(self, rank: int) -> list[tuple[int, int]]:
         """`rank` stalls: the unacknowledged rest of its leases goes back to the front of

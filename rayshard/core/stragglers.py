@@ -22,6 +22,7 @@ def reoffer(
     """`requester` found no work at `now`: take back the unacknowledged rows of every other
     rank silent for `timeout` (no lease taken, no batch acknowledged). Returns each such
     rank with the rows put back at the front of the queue."""
+    book.unstall(requester)
     return [
         (rank, tuple(book.revoke(rank)))
         for rank in book.stragglers(now, timeout, exclude=requester)

@@ -21,21 +21,14 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import ray
 
-from rayshard.batching import (
-    FLUSH,
-    iter_padding,
-    iter_rows,
-    iter_rows_parallel,
-    pad_rows,
-    reading_pieces,
-)
+from rayshard.batching import FLUSH, iter_padding, iter_rows_parallel, reading_pieces
 from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, StaleClientError, TransformError
 from rayshard.metrics import set_prefetch_depth
+from rayshard.runtime.dynamic_rows import dynamic_rows
 from rayshard.runtime.pipeline import reader_batches
 from rayshard.runtime.transform_stage import column_bytes
 from rayshard.runtime.transform_workers import start_workers
@@ -119,7 +112,10 @@ class ShardReader:
         started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
         batches, plan = started["batches"], started["plan"]
         if plan is None:  # dynamic
-            produce = self._dynamic_rows(generation, epoch)
+            key, cancel = (generation, epoch, self._dp_rank), lambda: self._cancel  # made below
+            produce = dynamic_rows(
+                self._coordinator, self._source, self._splits, self._settings, key, cancel
+            )
         else:
             produce = self._static_rows(plan, epoch)
         self._stop_thread()
@@ -208,49 +204,6 @@ class ShardReader:
         if self._threads is None:
             self._threads = reader_pool(self._settings.reader_threads)
         return self._threads
-
-    def _dynamic_rows(self, generation: int, epoch: int) -> Iterator[pa.RecordBatch]:
-        """Lease pieces until none is left, then pad up to the equal step count.
-
-        Padding goes one batch at a time with a lease request in between: if a lost
-        rank's work comes back (and this rank's capacity grows) while it pads, it reads
-        that work instead of losing it. After its last step it ends only once no other
-        rank holds unfinished work that could come back; that wait is after the last
-        batch, so it never holds up a collective of the epoch.
-        """
-        settings, coordinator, rank = self._settings, self._coordinator, self._dp_rank
-        batch_size = settings.plan.batch_size
-        rows_out, last_index = 0, None
-        pad_cache: dict[int, pa.RecordBatch] = {}
-        finishing = False  # reached the equal step count: only returned work may follow
-        # Enough pieces per lease call to fill one object's worth of batches.
-        sizes = sorted(end - start for start, end in self._splits) or [1]
-        count = max(1, -(-settings.block_batches * batch_size // sizes[len(sizes) // 2]))
-        while not self._cancel.is_set():
-            leased = ray.get(coordinator.lease.remote(generation, rank, epoch, count, finishing))
-            if leased.wait:
-                yield FLUSH  # deliver what we hold: others may be waiting for those rows
-                self._cancel.wait(settings.lease_poll_s)
-                continue
-            if leased.pieces:
-                parts = reading_pieces(list(leased.pieces), self._splits, shuffle=False, rng_key="")
-                for batch in iter_rows(self._source, parts, settings.columns):
-                    rows_out += batch.num_rows
-                    last_index = int(np.asarray(batch.column(-2))[-1])
-                    yield batch
-                continue
-            if finishing:
-                return
-            steps = ray.get(coordinator.steps.remote(generation, rank, epoch))
-            target = 0 if not steps else (steps - 1) * batch_size + 1
-            if rows_out >= target:
-                # Done, unless a lost rank's work comes back: ask once more as finishing
-                # (the coordinator then waits for the others' open leases).
-                finishing = True
-                continue
-            pad = min(batch_size - rows_out % batch_size, target - rows_out)
-            yield from pad_rows(self._source, pad, last_index, settings.columns, pad_cache)
-            rows_out += pad
 
     def _read_loop(self, batches: Iterator[Any], cancel: threading.Event) -> None:
         """Batches go to the object store in blocks (one `ray.put` and one fetch per block,
