@@ -223,8 +223,9 @@ def test_silent_rank_work_goes_to_an_idle_rank_and_late_delivery_is_counted():
     core.apply(cmd.Ack(1, 0, 1, slow.pieces, clock + 100))  # rank 1 wakes and delivers
     assert core.books[0].duplicate_rows == iv.total(slow.pieces)
     events = [e for e in core.events if e["event"] == "straggler"]
-    assert events == [{"time": clock, "event": "straggler", "dp_rank": 1,
-                       "reoffered_rows": iv.total(slow.pieces)}]
+    assert events == [
+        {"time": clock, "event": "straggler", "dp_rank": 1, "reoffered_rows": iv.total(slow.pieces)}
+    ]
 
 
 def test_equal_steps_give_the_stragglers_rows_to_the_others():
@@ -261,9 +262,7 @@ def test_late_rows_bound_follows_the_settings():
     plan = PlanConfig(batch_size=8)
     base = LoaderSettings(plan=plan, policy="dynamic", straggler_timeout_s=2.0)
     assert late_rows_bound(base) == ((1 + 4) * 4 + 1) * 8  # defaults: blocks of 4 batches
-    deeper = LoaderSettings(
-        plan=plan, policy="dynamic", straggler_timeout_s=2.0, prefetch_depth=9
-    )
+    deeper = LoaderSettings(plan=plan, policy="dynamic", straggler_timeout_s=2.0, prefetch_depth=9)
     assert late_rows_bound(deeper) == ((3 + 4) * 4 + 1) * 8
 
 
