@@ -23,6 +23,10 @@ class DataError(RayshardError):
     """Data that turned out unreadable while reading; names the file and the part of it."""
 
 
+class ReadDeniedError(DataError):
+    """The store refused to let a reader read a file (permissions); names the file."""
+
+
 class StaleClientError(RayshardError):
     """A client spoke for an epoch or generation the coordinator has already left."""
 

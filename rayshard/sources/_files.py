@@ -18,12 +18,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from rayshard.errors import ConfigError, DataError
+from rayshard.errors import ConfigError, DataError, ReadDeniedError
 from rayshard.plan import DataLayout
 from rayshard.sources import _catalog, _select
 from rayshard.sources._paths import resolve_paths
 from rayshard.sources.base import Source
-from rayshard.sources.cache import FileCache, is_remote, with_retries
+from rayshard.sources.cache import FileCache, is_denied, is_remote, with_retries
 from rayshard.sources.schema import conform
 
 #: How many opened files a process keeps (bounded, so huge datasets do not exhaust fds).
@@ -203,6 +203,13 @@ class ChunkedFileSource(Source):
         except DataError:
             raise
         except (pa.ArrowException, OSError, ValueError) as error:
+            if is_denied(error):
+                raise ReadDeniedError(
+                    f"{file.display}: the store denied reading {self._chunk_name} {chunk_id} "
+                    f"({error}); not retried. Give the reader processes' credentials read "
+                    "access to it (on S3: s3:GetObject), or leave the file out of the "
+                    "dataset; rows delivered before it stay delivered"
+                ) from error
             raise DataError(
                 f"{file.display}: {self._chunk_name} {chunk_id} is unreadable ({error}); "
                 "rows delivered before it stay delivered"

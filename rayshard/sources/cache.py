@@ -38,19 +38,30 @@ def is_remote(fs: pafs.FileSystem) -> bool:
     return not isinstance(fs, pafs.LocalFileSystem)
 
 
+# How stores phrase a refusal: pyarrow's S3 ("AWS Error ACCESS_DENIED"), S3's own code,
+# GCS ("PERMISSION_DENIED"), local files and HTTP ("Permission denied", "Forbidden").
+_DENIED = ("ACCESS_DENIED", "AccessDenied", "PERMISSION_DENIED", "Permission denied", "Forbidden")
+
+
+def is_denied(error: BaseException) -> bool:
+    """Whether `error` is the store refusing access: permanent, retrying cannot help."""
+    return isinstance(error, PermissionError) or any(m in str(error) for m in _DENIED)
+
+
 def with_retries(
     call: Callable[[], T], *, remote: bool, on_retry: Callable[[], None] | None = None
 ) -> T:
     """`call()`, retried on I/O errors of a remote filesystem with exponential back-off
     (READ_ATTEMPTS attempts, waits of 0.25, 0.5, 1, 2, 4 s: about 8 s of outage ride
-    through); local errors and the last remote one are raised as they are."""
+    through); local errors, refusals (`is_denied`: not retried) and the last remote one are
+    raised as they are."""
     attempt = 0
     while True:
         try:
             return call()
-        except (pa.ArrowException, OSError):
+        except (pa.ArrowException, OSError) as error:
             attempt += 1
-            if not remote or attempt >= READ_ATTEMPTS:
+            if not remote or attempt >= READ_ATTEMPTS or is_denied(error):
                 raise
             if on_retry is not None:
                 on_retry()
@@ -173,4 +184,4 @@ class FileCache:
             total -= size
 
 
-__all__ = ["FileCache", "is_remote", "with_retries"]
+__all__ = ["FileCache", "is_denied", "is_remote", "with_retries"]

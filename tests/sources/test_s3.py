@@ -3,14 +3,18 @@ started by the test, read through `pyarrow.fs.S3FileSystem` by real loaders.
 
 Credentials from the environment, a missing bucket, a missing object, an `s3://` URI with
 `filesystem=`, a server stopped and restarted mid-epoch (reads retry with a bound and
-nothing is lost), and the local cache: the second epoch is read from local disk and
-completes with the server stopped; eviction keeps the folder under its limit."""
+nothing is lost), a read the store denies (moto's IAM enforcement: a clear error naming
+the file, not retried, rows delivered before it kept), and the local cache: the second
+epoch is read from local disk and completes with the server stopped; eviction keeps the
+folder under its limit."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
+import urllib.request
 from collections import Counter
 
 import pyarrow as pa
@@ -18,8 +22,9 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from rayshard.errors import ConfigError
-from rayshard.sources.cache import FileCache
+from rayshard.errors import ConfigError, DataError, ReadDeniedError
+from rayshard.plan import intervals as iv
+from rayshard.sources.cache import FileCache, with_retries
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import real_ids, unique_name
 
@@ -43,12 +48,43 @@ class S3Server:
         self.port = _free_port()
         self.endpoint = f"127.0.0.1:{self.port}"
         self._server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=self.port)
+        self._keys: dict[str, tuple[str, str]] = {}
 
     def start(self) -> None:
         self._server.start()
 
     def stop(self) -> None:
         self._server.stop()
+
+    def enforce_permissions(self, on: bool) -> None:
+        """moto checks every request against its IAM users' policies from now on (`on`),
+        or accepts any credentials again (its default)."""
+        request = urllib.request.Request(
+            f"http://{self.endpoint}/moto-api/reset-auth",
+            data=b"0" if on else b"inf",
+            headers={"Content-Type": "text/plain"},  # not a form: moto reads the raw body
+        )
+        with urllib.request.urlopen(request) as reply:
+            assert json.load(reply)["status"] == "ok"
+
+    def iam_user(self, name: str, statements: list, keys=KEYS) -> tuple[str, str]:
+        """An IAM user with an inline policy of `statements`; returns its access key pair."""
+        import boto3
+
+        iam = boto3.client(
+            "iam",
+            endpoint_url=f"http://{self.endpoint}",
+            region_name="us-east-1",
+            aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
+        )
+        if name not in [u["UserName"] for u in iam.list_users()["Users"]]:
+            iam.create_user(UserName=name)
+            key = iam.create_access_key(UserName=name)["AccessKey"]
+            self._keys[name] = (key["AccessKeyId"], key["SecretAccessKey"])
+        policy = {"Version": "2012-10-17", "Statement": statements}
+        iam.put_user_policy(UserName=name, PolicyName=name, PolicyDocument=json.dumps(policy))
+        return self._keys[name]
 
     def filesystem(self, **options) -> pafs.S3FileSystem:
         options.setdefault("access_key", KEYS["AWS_ACCESS_KEY_ID"])
@@ -181,3 +217,51 @@ def test_cache_evicts_least_recently_used_and_counts_bytes(s3, tmp_path):
     assert cache.stats["bytes_fetched"] == sum(sizes) and cache.stats["evictions"] == 1
     with pytest.raises(ConfigError, match="cache_limit=0"):
         FileCache(tmp_path / "bad", cache_limit=0)
+
+
+def test_a_denied_read_is_not_retried():
+    calls = []
+
+    def denied():
+        calls.append(1)
+        raise OSError("AWS Error ACCESS_DENIED during GetObject operation: Access Denied")
+
+    with pytest.raises(OSError, match="ACCESS_DENIED"):
+        with_retries(denied, remote=True)
+    assert len(calls) == 1
+
+
+def test_denied_read_is_a_clear_error_and_rows_before_it_stay_delivered(ray_session, s3):
+    """The store starts refusing one object after the source was built (its policy
+    changed): the loop gets a `ReadDeniedError` (a `DataError`) naming the object and the
+    permission, at once; what it received before stays received and counted."""
+    from rayshard.loader import Loader
+
+    allow_all = {"Effect": "Allow", "Action": "*", "Resource": "*"}
+    admin = s3.iam_user("rayshard-admin", [allow_all])
+    reader = s3.iam_user("rayshard-reader", [allow_all])
+    denied = f"{BUCKET}/train/part-2.parquet"
+    s3.enforce_permissions(True)
+    try:
+        fs = s3.filesystem(access_key=reader[0], secret_key=reader[1])
+        source = ParquetSource(f"{BUCKET}/train", filesystem=fs)  # every footer readable
+        deny = {"Effect": "Deny", "Action": "s3:GetObject", "Resource": f"arn:aws:s3:::{denied}"}
+        keys = {"AWS_ACCESS_KEY_ID": admin[0], "AWS_SECRET_ACCESS_KEY": admin[1]}
+        s3.iam_user("rayshard-reader", [allow_all, deny], keys=keys)
+        loader = Loader(source, batch_size=5, name=unique_name("s3-denied"), prefetch_depth=1)
+        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        ids = []
+        with pytest.raises(DataError) as info:
+            for batch in it:
+                ids += real_ids([batch])
+        error = info.value
+        assert isinstance(error, ReadDeniedError)
+        assert "part-2.parquet" in str(error) and "denied" in str(error)
+        assert "s3:GetObject" in str(error) and "not retried" in str(error)
+        kept = sum(SIZES[:2])  # the first two objects, read before the denied one
+        assert ids == list(range(kept))
+        assert it.stats()["samples_received"] == kept
+        assert iv.normalize(it.state_dict()["consumed"]) == ((0, kept),)
+        loader.shutdown()
+    finally:
+        s3.enforce_permissions(False)
