@@ -204,12 +204,7 @@ class ChunkedFileSource(Source):
             raise
         except (pa.ArrowException, OSError, ValueError) as error:
             if is_denied(error):
-                raise ReadDeniedError(
-                    f"{file.display}: the store denied reading {self._chunk_name} {chunk_id} "
-                    f"({error}); not retried. Give the reader processes' credentials read "
-                    "access to it (on S3: s3:GetObject), or leave the file out of the "
-                    "dataset; rows delivered before it stay delivered"
-                ) from error
+                raise _denied(file.display, f"{self._chunk_name} {chunk_id}", error) from error
             raise DataError(
                 f"{file.display}: {self._chunk_name} {chunk_id} is unreadable ({error}); "
                 "rows delivered before it stay delivered"
@@ -249,6 +244,8 @@ class ChunkedFileSource(Source):
             else:
                 handle = self._open(fs, file.path)
         except (pa.ArrowException, OSError) as error:
+            if is_denied(error):
+                raise _denied(file.display, "opening it", error) from error
             raise DataError(f"{file.display}: cannot open the file any more ({error})") from error
         with self._handles_lock:
             self._stats["files_opened"] += 1
@@ -270,3 +267,12 @@ class ChunkedFileSource(Source):
         first = self._files[0].display
         more = f" and {len(self._files) - 1} more" if len(self._files) > 1 else ""
         return f"{type(self).__name__}({first}{more}; {self._layout.num_samples} rows)"
+
+
+def _denied(display: str, what: str, error: BaseException) -> ReadDeniedError:
+    """The error for a read the store refused (permanent: not retried)."""
+    return ReadDeniedError(
+        f"{display}: the store denied {what} ({error}); not retried. Give the reader "
+        "processes' credentials read access to it (on S3: s3:GetObject), or leave the file "
+        "out of the dataset; rows delivered before it stay delivered"
+    )
