@@ -265,3 +265,10 @@ def test_denied_read_is_a_clear_error_and_rows_before_it_stay_delivered(ray_sess
         loader.shutdown()
     finally:
         s3.enforce_permissions(False)
+
+
+def test_read_denied_error_pickles_and_is_a_data_error():
+    import pickle
+
+    error = pickle.loads(pickle.dumps(ReadDeniedError("bucket/key: the store denied it")))
+    assert isinstance(error, DataError) and str(error) == "bucket/key: the store denied it"
