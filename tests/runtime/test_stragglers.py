@@ -53,13 +53,17 @@ class Consumer(threading.Thread):
             return list(self.ids)
 
 
-def test_frozen_rank_work_goes_to_the_others_and_its_late_rows_are_bounded(ray_session, tmp_path):
+@pytest.mark.parametrize("equal_steps", [False, True])
+def test_frozen_rank_work_goes_to_the_others_and_its_late_rows_are_bounded(
+    ray_session, tmp_path, equal_steps
+):
+    # With equal steps the others' step counts grow to take the straggler's rows.
     loader = Loader(
         ParquetSource(write_parquet(tmp_path, ROWS, row_group_size=10)),
         name=unique_name("straggler"),
         policy="dynamic",
         batch_size=8,
-        equal_steps=False,
+        equal_steps=equal_steps,
         batches_per_object=1,
         ack_interval_s=0,  # every batch acknowledged on receipt
         straggler_timeout_s=2.0,
