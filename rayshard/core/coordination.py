@@ -74,7 +74,7 @@ class CoordinatorCore(CoreQueries):
         if self.dynamic and c.dp_rank not in members.ranks:
             members.dp_size = max(members.dp_size, c.dp_rank + 1)
             for book in self.books.values():
-                book.join(c.dp_rank)
+                book.join(c.dp_rank, c.time)
             if members.ranks:
                 self._event("rank_joined", c.time, dp_rank=c.dp_rank)
         members.ranks.add(c.dp_rank)

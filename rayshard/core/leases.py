@@ -170,10 +170,11 @@ class LeaseBook:
         self._spread()
         return back
 
-    def join(self, rank: int) -> None:
-        """A new rank takes part from now on (capacities of everyone are re-spread)."""
+    def join(self, rank: int, now: float = 0.0) -> None:
+        """A new rank takes part from `now` on (capacities of everyone are re-spread)."""
         if rank not in self._capacity:
             self._capacity[rank] = 0
+            self._since[rank] = now
             self._spread()
 
     def stragglers(self, now: float, timeout: float, exclude: int | None = None) -> list[int]:
