@@ -132,8 +132,7 @@ class Coordinator:
         return self._do(cmd.Lease(dp_rank, epoch, count, finishing, time.time()))
 
     async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
-        """Rows of `epoch` still leased to `dp_rank` (a reader that was silent for the
-        straggler timeout drops the rest of what it read)."""
+        """Rows of `epoch` still leased to `dp_rank` (a straggler's reader drops the rest)."""
         self._core.check(generation)
         return [list(pair) for pair in self._core.held(dp_rank, epoch)]
 
