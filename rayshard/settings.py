@@ -25,6 +25,7 @@ class LoaderSettings:
     columns: tuple[str, ...] | None = None
     shuffle: bool = False
     shuffle_buffer: int = 0
+    shuffle_blocks: int = 0  # rows per block of the global shuffle (0: off; `data` only)
     prefetch_depth: int = 2
     model_parallel_size: int = 1
     dp_groups: tuple[tuple[int, ...], ...] | None = None
@@ -50,6 +51,13 @@ class LoaderSettings:
             )
         object.__setattr__(self, "policy", policy)
         check_int(self.shuffle_buffer, "shuffle_buffer", minimum=0)
+        check_int(self.shuffle_blocks, "shuffle_blocks", minimum=0, fix="rows per block; 0 is off")
+        if self.shuffle_blocks and policy is not ShardingPolicy.DATA:
+            raise ConfigError(
+                f"shuffle_blocks={self.shuffle_blocks} needs policy='data' (policy="
+                f"{policy.value!r} assigns whole files or leases splits): use policy='data', "
+                "or shuffle=True with shuffle_buffer"
+            )
         check_int(self.prefetch_depth, "prefetch_depth", minimum=1)
         if self.batches_per_object is not None:
             check_int(self.batches_per_object, "batches_per_object", minimum=1)
@@ -112,6 +120,8 @@ class LoaderSettings:
                 "columns": self.columns,
                 "shuffle": self.shuffle,
                 "shuffle_buffer": self.shuffle_buffer,
+                # only when on: loaders without it keep their id (saved states, journals)
+                **({"shuffle_blocks": self.shuffle_blocks} if self.shuffle_blocks else {}),
                 "source": source_name,
                 "num_samples": num_samples,
             },

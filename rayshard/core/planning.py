@@ -7,6 +7,7 @@ import dataclasses
 from rayshard.plan import EpochPlan, plan_remaining
 from rayshard.settings import LoaderSettings
 from rayshard.sharding import ShardingPolicy, assign
+from rayshard.shuffle_blocks import along_sequence, global_sequence
 from rayshard.sources import Source
 from rayshard.state import LoaderState
 
@@ -25,6 +26,19 @@ def epoch_plan(
     another. Under `off` every rank reads everything, so resuming it mid-epoch skips, for
     every rank, what any rank consumed.
     """
+    plan = _epoch_plan(settings, source, dp_size, epoch, resume)
+    if settings.shuffle_blocks:  # the global shuffle: ranks read along one split sequence
+        return along_sequence(plan, global_sequence(source.splits(), settings.plan.seed, epoch))
+    return plan
+
+
+def _epoch_plan(
+    settings: LoaderSettings,
+    source: Source,
+    dp_size: int,
+    epoch: int,
+    resume: LoaderState | None,
+) -> EpochPlan:
     assignment = assign(settings.policy, settings.plan, source, dp_size, epoch)
     if resume is None or resume.epoch != epoch:
         return assignment.plan

@@ -35,6 +35,7 @@ from rayshard.runtime.transform_workers import start_workers
 from rayshard.settings import LoaderSettings
 from rayshard.sharding import ShardingPolicy
 from rayshard.shuffle import shuffle_batches
+from rayshard.shuffle_blocks import block_shuffle
 from rayshard.sources import Source
 
 
@@ -192,6 +193,10 @@ class ShardReader:
         real = iter_rows_parallel(
             self._source, pieces, settings.columns, self._pool(), settings.reader_threads
         )
+        if settings.shuffle_blocks:
+            real = block_shuffle(
+                real, settings.shuffle_blocks, settings.plan.seed, epoch, plan.rank
+            )
         if settings.shuffle_buffer:
             real = shuffle_batches(
                 real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank
