@@ -43,6 +43,7 @@ class LoaderConfig:
 
     - `policy`: one of `ShardingPolicy` (default `data`: exact, deterministic, any source).
     - `shuffle_buffer`: rows of the in-rank shuffle buffer (0: read order, no shuffle).
+    - `shuffle_blocks`: rows per block of the streaming global shuffle (0: off; `data`).
     - `prefetch_depth`: batches kept ready ahead of the training loop (SPEC 9).
     - `paths`, `columns`, `split_rows`, `source_format`: where the data is
       (`auto` picks Arrow for `.arrow`/`.feather` paths, Parquet otherwise).
@@ -59,6 +60,7 @@ class LoaderConfig:
     seed: int = 0
     policy: ShardingPolicy = ShardingPolicy.DATA
     shuffle_buffer: int = 0
+    shuffle_blocks: int = 0
     prefetch_depth: int = 2
     paths: tuple[str, ...] | None = None
     columns: tuple[str, ...] | None = None
@@ -72,6 +74,7 @@ class LoaderConfig:
             set_(self, key, getattr(plan, key))
         set_(self, "policy", ShardingPolicy.parse(self.policy))
         _check_int(self.shuffle_buffer, "shuffle_buffer", 0, "0 turns shuffling off")
+        _check_int(self.shuffle_blocks, "shuffle_blocks", 0, "0 turns the global shuffle off")
         _check_int(self.prefetch_depth, "prefetch_depth", 1, "the default is 2")
         if self.split_rows is not None:
             _check_int(self.split_rows, "split_rows", 1, "or leave it unset")

@@ -197,6 +197,7 @@ class Loader:
             expected_world_size=plan.expected_world_size,
             columns=config.columns,
             shuffle_buffer=config.shuffle_buffer,
+            shuffle_blocks=config.shuffle_blocks,
             prefetch_depth=config.prefetch_depth,
             **options,
         )
