@@ -25,10 +25,10 @@ from rayshard.plan.validate import validate
 class RankPlan:
     """What one data-parallel rank reads in one epoch.
 
-    `ranges` are the real samples it delivers, half-open, in dataset order; `padded` marked
-    extra samples follow them, drawn from `pad_source` (cycled). `files` are the file index
-    ranges behind `ranges` in file-level modes; `file_order` the rank's own reading order
-    of files under `replicate`.
+    `ranges`: the real samples it delivers, half-open, in reading order (dataset order but
+    under `shuffle_blocks`); `padded` marked extra samples follow, drawn from `pad_source`
+    (cycled). `files`: the file index ranges behind `ranges` in file-level modes;
+    `file_order`: the rank's own reading order of files under `replicate`.
     """
 
     rank: int
