@@ -41,7 +41,9 @@ class Loader:
 
     `transform=fn` runs `fn(batch, ctx)` on every batch in the reader processes (see
     `rayshard.transforms`); it must be callable and pickle with cloudpickle.
-    `transform_workers=k` runs it in k processes per rank, in batch order."""
+    `transform_workers=k` runs it in k processes per rank, in batch order;
+    `transform_resources={"CPU": 1, "preprocess": 1}` places those processes wherever Ray
+    finds the resources (CPU-only nodes) instead of on the reader's node."""
 
     def __init__(
         self,
@@ -79,6 +81,7 @@ class Loader:
         config_file: dict | None = None,
         transform: TransformFn | None = None,
         transform_workers: int = 1,
+        transform_resources: Mapping[str, float] | None = None,
     ) -> None:
         if not isinstance(source, Source):
             raise TypeError(
@@ -121,12 +124,16 @@ class Loader:
             straggler_timeout_s=straggler_timeout_s,
             journal_path=journal_path,
             transform_workers=transform_workers,
+            transform_resources=transform_resources,
         )
         check_transform(transform)
-        if transform is None and self.settings.transform_workers > 1:
+        if transform is None and (
+            self.settings.transform_workers > 1 or self.settings.transform_resources
+        ):
             raise ConfigError(
-                f"transform_workers={transform_workers} needs a transform: pass transform=fn, "
-                f"or leave transform_workers at 1"
+                f"transform_workers={transform_workers} and transform_resources="
+                f"{transform_resources!r} need a transform: pass transform=fn, or leave "
+                f"them at 1 and None"
             )
         self.transform = transform
         self.source = source

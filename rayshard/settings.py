@@ -39,6 +39,8 @@ class LoaderSettings:
     journal_path: str | None = None
     column_rules: ColumnRules = ColumnRules()  # padding and fill values (`rayshard.columns`)
     transform_workers: int = 1  # processes running a rank's transform (1: the reader)
+    # Ray resources each transform worker needs ("CPU" included); None: on the reader's node.
+    transform_resources: tuple[tuple[str, float], ...] | None = None
     straggler_timeout_s: float | None = None  # `dynamic`: silence before work is reoffered
 
     def __post_init__(self) -> None:
@@ -69,6 +71,10 @@ class LoaderSettings:
         )
         check_int(self.reader_threads, "reader_threads", minimum=1)
         check_int(self.transform_workers, "transform_workers", minimum=1)
+        if self.transform_resources is not None:
+            object.__setattr__(
+                self, "transform_resources", check_resources(self.transform_resources)
+            )
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
         self._check_straggler_timeout(policy)
@@ -128,6 +134,26 @@ class LoaderSettings:
             sort_keys=True,
         )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def check_resources(resources: Any) -> tuple[tuple[str, float], ...]:
+    """`transform_resources` as sorted (name, amount) pairs, each amount a number > 0."""
+    pairs = resources.items() if isinstance(resources, dict) else resources
+    try:
+        checked = tuple(sorted((str(name), float(amount)) for name, amount in pairs))
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"transform_resources={resources!r} must map Ray resource names to amounts, "
+            f"e.g. {{'CPU': 1, 'preprocess': 1}}"
+        ) from error
+    bad = [(name, amount) for name, amount in checked if not amount > 0 or not name]
+    if bad or not checked:
+        raise ConfigError(
+            f"transform_resources={resources!r}: every resource needs a name and an amount "
+            f"> 0 (bad: {bad or 'none given'}); leave it unset to run the workers on the "
+            f"reader's node"
+        )
+    return checked
 
 
 def as_tuple_groups(groups: Sequence[Sequence[int]] | None) -> Any:

@@ -40,3 +40,18 @@ def test_explicit_batches_per_object_wins(policy):
 def test_bad_reading_knobs_are_refused_by_name(option, value, message):
     with pytest.raises(ConfigError, match=message):
         settings(**{option: value})
+
+
+def test_transform_resources_are_normalized_to_sorted_pairs():
+    settings = LoaderSettings(
+        plan=PlanConfig(batch_size=2), transform_resources={"preprocess": 1, "CPU": 2}
+    )
+    assert settings.transform_resources == (("CPU", 2.0), ("preprocess", 1.0))
+
+
+@pytest.mark.parametrize(
+    "resources", [{}, {"CPU": 0}, {"gpu_free": -1}, {"": 1}, {"CPU": "many"}, [1, 2]]
+)
+def test_bad_transform_resources_are_refused_naming_the_value(resources):
+    with pytest.raises(ConfigError, match="transform_resources="):
+        LoaderSettings(plan=PlanConfig(batch_size=2), transform_resources=resources)

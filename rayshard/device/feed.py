@@ -15,6 +15,7 @@ channel, so an iterator's `state_dict()` can resume exactly after them.
 
 from __future__ import annotations
 
+import atexit
 import threading
 import time
 import warnings
@@ -163,6 +164,7 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
                 name="rayshard-device-feed",
                 daemon=True,
             )
+            _LIVE[self._thread] = (self._stop, self._channel)
             self._thread.start()
         return self
 
@@ -255,8 +257,31 @@ def _produce(
         channel.put(_Failure(error))
     finally:
         stager.drain()
+        _LIVE.pop(threading.current_thread(), None)
 
 
 def _shutdown(stop: threading.Event, channel: Channel) -> None:
     stop.set()
     channel.close()
+
+
+_LIVE: dict[threading.Thread, tuple[threading.Event, Channel]] = {}
+"""Staging threads still running, with what stops them (see `_stop_live_threads`)."""
+
+EXIT_JOIN_TIMEOUT_S = 5.0
+
+
+@atexit.register
+def _stop_live_threads() -> None:
+    """Stop and join every staging thread before the interpreter finalizes.
+
+    A daemon thread still running while Python finalizes is killed as soon as it takes the
+    GIL again; one that was dropping a tensor at that moment unwinds through torch's C++
+    frames and aborts the process, turning a finished training script's exit status into a
+    crash. Each thread gets `EXIT_JOIN_TIMEOUT_S` to leave (one blocked inside the source's
+    `next()` leaves when that call returns or fails)."""
+    live = list(_LIVE.items())
+    for _thread, (stop, channel) in live:
+        _shutdown(stop, channel)
+    for thread, _ in live:
+        thread.join(EXIT_JOIN_TIMEOUT_S)

@@ -264,19 +264,29 @@ class ShardReader:
             batch_size=settings.plan.batch_size,
             rules=settings.column_rules,
             transform=self._transform,
-            workers=self._workers_ if settings.transform_workers > 1 else None,
+            workers=self._workers_ if self._separate_workers() else None,
             loader=self._loader_name,
             seed=settings.plan.seed,
             epoch=epoch,
             rank=self._dp_rank,
         )
 
+    def _separate_workers(self) -> bool:
+        """Whether the transform runs in worker processes rather than in this reader."""
+        settings = self._settings
+        return settings.transform_workers > 1 or settings.transform_resources is not None
+
     def _workers_(self) -> list:
         """The transform workers, started on first use; they live as long as the reader."""
-        rank = self._dp_rank
         if self._workers is None:
-            count, seed = self._settings.transform_workers, self._settings.plan.seed
-            self._workers = start_workers(count, self._transform, self._loader_name, seed, rank)
+            self._workers = start_workers(
+                self._settings.transform_workers,
+                self._transform,
+                self._loader_name,
+                self._settings.plan.seed,
+                self._dp_rank,
+                resources=self._settings.transform_resources,
+            )
         return self._workers
 
     def _stop_thread(self) -> None:

@@ -3,9 +3,11 @@
 The reader still reads, shuffles and rebatches on its own thread; it hands batch `j` to
 worker `j % k` and yields the results in batch order, so the output (its order included)
 is the one a single reader would produce. Workers are actors created by the reader, on its
-node: they die with it. A worker process that dies is restarted by Ray and the calls it
-had in flight run again (`max_restarts=-1`, `max_task_retries=-1`); a transform is a
-function of (batch, ctx), so running it again gives the same batch.
+node or, with `transform_resources`, wherever Ray finds those resources (CPU-only nodes:
+preprocessing scales out past the GPU node); they die with it. A worker process that dies
+is restarted by Ray and the calls it had in flight run again (`max_restarts=-1`,
+`max_task_retries=-1`); a transform is a function of (batch, ctx), so running it again
+gives the same batch.
 """
 
 from __future__ import annotations
@@ -42,14 +44,28 @@ class TransformWorker:
         return apply_transform(self._transform, dict(batch), ctx)
 
 
-def start_workers(count: int, transform: Any, loader: str, seed: int, rank: int) -> list:
-    """`count` transform workers on this node (call from the reader actor)."""
-    node = ray.get_runtime_context().get_node_id()
+def start_workers(
+    count: int,
+    transform: Any,
+    loader: str,
+    seed: int,
+    rank: int,
+    resources: tuple[tuple[str, float], ...] | None = None,
+) -> list:
+    """`count` transform workers (call from the reader actor): on the reader's node, or,
+    with `resources`, wherever Ray finds them (CPU-only nodes, say). Either way the reader
+    owns them, so they die with it."""
+    if resources is None:
+        node = ray.get_runtime_context().get_node_id()
+        placement: dict[str, Any] = {
+            "num_cpus": 0,
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False),
+        }
+    else:
+        wanted = dict(resources)
+        placement = {"num_cpus": wanted.pop("CPU", 0), "resources": wanted}
     cls = ray.remote(TransformWorker).options(
-        num_cpus=0,
-        max_restarts=-1,
-        max_task_retries=-1,
-        scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        max_restarts=-1, max_task_retries=-1, **placement
     )
     return [cls.remote(transform, loader, seed, rank) for _ in range(count)]
 

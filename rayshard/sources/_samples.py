@@ -37,6 +37,11 @@ def as_dict(sample: Any, index: int, name: str, names: Sequence[str] | None = No
     )
 
 
+def sample_of(dataset: Any, index: int, name: str, names: Sequence[str] | None = None) -> dict:
+    """Sample `index` of a map-style `dataset` as a dict (see `as_dict`)."""
+    return as_dict(dataset[index], index, name, names)
+
+
 def infer_schema(probes: list[dict], keys: list[str], ragged: Sequence[str] = ()) -> pa.Schema:
     """The schema of samples like `probes` (see the module docstring)."""
     fields = []

@@ -196,6 +196,25 @@ def test_abandoned_feed_stops_its_thread():
     assert not thread.is_alive()
 
 
+def test_exit_hook_stops_and_joins_a_running_feed_that_was_never_closed():
+    """At interpreter exit a still-referenced, unclosed feed's thread is stopped and joined
+    (a daemon thread left running into finalization can abort the process)."""
+    from rayshard.device import feed as feed_module
+
+    source = Counting()
+    feed = DeviceFeed(source, device="cpu", prefetch_depth=2)
+    next(feed)
+    (thread,) = feed_threads()
+    assert thread in feed_module._LIVE
+    feed_module._stop_live_threads()
+    assert not thread.is_alive()
+    assert thread not in feed_module._LIVE
+    read = source.read
+    time.sleep(0.05)
+    assert source.read == read
+    feed.close()
+
+
 def test_stall_time_counts_waiting_for_a_slow_source():
     def slow():
         for index in range(5):

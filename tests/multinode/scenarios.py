@@ -743,11 +743,66 @@ def scenario_rank_rejoins_same_number() -> dict:
     return result
 
 
+# -- scenario 5: transforms on a CPU-only node -----------------------------------------------
+def tag_node(batch: dict, ctx: Any) -> dict:
+    """A transform that records which node ran it."""
+    batch["node"] = [ray.get_runtime_context().get_node_id()] * len(batch["id"])
+    return batch
+
+
+def scenario_transform_on_cpu_node() -> dict:
+    """The consumer and its reader on the head; `transform_resources` sends the rank's 2
+    transform workers to node n1 (a CPU-only node, resource `n1`). One epoch, dynamic."""
+    start_cluster(worker_nodes=1, head_cpus=1, node_cpus=2)
+    data = make_dataset([120, 80], row_group_size=20)
+    loader = dynamic_loader(
+        data,
+        "prep",
+        batch_size=10,
+        transform=tag_node,
+        transform_workers=2,
+        transform_resources={"CPU": 1, "n1": 1},
+    )
+    audit = head_audit(200)
+    consumer = NodeConsumerWithNodes.options(resources={"head": 1}).remote(loader, audit)
+    seen = ray.get(consumer.run.remote(), timeout=EVENT_TIMEOUT_S)
+    names = node_labels()
+    result = {
+        "transform_nodes": sorted({names.get(node, node) for node in seen["nodes"]}),
+        "reader_node": names[ray.get(consumer.reader_node.remote())],
+        "audit": ray.get(audit.report.remote()),
+    }
+    loader.shutdown()
+    return result
+
+
+@ray.remote(num_cpus=0)
+class NodeConsumerWithNodes:
+    """One rank's epoch on this node; returns the nodes its batches were transformed on."""
+
+    def __init__(self, loader, audit) -> None:
+        self.iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        self.audit = audit
+
+    def reader_node(self) -> str:
+        info = ray._private.state.actors(actor_id=self.iterator._reader._actor_id.hex())
+        return info["Address"]["NodeID"]
+
+    def run(self) -> dict:
+        nodes: set[str] = set()
+        for batch in self.iterator:
+            real = ~batch["_padded"]
+            ray.get(self.audit.add.remote(0, batch["id"][real]))
+            nodes.update(node for node, keep in zip(batch["node"], real) if keep)
+        return {"nodes": sorted(nodes)}
+
+
 SCENARIOS = {
     "dynamic_node_churn": scenario_dynamic_node_churn,
     "coordinator_sigkill": scenario_coordinator_sigkill,
     "elastic_trainer": scenario_elastic_trainer,
     "rank_rejoins_same_number": scenario_rank_rejoins_same_number,
+    "transform_on_cpu_node": scenario_transform_on_cpu_node,
 }
 
 

@@ -184,3 +184,14 @@ def test_rank_rejoining_under_same_number_is_watched_again():
     check(r, "error" not in r["rank0"], f"rank 0 did not finish: {r['rank0']}")
     epoch = r["report"]["0"]
     check(r, epoch["lost"] == 0, f"samples lost: {epoch}")
+
+
+def test_transform_workers_run_on_a_cpu_only_node_with_exact_coverage():
+    """`transform_resources` sends a rank's transform workers to another node (a CPU-only
+    node here) while its reader stays on the consumer's node; the epoch stays exact."""
+    r = run_scenario("transform_on_cpu_node")
+    check(r, not r.get("error"), f"scenario error: {r.get('error')}")
+    check(r, r["transform_nodes"] == ["n1"], f"transformed on {r['transform_nodes']}")
+    check(r, r["reader_node"] == "head", f"reader on {r['reader_node']}")
+    epoch = r["audit"]["0"]
+    check(r, epoch["lost"] == 0 and epoch["duplicates"] == 0, f"coverage: {epoch}")

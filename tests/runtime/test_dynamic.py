@@ -163,6 +163,56 @@ def test_coordinator_restarts_from_journal_mid_epoch(ray_session, dataset):
     loader.shutdown()
 
 
+def test_coordinator_over_an_in_memory_table_restarts_mid_epoch(ray_session):
+    """A `TableSource` travels to the coordinator as a constructor argument held in the
+    object store (1.5 MB here); a restarted coordinator gets it again and the epoch stays
+    exact."""
+    import numpy as np
+    import pyarrow as pa
+
+    from rayshard.sources.base import TableSource
+
+    rows, parts = 3000, 12
+    payload = np.random.default_rng(0).random((rows, 128), dtype=np.float32)
+    table = pa.Table.from_batches(
+        [
+            pa.record_batch(
+                {
+                    "id": pa.array(range(start, start + rows // parts), pa.int64()),
+                    "x": pa.FixedSizeListArray.from_arrays(
+                        pa.array(payload[start : start + rows // parts].ravel()), 128
+                    ),
+                }
+            )
+            for start in range(0, rows, rows // parts)
+        ]
+    )
+    assert table.nbytes > 1_000_000
+    loader = Loader(
+        TableSource(table),
+        name=unique_name("table"),
+        policy="dynamic",
+        batch_size=50,
+        equal_steps=False,
+        columns=["id"],
+    )
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    consumers = [Consumer(it, hold_after=2) for it in its]
+    for c in consumers:
+        c.start()
+    for c in consumers:
+        assert c.holding.wait(60), c.error
+    ray.kill(loader._coordinator, no_restart=False)  # the actor process dies; Ray restarts it
+    for c in consumers:
+        c.go_on.set()
+    for c in consumers:
+        c.join(120)
+    assert all(c.error is None for c in consumers), [c.error for c in consumers]
+    assert Counter(consumers[0].ids + consumers[1].ids) == Counter(range(rows))
+    assert "coordinator_restarted" in [e["event"] for e in loader.stats()["events"]]
+    loader.shutdown()
+
+
 def test_journal_of_another_loader_is_refused(ray_session, dataset, tmp_path):
     journal = tmp_path / "journal.jsonl"
     first = dynamic_loader(dataset, journal_path=str(journal))
