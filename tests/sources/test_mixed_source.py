@@ -13,6 +13,7 @@ from rayshard.plan import PlanConfig
 from rayshard.sharding import assign
 from rayshard.sources import TableSource
 from rayshard.sources.mixed import MixedSource
+from rayshard.sources.parquet import ParquetSource
 
 
 def two_sources():
@@ -84,3 +85,30 @@ def test_every_policy_plans_the_mixed_positions(policy):
     else:
         covered = sorted(i for r in range(2) for a, b in assignment.ranges(r) for i in range(a, b))
     assert covered == sorted(list(range(20)) * (2 if policy == "off" else 1))
+
+
+def test_a_zero_weight_leaves_a_source_out_with_a_warning(caplog):
+    with caplog.at_level("WARNING", logger="rayshard.sources.mixed"):
+        source = MixedSource(two_sources(), [1, 0], samples_per_epoch=12)
+    assert source.counts == (12, 0)
+    assert "sources[1]" in caplog.text and "no samples" in caplog.text
+
+
+def test_readme_mixing_snippet_builds_its_source(tmp_path, monkeypatch):
+    import pathlib
+    import re
+
+    import pyarrow.parquet as pq
+    readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Mixing sources", 1)[1]
+    snippet = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    build = snippet.split("loader = Loader(")[0]  # the Loader line needs Ray (tests/runtime)
+    for name, rows in [("code", 70_000), ("docs", 50_000)]:
+        (tmp_path / name).mkdir()
+        table = pa.table({"tokens": [[1, 2]] * rows, name: np.zeros(rows)})
+        pq.write_table(table, tmp_path / name / "part-0.parquet")
+    monkeypatch.chdir(tmp_path)
+    scope = {"ParquetSource": ParquetSource}
+    exec(build, scope)  # noqa: S102 - the README's own code
+    assert scope["mix"].counts == (70_000, 30_000)
+    assert scope["mix"].schema().names == ["tokens", "_source", "_source_index"]
