@@ -9,7 +9,9 @@ reads is `rayshard.core.mixing.Mix` for the epoch and the loader's seed
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -25,8 +27,8 @@ log = logging.getLogger(__name__)
 
 SOURCE_KEY = "_source"
 SOURCE_INDEX_KEY = "_source_index"
-#: A read fetches a source's picks as one span unless they lie further apart than this.
-_GAP = 4096
+#: Whole splits (row groups) kept per source and reading process (see `_SplitCache`).
+CACHED_SPLITS = 4
 
 
 class MixedSource(Source):
@@ -108,7 +110,13 @@ class MixedSource(Source):
         return self.for_epoch(0, 0).read(start, end, columns)
 
     def read_mixed(
-        self, mix: Mix, epoch: int, start: int, end: int, columns: Sequence[str] | None
+        self,
+        mix: Mix,
+        epoch: int,
+        start: int,
+        end: int,
+        columns: Sequence[str] | None,
+        cache: _SplitCache | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Positions `[start, end)` of `epoch`: each source's rows read in as few spans as
         its picks allow, then put in position order."""
@@ -116,10 +124,11 @@ class MixedSource(Source):
         data = [n for n in names if n not in (SOURCE_KEY, SOURCE_INDEX_KEY)]
         target = pa.schema([self._data_schema.field(n) for n in data])
         source, index = mix.locate(epoch, start, end)  # (n,) each
+        cache = cache or _SplitCache(self._sources)
         parts, order = [], []
         for s in np.unique(source):
             where = np.flatnonzero(source == s)
-            parts.append(_take(self._sources[int(s)], index[where], data, target))
+            parts.append(cache.take(int(s), index[where], data).cast(target))
             order.append(where)
         if parts:
             table = pa.concat_tables(parts)
@@ -136,6 +145,7 @@ class _EpochMix(Source):
 
     def __init__(self, parent: MixedSource, mix: Mix, epoch: int) -> None:
         self._parent, self._mix, self._epoch = parent, mix, epoch
+        self._cache = _SplitCache(parent._sources)
 
     def layout(self) -> DataLayout:
         return self._parent.layout()
@@ -152,7 +162,7 @@ class _EpochMix(Source):
     def read(
         self, start: int, end: int, columns: Sequence[str] | None = None
     ) -> Iterator[pa.RecordBatch]:
-        return self._parent.read_mixed(self._mix, self._epoch, start, end, columns)
+        return self._parent.read_mixed(self._mix, self._epoch, start, end, columns, self._cache)
 
 
 def _counts(
@@ -223,13 +233,44 @@ def _common_schema(sources: list[Source], columns: Sequence[str] | None) -> pa.S
     return pa.schema(fields)
 
 
-def _take(source: Source, index: np.ndarray, columns: list[str], target: pa.Schema) -> pa.Table:
-    """Rows `index` of `source` (any order, repeats allowed), cast to `target`."""
-    unique, inverse = np.unique(index, return_inverse=True)
-    cuts = np.flatnonzero(np.diff(unique) > _GAP) + 1
-    tables = []
-    for run in np.split(unique, cuts):
-        lo, hi = int(run[0]), int(run[-1]) + 1
-        span = pa.Table.from_batches(list(source.read(lo, hi, columns)), schema=None)
-        tables.append(span.select(columns).take(pa.array(run - lo)).cast(target))
-    return pa.concat_tables(tables).take(pa.array(inverse.reshape(-1)))
+class _SplitCache:
+    """The last `CACHED_SPLITS` whole splits (row groups) read of each source, in the
+    reading process: a rank's consecutive pieces pick rows from the same row groups of
+    every source, which are then decoded once, not once per piece. Thread-safe."""
+
+    def __init__(self, sources: list[Source]) -> None:
+        self._sources = sources
+        self._starts = [np.array([a for a, _ in s.splits()], dtype=np.int64) for s in sources]
+        self._ends = [[b for _, b in s.splits()] for s in sources]
+        self._tables: collections.OrderedDict[tuple, pa.Table] = collections.OrderedDict()
+        self._lock = threading.Lock()  # guards `_tables` (readers read from several threads)
+
+    def take(self, source: int, index: np.ndarray, columns: list[str]) -> pa.Table:
+        """Rows `index` of `source` (any order, repeats allowed), projected to `columns`."""
+        starts = self._starts[source]
+        unique, inverse = np.unique(index, return_inverse=True)
+        split = np.searchsorted(starts, unique, side="right") - 1  # (u,) split of each row
+        tables, offsets, rows = [], np.zeros(len(starts), dtype=np.int64), 0
+        for k in np.unique(split).tolist():
+            table = self._split(source, k, columns)
+            offsets[k] = rows - starts[k]  # row `i` of split k is row `i + offset` of the concat
+            tables.append(table)
+            rows += table.num_rows
+        at = unique + offsets[split]  # (u,) rows in the concatenated splits
+        return pa.concat_tables(tables).take(pa.array(at[inverse.reshape(-1)]))
+
+    def _split(self, source: int, k: int, columns: list[str]) -> pa.Table:
+        key = (source, k, tuple(columns))
+        with self._lock:
+            if key in self._tables:
+                self._tables.move_to_end(key)
+                return self._tables[key]
+        start, end = int(self._starts[source][k]), self._ends[source][k]
+        table = pa.Table.from_batches(list(self._sources[source].read(start, end, columns)))
+        table = table.select(columns)
+        with self._lock:
+            self._tables[key] = table
+            mine = [c for c in self._tables if c[0] == source]
+            for old in mine[: max(0, len(mine) - CACHED_SPLITS)]:
+                del self._tables[old]
+        return table
