@@ -118,8 +118,8 @@ class MixedSource(Source):
         columns: Sequence[str] | None,
         cache: _SplitCache | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """Positions `[start, end)` of `epoch`: each source's rows read in as few spans as
-        its picks allow, then put in position order."""
+        """Positions `[start, end)` of `epoch`: each source's picks gathered from its whole
+        splits (through `cache`), then put in position order."""
         names = list(columns) if columns is not None else self._schema.names
         data = [n for n in names if n not in (SOURCE_KEY, SOURCE_INDEX_KEY)]
         target = pa.schema([self._data_schema.field(n) for n in data])
