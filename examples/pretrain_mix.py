@@ -7,8 +7,9 @@ pandas, with a `qualname` column). Both are tokenized byte-level (token = byte +
 exactly 70% of every epoch from the code and 30% from the docstrings (the smaller source is
 repeated in whole cycles plus a seeded remainder, the larger one subsampled anew every
 epoch); rayshard pads `tokens` to the batch's longest row (at most 256); a one-layer causal
-transformer trains under Ray Train's TorchTrainer. Ends with samples and tokens per source
-and epoch, and checks that every epoch delivered exactly the mix's picks, each once.
+transformer trains under Ray Train's TorchTrainer. Ends with samples and tokens (as the
+model received them, rows cut at 256) per source and epoch, and checks that every epoch
+delivered exactly the mix's picks, each once. `make example-mix` took 88 s here (2 epochs).
 
 To pack instead of pad, replace `padding=` in `make_loader` (the rest stays).
 """
