@@ -140,7 +140,7 @@ class Mix:
         """Sample indices of picks `ranks` (an array) of `source` in `epoch`."""
         n, c = self.sizes[source], self.counts[source]
         ranks = np.asarray(ranks, dtype=np.int64)
-        cycles = c // n * n  # picks in whole cycles
+        cycles = c // n * n if n else 0  # picks in whole cycles
         out = ranks % max(n, 1)
         tail = ranks >= cycles
         if tail.any():

@@ -43,6 +43,7 @@ def whole_epoch(mix: Mix, epoch: int) -> tuple[np.ndarray, np.ndarray]:
 @given(mixes(), st.integers(0, 50), st.data())
 @example(Mix((5,), (5,)), 0, None)  # one source, one cycle
 @example(Mix((3, 7), (0, 1)), 2, None)  # a source left out, a single sample
+@example(Mix((0, 4), (0, 6)), 1, None)  # an empty source with count 0
 def test_epochs_hold_exact_counts_in_any_ranges(mix, epoch, data):
     source, index = whole_epoch(mix, epoch)
     assert np.bincount(source, minlength=len(mix.counts)).tolist() == list(mix.counts)
