@@ -193,14 +193,15 @@ class ShardReader:
             shuffle=settings.shuffle,
             rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}",
         )
+        source = self._source.for_epoch(epoch, settings.plan.seed)
         real = iter_rows_parallel(
-            self._source, pieces, settings.columns, self._pool(), settings.reader_threads
+            source, pieces, settings.columns, self._pool(), settings.reader_threads
         )
         if settings.shuffle_buffer:
             real = shuffle_batches(
                 real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank
             )
-        return itertools.chain(real, iter_padding(self._source, plan, settings.columns))
+        return itertools.chain(real, iter_padding(source, plan, settings.columns))
 
     def _pool(self) -> Any:
         """The reader threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`
@@ -219,6 +220,7 @@ class ShardReader:
         batch, so it never holds up a collective of the epoch.
         """
         settings, coordinator, rank = self._settings, self._coordinator, self._dp_rank
+        source = self._source.for_epoch(epoch, settings.plan.seed)
         batch_size = settings.plan.batch_size
         rows_out, last_index = 0, None
         pad_cache: dict[int, pa.RecordBatch] = {}
@@ -234,7 +236,7 @@ class ShardReader:
                 continue
             if leased.pieces:
                 parts = reading_pieces(list(leased.pieces), self._splits, shuffle=False, rng_key="")
-                for batch in iter_rows(self._source, parts, settings.columns):
+                for batch in iter_rows(source, parts, settings.columns):
                     rows_out += batch.num_rows
                     last_index = int(np.asarray(batch.column(-2))[-1])
                     yield batch
@@ -249,7 +251,7 @@ class ShardReader:
                 finishing = True
                 continue
             pad = min(batch_size - rows_out % batch_size, target - rows_out)
-            yield from pad_rows(self._source, pad, last_index, settings.columns, pad_cache)
+            yield from pad_rows(source, pad, last_index, settings.columns, pad_cache)
             rows_out += pad
 
     def _read_loop(self, batches: Iterator[Any], cancel: threading.Event) -> None:
