@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.rayshard-installed
 
-.PHONY: demo example-images example-text example-lightning test test-submit lint bench plan clean
+.PHONY: demo example-images example-text example-mix example-lightning test test-submit lint bench plan clean
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
@@ -23,6 +23,10 @@ example-images: $(STAMP)
 
 example-text: $(STAMP)
 	$(PY) examples/train_text.py
+
+# Two stdlib text sources (code, docstrings) mixed 0.7/0.3, a tiny byte-level LM, audit.
+example-mix: $(STAMP)
+	$(PY) examples/pretrain_mix.py
 
 # PyTorch Lightning under Ray Train over rayshard: 3 epochs, per-epoch coverage table.
 example-lightning: $(STAMP)

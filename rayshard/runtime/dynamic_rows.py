@@ -39,6 +39,7 @@ def dynamic_rows(
     """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
     reader thread's stop event."""
     generation, epoch, rank = key
+    source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
     rows_out, last_index = 0, None
     pad_cache: dict[int, pa.RecordBatch] = {}

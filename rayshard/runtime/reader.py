@@ -190,8 +190,9 @@ class ShardReader:
             shuffle=settings.shuffle,
             rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}",
         )
+        source = self._source.for_epoch(epoch, settings.plan.seed)
         real = iter_rows_parallel(
-            self._source, pieces, settings.columns, self._pool(), settings.reader_threads
+            source, pieces, settings.columns, self._pool(), settings.reader_threads
         )
         if settings.shuffle_blocks:
             real = block_shuffle(
@@ -201,7 +202,7 @@ class ShardReader:
             real = shuffle_batches(
                 real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank
             )
-        return itertools.chain(real, iter_padding(self._source, plan, settings.columns))
+        return itertools.chain(real, iter_padding(source, plan, settings.columns))
 
     def _pool(self) -> Any:
         """The reader threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`

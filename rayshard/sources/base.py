@@ -49,6 +49,12 @@ class Source(abc.ABC):
         """A short human name for messages (a path, a table)."""
         return type(self).__name__
 
+    def for_epoch(self, epoch: int, seed: int) -> Source:
+        """The source as read in `epoch` of a loader seeded by `seed`: the same layout,
+        schema and splits; only what a sample index reads may change (a `MixedSource`
+        draws other samples every epoch). Default: the source itself."""
+        return self
+
 
 class TableSource(Source):
     """An in-memory `pyarrow.Table`, split by row ranges without copying (slices)."""
