@@ -122,8 +122,7 @@ def test_resume_at_any_row_on_any_world_size(case, world, new_world, data):
     streams = [rows_of(order, lengths, spec) for order in orders]
     # Every rank delivered some of its rows (the rows a consumer received).
     cut = [
-        (0 if data is None else data.draw(st.integers(0, len(s)), label="rows"))
-        for s in streams
+        (0 if data is None else data.draw(st.integers(0, len(s)), label="rows")) for s in streams
     ]
     # A dropped last row counts as consumed once its rank reached it (its tokens skipped).
     delivered = [row for s, r in zip(streams, cut) for row in s[:r]]
@@ -141,7 +140,7 @@ def test_resume_at_any_row_on_any_world_size(case, world, new_world, data):
         got = Counter()
         for row in delivered + after:
             if not row.dropped:
-                    got.update((s.index, t) for s in row.spans for t in range(s.start, s.end))
+                got.update((s.index, t) for s in row.spans for t in range(s.start, s.end))
         assert set(got.values()) <= {1}
         assert set(got) <= {(i, t) for i, n_ in enumerate(lengths) for t in range(spec.size(n_))}
         return

@@ -93,9 +93,7 @@ def _split(docs: Iterable[tuple[int, int]], spec: PackSpec, offsets: Mapping) ->
         yield Row(tuple(row), dropped=spec.drop_last)
 
 
-def _first_fit(
-    docs: Iterable[tuple[int, int]], spec: PackSpec, offsets: Mapping
-) -> Iterator[Row]:
+def _first_fit(docs: Iterable[tuple[int, int]], spec: PackSpec, offsets: Mapping) -> Iterator[Row]:
     bins: list[tuple[list[Span], list[int]]] = []  # open rows: (spans, [fill])
     for index, tokens in docs:
         at = offsets.get(index, 0)
@@ -170,7 +168,12 @@ def materialize(
             documents[r, at : at + n] = span.index
             at += n
     mask = documents >= 0
-    return {"tokens": out_tokens, "position_ids": positions, "document_ids": documents, "mask": mask}
+    return {
+        "tokens": out_tokens,
+        "position_ids": positions,
+        "document_ids": documents,
+        "mask": mask,
+    }
 
 
 def unpack(
