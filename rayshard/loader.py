@@ -23,6 +23,7 @@ from rayshard.columns import Padding, check_loader_columns
 from rayshard.config import LoaderConfig
 from rayshard.errors import ConfigError
 from rayshard.iterator import ShardIterator
+from rayshard.packing import Packing, check_token_column, token_lengths
 from rayshard.plan import PlanConfig, check_not_empty, data_parallel_rank
 from rayshard.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.coordinator import Coordinator
@@ -41,7 +42,9 @@ class Loader:
 
     `transform=fn` runs `fn(batch, ctx)` on every batch in the reader processes (see
     `rayshard.transforms`); it must be callable and pickle with cloudpickle.
-    `transform_workers=k` runs it in k processes per rank, in batch order."""
+    `transform_workers=k` runs it in k processes per rank, in batch order.
+    `packing=Packing(column=..., seq_len=...)` packs a token column into rows of `seq_len`
+    tokens in the readers (see `rayshard.packing`); `batch_size` then counts packed rows."""
 
     def __init__(
         self,
@@ -77,6 +80,7 @@ class Loader:
         config_file: dict | None = None,
         transform: TransformFn | None = None,
         transform_workers: int = 1,
+        packing: Packing | None = None,
     ) -> None:
         if not isinstance(source, Source):
             raise TypeError(
@@ -117,8 +121,11 @@ class Loader:
             state_timeout_s=state_timeout_s,
             journal_path=journal_path,
             transform_workers=transform_workers,
+            packing=packing,
         )
         check_transform(transform)
+        if packing is not None:
+            self._check_packing(source, columns, transform)
         if transform is None and self.settings.transform_workers > 1:
             raise ConfigError(
                 f"transform_workers={transform_workers} needs a transform: pass transform=fn, "
@@ -172,6 +179,19 @@ class Loader:
             ) from error
         log.info("rayshard loader %s started in namespace %s", name, self.namespace)
 
+    def _check_packing(self, source: Source, columns: Any, transform: Any) -> None:
+        """On the driver, before any actor starts: packing's column and, without
+        splitting, every document's length (read from the column's Arrow offsets)."""
+        packing = self.settings.packing
+        if transform is not None:
+            raise ConfigError(
+                "transform= together with packing= is not supported: packing reads the token "
+                "column as stored; tokenize and filter beforehand, or drop packing"
+            )
+        check_token_column(source.schema(), packing, columns, source.describe())
+        if not packing.split_documents:
+            token_lengths(source, packing)  # a DataError naming the longest document
+
     @classmethod
     def from_config(
         cls, config: LoaderConfig, *, source: Source | None = None, **options
@@ -194,6 +214,7 @@ class Loader:
             columns=config.columns,
             shuffle_buffer=config.shuffle_buffer,
             prefetch_depth=config.prefetch_depth,
+            packing=config.packing,
             **options,
         )
 
@@ -259,7 +280,9 @@ class Loader:
             device=device,
             collate_fn=collate_fn,
             ack_interval_s=self.settings.ack_interval_s,
-            nested_columns=self.settings.column_rules.nested_columns(self._read_schema()),
+            nested_columns=()
+            if self.settings.packing is not None
+            else self.settings.column_rules.nested_columns(self._read_schema()),
         )
 
     def _read_schema(self) -> Any:

@@ -10,7 +10,8 @@ from typing import Any
 
 from rayshard.columns import ColumnRules
 from rayshard.errors import ConfigError
-from rayshard.plan import PlanConfig
+from rayshard.packing import Packing
+from rayshard.plan import LastBatch, PlanConfig
 from rayshard.plan.options import check_int
 from rayshard.sharding import ShardingPolicy
 
@@ -37,6 +38,7 @@ class LoaderSettings:
     journal_path: str | None = None
     column_rules: ColumnRules = ColumnRules()  # padding and fill values (`rayshard.columns`)
     transform_workers: int = 1  # processes running a rank's transform (1: the reader)
+    packing: Packing | None = None  # pack a token column into rows (`rayshard.packing`)
 
     def __post_init__(self) -> None:
         policy = ShardingPolicy.parse(self.policy)
@@ -61,6 +63,33 @@ class LoaderSettings:
         check_int(self.transform_workers, "transform_workers", minimum=1)
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
+        if self.packing is not None:
+            self._check_packing()
+
+    def _check_packing(self) -> None:
+        """Packing runs on the static `data` plan, after reading, without row shuffling."""
+        if not isinstance(self.packing, Packing):
+            raise TypeError(
+                f"packing={self.packing!r} must be a rayshard.packing.Packing, e.g. "
+                f"Packing(column='tokens', seq_len=2048)"
+            )
+        if self.policy is not ShardingPolicy.DATA:
+            raise ConfigError(
+                f"packing with policy={self.policy.value!r} is not supported: packing needs "
+                f"the static 'data' policy (its packed row counts are planned before the "
+                f"epoch); use policy='data'"
+            )
+        if self.shuffle_buffer:
+            raise ConfigError(
+                f"packing with shuffle_buffer={self.shuffle_buffer} is not supported: packed "
+                f"rows follow the reading order; use shuffle=True (shuffled pieces) and "
+                f"shuffle_buffer=0"
+            )
+        if self.plan.last_batch is LastBatch.DROP:
+            raise ConfigError(
+                "packing with last_batch='drop' would drop documents: set last_batch="
+                "'partial' and choose Packing(last_row='pad' or 'drop') for the last row"
+            )
 
     @property
     def block_batches(self) -> int:
@@ -74,18 +103,18 @@ class LoaderSettings:
 
     def fingerprint(self, source_name: str, num_samples: int) -> str:
         """A short id of (settings, source) that a saved state must match."""
-        payload = json.dumps(
-            {
-                "plan": self.plan.to_dict(),
-                "policy": self.policy.value,
-                "columns": self.columns,
-                "shuffle": self.shuffle,
-                "shuffle_buffer": self.shuffle_buffer,
-                "source": source_name,
-                "num_samples": num_samples,
-            },
-            sort_keys=True,
-        )
+        facts = {
+            "plan": self.plan.to_dict(),
+            "policy": self.policy.value,
+            "columns": self.columns,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "source": source_name,
+            "num_samples": num_samples,
+        }
+        if self.packing is not None:  # only then: ids of loaders without packing unchanged
+            facts["packing"] = self.packing.to_dict()
+        payload = json.dumps(facts, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

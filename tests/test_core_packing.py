@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from rayshard.core.packing import (
     PackSpec,
     count_rows,
+    count_split_rows,
     materialize,
     plan_rows,
     resume_point,
@@ -89,6 +90,9 @@ def test_pack_then_unpack_returns_every_document(case):
     if spec.split:  # only the last row may be short
         assert all(r.tokens == spec.seq_len for r in rows[:-1])
     assert count_rows(((i, n) for i, n in enumerate(lengths)), spec) == len(kept)
+    if spec.split:
+        sizes = np.array([spec.size(n) for n in lengths], dtype=np.int64)
+        assert count_split_rows(sizes, spec) == len(kept)
     arrays = materialize(kept, docs, spec) if kept else None
     if spec.drop_last:
         # Tokens of the dropped row are skipped; every other token is delivered once.

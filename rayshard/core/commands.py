@@ -66,13 +66,15 @@ class Lease(Command):
 
 @dataclasses.dataclass(frozen=True)
 class Ack(Command):
-    """Consumers of `dp_rank` received batches up to their `batches`-th, holding `ids`."""
+    """Consumers of `dp_rank` received batches up to their `batches`-th, holding `ids`;
+    under packing `partial` holds (sample index, tokens delivered) of split documents."""
 
     kind: ClassVar[str] = "ack"
     dp_rank: int
     epoch: int
     batches: int
     ids: tuple[tuple[int, int], ...]
+    partial: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,7 @@ def command_from_entry(entry: dict[str, Any]) -> Command:
     args = dict(entry["args"])
     if cls is Ack:
         args["ids"] = tuple(tuple(pair) for pair in args["ids"])
+        args["partial"] = tuple(tuple(pair) for pair in args.get("partial", ()))
     return cls(**args)
 
 

@@ -11,12 +11,13 @@ it and carries out the decision.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 from typing import Any
 
 from rayshard.core import commands as cmd
 from rayshard.core.leases import LeaseBook
-from rayshard.core.planning import epoch_plan
+from rayshard.core.planning import epoch_plan, packed_plan
 from rayshard.errors import StaleClientError
 from rayshard.plan import EpochPlan, RankPlan
 from rayshard.plan import intervals as iv
@@ -55,9 +56,11 @@ class CoordinatorCore:
         # epoch -> dp rank -> batches received; epoch -> consumed intervals (all ranks)
         self.received: dict[int, dict[int, int]] = {}
         self.consumed: dict[int, list[iv.Interval]] = {}
+        self.partial: dict[int, dict[int, int]] = {}  # epoch -> sample -> tokens delivered
         self.events: list[dict] = []
         self.readers_named = 0
         self._plans: dict[tuple, EpochPlan] = {}  # a cache: plans are pure functions
+        self._lengths: Any = None  # packing: tokens per sample, read once when first needed
 
     # -- the one way to change the state ---------------------------------------------------
     def apply(self, command: cmd.Command) -> Any:
@@ -150,6 +153,10 @@ class CoordinatorCore:
         counts = self.received.setdefault(c.epoch, {})
         counts[c.dp_rank] = max(counts.get(c.dp_rank, 0), c.batches)
         self.consumed.setdefault(c.epoch, []).extend(c.ids)
+        if c.partial:
+            partial = self.partial.setdefault(c.epoch, {})
+            for index, tokens in c.partial:
+                partial[index] = max(partial.get(index, 0), tokens)
         if c.epoch in self.books:
             self.books[c.epoch].ack(c.ids)
         return cmd.Noted()
@@ -201,10 +208,26 @@ class CoordinatorCore:
         """The static plan of `epoch` for the current membership (and resume point)."""
         key = (self.members.generation, self.members.dp_size, epoch)
         if key not in self._plans:
-            self._plans[key] = epoch_plan(
-                self.settings, self.source, self.members.dp_size, epoch, self.resume
-            )
+            plan = epoch_plan(self.settings, self.source, self.members.dp_size, epoch, self.resume)
+            if self.settings.packing is not None:
+                plan = packed_plan(
+                    plan,
+                    self.settings,
+                    self.source.splits(),
+                    self.token_lengths(),
+                    dict(self.resumed_partial(epoch)),
+                    epoch,
+                )
+            self._plans[key] = plan
         return self._plans[key]
+
+    def token_lengths(self) -> Any:
+        """Tokens per sample of the packing column (read once, from the Arrow offsets)."""
+        if self._lengths is None:
+            from rayshard.packing import token_lengths
+
+            self._lengths = token_lengths(self.source, self.settings.packing)
+        return self._lengths
 
     def length(self, dp_rank: int, epoch: int) -> int:
         """Batches `dp_rank` yields in `epoch` (dynamic: as the lease book stands now)."""
@@ -240,7 +263,7 @@ class CoordinatorCore:
         consumed = self.all_consumed(epoch)
         if received > 0 and not iv.subtract(self.epoch_samples(epoch), consumed):
             return self.state_dict(epoch + 1, ())
-        return self.state_dict(epoch, consumed)
+        return self.state_dict(epoch, consumed, self.all_partial(epoch))
 
     def active_ranks(self) -> list[int]:
         return sorted(self.members.ranks) if self.members else []
@@ -248,6 +271,19 @@ class CoordinatorCore:
     def resumed_consumed(self, epoch: int) -> iv.Intervals:
         resume = self.resume
         return resume.consumed if resume is not None and resume.epoch == epoch else ()
+
+    def resumed_partial(self, epoch: int) -> tuple[tuple[int, int], ...]:
+        resume = self.resume
+        return resume.partial if resume is not None and resume.epoch == epoch else ()
+
+    def all_partial(self, epoch: int) -> tuple[tuple[int, int], ...]:
+        """Split documents of `epoch` partly delivered (resumed ones included), not yet
+        finished: (sample index, tokens delivered), sorted."""
+        merged = dict(self.resumed_partial(epoch))
+        for index, tokens in self.partial.get(epoch, {}).items():
+            merged[index] = max(merged.get(index, 0), tokens)
+        consumed = self.all_consumed(epoch)
+        return tuple(sorted((i, t) for i, t in merged.items() if not _inside(consumed, i)))
 
     def all_consumed(self, epoch: int) -> iv.Intervals:
         return iv.normalize([*self.consumed.get(epoch, []), *self.resumed_consumed(epoch)])
@@ -257,7 +293,9 @@ class CoordinatorCore:
             return iv.normalize([*self.plan(epoch).delivered(), *self.resumed_consumed(epoch)])
         return ((0, self.num_samples),)
 
-    def state_dict(self, epoch: int, consumed: iv.Intervals) -> dict:
+    def state_dict(
+        self, epoch: int, consumed: iv.Intervals, partial: tuple[tuple[int, int], ...] = ()
+    ) -> dict:
         members = self.members
         return LoaderState(
             loader=self.loader_id,
@@ -266,6 +304,7 @@ class CoordinatorCore:
             consumed=tuple(consumed),
             world_size=members.dp_size if members else 0,
             num_samples=self.num_samples,
+            partial=tuple(partial),
         ).to_dict()
 
     def epoch_complete(self, epoch: int) -> bool:
@@ -299,6 +338,7 @@ class CoordinatorCore:
             "consumed": [
                 [e, [list(p) for p in iv.normalize(c)]] for e, c in sorted(self.consumed.items())
             ],
+            "partial": [[e, sorted([i, t] for i, t in p.items())] for e, p in self.partial.items()],
             "events": list(self.events),
             "readers_named": self.readers_named,
         }
@@ -323,6 +363,7 @@ class CoordinatorCore:
         self.resume = None if data["resume"] is None else LoaderState.from_dict(data["resume"])
         self.received = {e: {r: n for r, n in c} for e, c in data["received"]}
         self.consumed = {e: [tuple(p) for p in c] for e, c in data["consumed"]}
+        self.partial = {e: {i: t for i, t in p} for e, p in data.get("partial", [])}
         self.events = list(data["events"])
         self.readers_named = data["readers_named"]
         self._plans.clear()
@@ -341,6 +382,7 @@ class CoordinatorCore:
                     self.all_consumed(epoch),
                     old.dp_size,
                     self.num_samples,
+                    self.all_partial(epoch),
                 )
             self._forget_progress()
             self._event("new_generation", time, dp_size=dp_size)
@@ -353,6 +395,7 @@ class CoordinatorCore:
         self.books.clear()
         self.received.clear()
         self.consumed.clear()
+        self.partial.clear()
         self.rank_epoch.clear()
 
     def _book(self, epoch: int) -> LeaseBook:
@@ -384,6 +427,12 @@ class CoordinatorCore:
 
     def _event(self, kind: str, time: float, **details: Any) -> None:
         self.events.append({"time": time, "event": kind, **details})
+
+
+def _inside(normalized: iv.Intervals, index: int) -> bool:
+    """Whether `index` lies in the sorted, merged `normalized` intervals."""
+    at = bisect.bisect_right(normalized, (index, float("inf"))) - 1
+    return at >= 0 and normalized[at][0] <= index < normalized[at][1]
 
 
 __all__ = ["CoordinatorCore", "Membership"]

@@ -123,6 +123,18 @@ def count_rows(docs: Iterable[tuple[int, int]], spec: PackSpec, offsets: Mapping
     return sum(1 for row in plan_rows(docs, spec, offsets) if not row.dropped)
 
 
+def count_split_rows(remaining: np.ndarray, spec: PackSpec) -> int:
+    """`count_rows` in split mode from the tokens left of every document, in reading
+    order (separators counted), without a loop over documents."""
+    total = int(remaining.sum())
+    full, rest = divmod(total, spec.seq_len)
+    positive = np.flatnonzero(remaining > 0)
+    last = int(positive[-1]) if positive.size else -1
+    # empty documents after the last token make a row of their own (with no tokens)
+    trailing_empty = last < len(remaining) - 1
+    return full + int((rest > 0 or trailing_empty) and not spec.drop_last)
+
+
 def resume_point(delivered: Iterable[Row]) -> tuple[set[int], dict[int, int]]:
     """What delivered rows leave behind: the finished documents, and for each document
     started but not finished the token offset reached."""
@@ -196,6 +208,7 @@ __all__ = [
     "Row",
     "Span",
     "count_rows",
+    "count_split_rows",
     "materialize",
     "plan_rows",
     "resume_point",

@@ -33,10 +33,12 @@ from rayshard.batching import (
     pad_rows,
     reading_pieces,
 )
+from rayshard.core.planning import rank_pieces
 from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, StaleClientError, TransformError
 from rayshard.metrics import set_prefetch_depth
-from rayshard.runtime.pipeline import reader_batches
+from rayshard.runtime.packing_stage import packed_batches
+from rayshard.runtime.pipeline import flush_before_error, reader_batches
 from rayshard.runtime.transform_stage import column_bytes
 from rayshard.runtime.transform_workers import start_workers
 from rayshard.settings import LoaderSettings
@@ -118,7 +120,10 @@ class ShardReader:
     def _begin_epoch(self, generation: int, epoch: int) -> None:
         started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
         batches, plan = started["batches"], started["plan"]
-        if plan is None:  # dynamic
+        if self._settings.packing is not None:
+            packed = self._packed(plan, epoch, started.get("partial") or {})
+            produce = None
+        elif plan is None:  # dynamic
             produce = self._dynamic_rows(generation, epoch)
         else:
             produce = self._static_rows(plan, epoch)
@@ -132,7 +137,10 @@ class ShardReader:
             self._cancel = threading.Event()
             self._thread = threading.Thread(
                 target=self._read_loop,
-                args=(self._batches_of(produce, epoch), self._cancel),
+                args=(
+                    packed if produce is None else self._batches_of(produce, epoch),
+                    self._cancel,
+                ),
                 daemon=True,
             )
             self._thread.start()
@@ -201,6 +209,18 @@ class ShardReader:
                 real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank
             )
         return itertools.chain(real, iter_padding(self._source, plan, settings.columns))
+
+    def _packed(self, plan: Any, epoch: int, offsets: dict) -> Iterator[Any]:
+        """The rank's documents packed into `plan.batches` batches of packed rows
+        (`rayshard.runtime.packing_stage`), skipping the `offsets` tokens already
+        delivered of split documents."""
+        settings, packing = self._settings, self._settings.packing
+        pieces = rank_pieces(settings, self._splits, plan, epoch)
+        real = iter_rows_parallel(
+            self._source, pieces, [packing.column], self._pool(), settings.reader_threads
+        )
+        batch_size = settings.plan.batch_size
+        return flush_before_error(packed_batches(real, packing, batch_size, offsets, plan.batches))
 
     def _pool(self) -> Any:
         """The reader threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`
