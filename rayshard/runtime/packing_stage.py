@@ -62,7 +62,8 @@ def packed_batches(
     def batch(rows: Sequence[Row], extra_done: Sequence[int] = ()) -> dict[str, Any]:
         arrays = materialize(rows, store, spec, pad_id=packing.pad_id, dtype=dtype[0])
         done = [s.index for r in rows for s in r.spans if s.done] + list(extra_done)
-        partial = [(s.index, s.end) for r in rows for s in r.spans if not s.done]
+        finished = set(done)
+        partial = [(s.index, s.end) for r in rows for s in r.spans if s.index not in finished]
         for index in done:
             store.pop(index, None)
         out = {packing.column: arrays.pop("tokens"), **arrays}

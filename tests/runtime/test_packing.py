@@ -36,7 +36,9 @@ def write_documents(folder, docs=DOCS, seed=0, files=3, row_group_size=9) -> tup
     for f, ids in enumerate(per_file):
         tokens = [list(1000 * int(i) + np.arange(lengths[i])) for i in ids]
         table = pa.table({"tokens": pa.array(tokens, pa.list_(pa.int32())), "id": ids})
-        pq.write_table(table, os.path.join(folder, f"part-{f}.parquet"), row_group_size=row_group_size)
+        pq.write_table(
+            table, os.path.join(folder, f"part-{f}.parquet"), row_group_size=row_group_size
+        )
     return str(folder), [int(n) for n in lengths]
 
 
@@ -57,7 +59,10 @@ def tokens_of(batches, packing):
     out: Counter = Counter()
     for b in batches:
         tokens, docs, pos, mask = (
-            b[packing.column], b["document_ids"], b["position_ids"], b["mask"]
+            b[packing.column],
+            b["document_ids"],
+            b["position_ids"],
+            b["mask"],
         )
         assert tokens.shape[1] == packing.seq_len
         assert (mask == (docs >= 0)).all()
@@ -146,7 +151,9 @@ def test_killed_reader_under_packing_loses_no_token(ray_session, corpus):
 
     threading.Thread(target=checkpoint, daemon=True).start()
     assert done.wait(60), "state_dict after the reader's death"
-    restarted = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    restarted = [
+        loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)
+    ]
     for it in restarted:
         it.load_state_dict(state)
     rest = tokens_of([b for rank in run_lockstep(restarted) for b in rank], packing)
