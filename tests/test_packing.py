@@ -3,6 +3,9 @@ the readers' packing stage over record batches, and the state's `partial` key.""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -145,3 +148,21 @@ def test_state_partial_round_trips_and_older_states_load():
     older = state.to_dict()
     del older["partial"]
     assert LoaderState.from_dict(older).partial == ()
+
+
+def _readme_section() -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return readme.split("## Packing (language models)", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_packing_snippet_and_yaml_line(tmp_path):
+    section = _readme_section()
+    (snippet,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    namespace: dict = {}
+    exec("\n".join(line for line in snippet.splitlines() if line.startswith("from ")), namespace)
+    packing = re.search(r"packing=(Packing\(.*?\))", snippet).group(1)
+    assert eval(packing, namespace) == Packing(column="tokens", seq_len=2048, separator=2)
+    line = re.search(r"In YAML: `(packing: .*?)`", section).group(1)
+    (tmp_path / "loader.yaml").write_text(line + "\n")
+    config = LoaderConfig.from_yaml(tmp_path / "loader.yaml")
+    assert config.packing == Packing(column="tokens", seq_len=2048, separator=2)

@@ -23,6 +23,7 @@ from tests.runtime.helpers import run_lockstep, unique_name
 pytestmark = [pytest.mark.ray]
 
 SEP = -1  # a separator no document token equals
+PACKED = ("position_ids", "document_ids", "mask")
 DOCS = 120
 
 
@@ -58,6 +59,7 @@ def tokens_of(batches, packing):
     """(document, token offset) of every real token, checking each token's value."""
     out: Counter = Counter()
     for b in batches:
+        b = {key: np.asarray(value) for key, value in b.items()}  # torch tensors too
         tokens, docs, pos, mask = (
             b[packing.column],
             b["document_ids"],
@@ -90,6 +92,8 @@ def test_two_ranks_deliver_every_token_once_with_equal_steps(ray_session, corpus
     for epoch in range(2):  # the second epoch is whole again
         batches = run_lockstep(its)
         assert [len(b) for b in batches] == steps
+        # Only the token column is read (not `id`), with the packing columns.
+        assert set(batches[0][0]) == {"tokens", *PACKED, "_index", "_padded"}
         got = tokens_of([b for rank in batches for b in rank], packing)
         assert got == every_token(lengths, packing), f"epoch {epoch}"
     state = its[0].state_dict()
@@ -113,9 +117,8 @@ def test_resume_inside_a_split_document_on_another_world_size(ray_session, corpu
 
     fresh = make_loader(folder, packing, batch_size=2)
     state["loader"] = fresh.loader_id  # same configuration, another name in this test
-    resumed = [
-        fresh.iterator(world_rank=r, world_size=new_world, batch_format="numpy")
-        for r in range(new_world)
+    resumed = [  # torch tensors this time (the default format), on the CPU
+        fresh.iterator(world_rank=r, world_size=new_world) for r in range(new_world)
     ]
     for it in resumed:
         it.load_state_dict(state)
