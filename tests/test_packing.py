@@ -9,10 +9,12 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rayshard.batching import iter_rows
 from rayshard.config import LoaderConfig
-from rayshard.core.packing import PackSpec, unpack
+from rayshard.core.packing import PackSpec, count_rows, plan_rows, resume_point, unpack
 from rayshard.errors import ConfigError, DataError
 from rayshard.loader import Loader
 from rayshard.packing import Packing
@@ -166,3 +168,63 @@ def test_readme_packing_snippet_and_yaml_line(tmp_path):
     (tmp_path / "loader.yaml").write_text(line + "\n")
     config = LoaderConfig.from_yaml(tmp_path / "loader.yaml")
     assert config.packing == Packing(column="tokens", seq_len=2048, separator=2)
+
+
+@st.composite
+def split_cases(draw):
+    lengths = draw(st.lists(st.integers(0, 20), min_size=0, max_size=25))
+    packing = Packing(
+        column="tokens",
+        seq_len=draw(st.integers(1, 12)),
+        separator=draw(st.sampled_from([None, 77777])),
+        last_row=draw(st.sampled_from(["pad", "drop"])),
+        pad_id=-5,
+    )
+    chunks = draw(st.lists(st.integers(1, 6), min_size=1, max_size=8))
+    return lengths, packing, draw(st.integers(1, 4)), chunks, draw(st.integers(0, 40))
+
+
+def _chunked(data, chunks):
+    """The table's rows as tagged record batches of varying sizes (as readers get them)."""
+    out, at, k = [], 0, 0
+    while at < data.num_rows:
+        size = chunks[k % len(chunks)]
+        out += list(iter_rows(TableSource(data), [(at, min(at + size, data.num_rows))], None))
+        at, k = at + size, k + 1
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(split_cases())
+def test_numpy_split_path_equals_the_per_document_path(case):
+    lengths, packing, batch_size, chunks, cut = case
+    data = table(lengths)
+    spec = packing.spec
+    rows = list(plan_rows(((i, n) for i, n in enumerate(lengths)), spec))
+    _, offsets = resume_point(rows[: min(cut, len(rows))])  # resume inside documents
+    order = [i for i in range(len(lengths))]
+    count = count_rows(((i, lengths[i]) for i in order), spec, offsets)
+    planned = -(-count // batch_size) + 1  # one padding batch too
+    runs = [
+        list(
+            packed_batches(
+                iter(_chunked(data, chunks)), packing, batch_size, offsets, planned, fast=fast
+            )
+        )
+        for fast in (True, False)
+    ]
+    fast, slow = runs
+    assert len(fast) == len(slow) == planned
+    for a, b in zip(fast, slow):
+        assert set(a) == set(b)
+        for key in a:
+            if key == COMPLETED_KEY:
+                assert sorted(a[key].tolist()) == sorted(b[key].tolist())
+            elif key == PARTIAL_KEY:
+                most: dict = {}
+                for i, t in b[key].tolist():
+                    most[i] = max(most.get(i, 0), t)
+                assert dict(a[key].tolist()) == most
+            else:
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+                assert a[key].dtype == b[key].dtype, key

@@ -20,6 +20,7 @@ from rayshard.batching import FLUSH, INDEX_KEY, PADDED_KEY
 from rayshard.core.packing import Row, materialize, plan_rows
 from rayshard.errors import RayshardError
 from rayshard.packing import Packing
+from rayshard.runtime._packing_split import split_batches
 
 COMPLETED_KEY = "_completed"  # int64 sample indices finished in this batch
 PARTIAL_KEY = "_partial"  # int64 (k, 2): (sample index, tokens delivered) of split documents
@@ -46,9 +47,12 @@ def packed_batches(
     batch_size: int,
     offsets: Mapping[int, int],
     batches: int,
+    *,
+    fast: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """`batches` batches of `batch_size` packed rows (the last real one may be shorter;
-    padding batches after it are marked `_padded`)."""
+    padding batches after it are marked `_padded`). Split mode runs the numpy path unless
+    `fast=False` (the per-document path, which the tests compare it with)."""
     spec = packing.spec
     store: dict[int, np.ndarray] = {}  # tokens of documents in rows not yet emitted
     dtype: list[Any] = [np.int64]
@@ -67,35 +71,29 @@ def packed_batches(
         for index in done:
             store.pop(index, None)
         out = {packing.column: arrays.pop("tokens"), **arrays}
-        out[INDEX_KEY] = np.array([r.spans[0].index if r.spans else -1 for r in rows], np.int64)
+        out[INDEX_KEY] = out["document_ids"][:, 0].copy()  # the row's first token's document
         out[PADDED_KEY] = np.zeros(len(rows), dtype=bool)
         out[COMPLETED_KEY] = np.asarray(done, dtype=np.int64)
         out[PARTIAL_KEY] = np.asarray(partial, dtype=np.int64).reshape(-1, 2)
         return out
 
-    made, pending, dropped = 0, [], []
-    held: dict[str, Any] | None = None  # a full batch, kept until the next row is known
-    for row in plan_rows(lengths(), spec, offsets):
-        if row.dropped:  # the last row: its documents count as consumed
-            dropped = [s.index for s in row.spans]
-            continue
-        if held is not None:
-            yield held
-            held = None
-        pending.append(row)
-        if len(pending) == batch_size:
-            held, pending = batch(pending), []
-            made += 1
-    if pending:
-        if held is not None:
-            yield held
-        held, pending = batch(pending, dropped), []
-        made, dropped = made + 1, []
-    elif held is not None and dropped:
-        held[COMPLETED_KEY] = np.concatenate([held[COMPLETED_KEY], np.asarray(dropped, np.int64)])
-        dropped = []
-    if held is not None:
-        yield held
+    made = 0
+    if spec.split and fast:
+        real = split_batches(
+            record_batches, packing.column, spec, packing.pad_id, batch_size, offsets
+        )
+    else:
+        real = _rows_batches(plan_rows(lengths(), spec, offsets), batch, batch_size)
+    while True:
+        try:
+            out = next(real)
+        except StopIteration as end:
+            dropped, seen = end.value
+            dtype[0] = dtype[0] if seen is None else seen
+            break
+        made += 1
+        dtype[0] = out[packing.column].dtype  # padding batches get the same type
+        yield out
     if made > batches:
         raise RayshardError(
             f"packing made {made} batches where the plan counted {batches}: the token "
@@ -106,3 +104,31 @@ def packed_batches(
         dropped = []
         pad[PADDED_KEY][:] = True
         yield pad
+
+
+def _rows_batches(rows: Iterator[Row], batch: Any, batch_size: int) -> Iterator[dict]:
+    """Batches of `batch_size` rows made by `batch`; returns the documents of a dropped
+    last row that no batch took (and no token type: `batch` knows it)."""
+    pending, dropped = [], []
+    held: dict[str, Any] | None = None  # a full batch, kept until the next row is known
+    for row in rows:
+        if row.dropped:  # the last row: its documents count as consumed
+            dropped = [s.index for s in row.spans]
+            continue
+        if held is not None:
+            yield held
+            held = None
+        pending.append(row)
+        if len(pending) == batch_size:
+            held, pending = batch(pending), []
+    if pending:
+        if held is not None:
+            yield held
+        held, pending = batch(pending, dropped), []
+        dropped = []
+    elif held is not None and dropped:
+        held[COMPLETED_KEY] = np.concatenate([held[COMPLETED_KEY], np.asarray(dropped, np.int64)])
+        dropped = []
+    if held is not None:
+        yield held
+    return dropped, None
