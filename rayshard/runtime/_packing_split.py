@@ -19,7 +19,8 @@ class _Buffer:
     """Tokens not yet emitted, flat: token, position in its document, document, last."""
 
     def __init__(self) -> None:
-        self.parts: list[tuple[np.ndarray, ...]] = []
+        self.joined: tuple[np.ndarray, ...] | None = None  # the buffered tokens' arrays
+        self.cursor = 0  # tokens of `joined` already taken
         self.size = 0
         self.dtype: Any = np.int64  # the token column's type, once a batch was seen
         self.empties: list[tuple[int, int]] = []  # (stream position, sample) of empty documents
@@ -50,18 +51,24 @@ class _Buffer:
         left = sizes - start  # (docs,) tokens still to deliver
         at = self.size + np.concatenate([[0], np.cumsum(left)[:-1]])  # (docs,) stream offsets
         self.empties += [(int(at[j]), int(index[j])) for j in np.flatnonzero(left == 0)]
-        self.parts.append((flat, pos, docs, last))
+        new = (flat, pos, docs, last)
+        if self.joined is None:
+            self.joined = new
+        else:  # copies only what was not taken yet
+            self.joined = tuple(
+                np.concatenate([a[self.cursor :], b]) for a, b in zip(self.joined, new)
+            )
+        self.cursor = 0
         self.size += len(flat)
 
     def take(self, count: int) -> tuple[np.ndarray, ...]:
         """The first `count` tokens' arrays (and keeps the rest)."""
-        joined = [np.concatenate(a) for a in zip(*self.parts)] if self.parts else None
-        if joined is None:
-            head = (np.zeros(0, np.int64),) * 3 + (np.zeros(0, bool),)
-            return head
-        head = tuple(a[:count] for a in joined)
-        rest = tuple(a[count:] for a in joined)
-        self.parts = [rest] if len(rest[0]) else []
+        if self.joined is None:
+            return (np.zeros(0, self.dtype), np.zeros(0, np.int64), np.zeros(0, np.int64)) + (
+                np.zeros(0, bool),
+            )
+        head = tuple(a[self.cursor : self.cursor + count] for a in self.joined)
+        self.cursor += len(head[0])
         self.size -= len(head[0])
         return head
 
