@@ -3,6 +3,7 @@ the readers' packing stage over record batches, and the state's `partial` key.""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -228,3 +229,34 @@ def test_numpy_split_path_equals_the_per_document_path(case):
             else:
                 np.testing.assert_array_equal(a[key], b[key], err_msg=key)
                 assert a[key].dtype == b[key].dtype, key
+
+
+def test_coordinator_core_counts_packed_steps_and_keeps_partial_through_a_journal():
+    from rayshard.core import commands as cmd
+    from rayshard.core.coordination import CoordinatorCore
+    from rayshard.plan import PlanConfig
+    from rayshard.settings import LoaderSettings
+
+    lengths = [5, 7, 3, 9, 4, 6]  # 34 tokens
+    packing = Packing(column="tokens", seq_len=4)
+    settings = LoaderSettings(plan=PlanConfig(batch_size=2), packing=packing)
+    core = CoordinatorCore("pack-core", TableSource(table(lengths)), settings)
+    core.apply(cmd.Register(0, 2, 0, 2))
+    core.apply(cmd.Register(1, 2, 1, 2))
+    plan = core.apply(cmd.StartEpoch(0, 0))
+    # ranks read samples [0, 3) (15 tokens: 4 rows) and [3, 6) (19 tokens: 5 rows)
+    assert [r.batches for r in core.plan(0).ranks] == [3, 3] and plan.batches == 3
+    journal = [cmd.Ack(0, 0, 1, ((0, 1),), ((1, 3),)), cmd.Ack(1, 0, 1, (), ((3, 8),))]
+    for command in journal:
+        replayed = cmd.command_from_entry(json.loads(json.dumps(command.to_entry())))
+        assert replayed == command
+        core.apply(replayed)
+    state = core.state_at(0, 1)
+    assert state["consumed"] == [[0, 1]] and state["partial"] == [[1, 3], [3, 8]]
+    fresh = CoordinatorCore("pack-core", TableSource(table(lengths)), settings)
+    fresh.load_dict(json.loads(json.dumps(core.to_dict())))
+    assert fresh.state_at(0, 1) == state
+    # Resumed on one rank: 34 - 1 - 3 - 8 = 22 tokens left, 6 rows, 3 batches.
+    fresh.apply(cmd.Restore(state))
+    fresh.apply(cmd.Register(0, 1, 0, 1))
+    assert fresh.plan(0).ranks[0].batches == 3
