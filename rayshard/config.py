@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from rayshard.errors import ConfigError
+from rayshard.packing import Packing
 from rayshard.plan import LastBatch, PlanConfig, Rotation, Uneven
 from rayshard.sharding import ShardingPolicy
 
@@ -47,6 +48,8 @@ class LoaderConfig:
     - `prefetch_depth`: batches kept ready ahead of the training loop (SPEC 9).
     - `paths`, `columns`, `split_rows`, `source_format`: where the data is
       (`auto` picks Arrow for `.arrow`/`.feather` paths, Parquet otherwise).
+    - `packing`: a `Packing`, or its fields as a mapping (YAML: `packing: {column: tokens,
+      seq_len: 2048}`), or None.
     """
 
     batch_size: int = 1
@@ -66,9 +69,11 @@ class LoaderConfig:
     columns: tuple[str, ...] | None = None
     split_rows: int | None = None
     source_format: str = "auto"
+    packing: Packing | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        set_(self, "packing", _packing(self.packing))
         plan = PlanConfig(**{k: getattr(self, k) for k in _PLAN_KEYS})
         for key in _PLAN_KEYS:  # normalized values (enums, bools)
             set_(self, key, getattr(plan, key))
@@ -177,7 +182,9 @@ class LoaderConfig:
         out: dict[str, Any] = {}
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if hasattr(value, "value"):
+            if isinstance(value, Packing):
+                value = value.to_dict()
+            elif hasattr(value, "value"):
                 value = value.value
             elif isinstance(value, tuple):
                 value = list(value)
@@ -204,6 +211,24 @@ def _canonical(values: Mapping[str, Any], where: str) -> dict[str, Any]:
         if value is not None or name not in out:
             out[name] = value
     return out
+
+
+def _packing(value: Any) -> Packing | None:
+    if value is None or isinstance(value, Packing):
+        return value
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"packing={value!r} must be a mapping of packing options, e.g. "
+            f"{{column: tokens, seq_len: 2048}}"
+        )
+    known = [f.name for f in dataclasses.fields(Packing)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown packing option(s) {unknown}: known options are {known}")
+    try:
+        return Packing(**value)
+    except TypeError as error:  # a required option missing
+        raise ConfigError(f"packing={dict(value)!r}: {error} (column and seq_len)") from None
 
 
 def _strings(value: Any, name: str) -> tuple[str, ...] | None:

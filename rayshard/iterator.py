@@ -23,6 +23,7 @@ from rayshard.errors import unwrap_task_error
 from rayshard.formats import FORMATS, convert_stream, torch_host_batch
 from rayshard.metrics import record_batches
 from rayshard.plan import DataParallelRank
+from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY
 from rayshard.runtime.transform_stage import DROPPED_KEY
 
 STALL_FLUSH_S = 0.02  # a consumer waiting this long for a batch sends its pending acks
@@ -148,9 +149,9 @@ class ShardIterator:
                 self._end_epoch()
                 return
             stall = time.perf_counter() - waited
-            ids, padded, nbytes, dropped = self._delivered_meta.popleft()
+            ids, padded, nbytes, dropped, packed = self._delivered_meta.popleft()
             self._received += 1
-            self._acknowledge(epoch, ids, padded, nbytes, stall, dropped)
+            self._acknowledge(epoch, ids, padded, nbytes, stall, dropped, packed)
             if self._received >= self._length and self._length_final():
                 self._end_epoch()  # before the yield: the caller may never ask again
             else:
@@ -274,8 +275,12 @@ class ShardIterator:
                 continue
             for batch in ray.get(ref):
                 dropped = batch.pop(DROPPED_KEY, None)  # a transform's filter: consumed too
+                # packing: documents finished in this batch, and split ones delivered so far
+                packed = None
+                if COMPLETED_KEY in batch:
+                    packed = (batch.pop(COMPLETED_KEY), batch.pop(PARTIAL_KEY))
                 nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
-                meta = (batch[INDEX_KEY], batch[PADDED_KEY], nbytes, dropped)
+                meta = (batch[INDEX_KEY], batch[PADDED_KEY], nbytes, dropped, packed)
                 self._delivered_meta.append(meta)
                 yield batch
 
@@ -292,18 +297,21 @@ class ShardIterator:
         nbytes: int,
         stall: float,
         dropped: np.ndarray | None = None,
+        packed: tuple | None = None,
     ) -> None:
         """Record a received batch, with the samples a transform dropped from it (consumed,
-        not delivered); acknowledgements go out in groups (see `_AckSender`)."""
-        real = int((~padded).sum())
+        not delivered); acknowledgements go out in groups (see `_AckSender`). A packed
+        batch acknowledges the documents it finished and the split ones' progress."""
+        real_ids = ids[~padded] if packed is None else packed[0]
+        partial = [] if packed is None else packed[1].tolist()
+        real = int((~padded).sum()) if packed is None else int(real_ids.size)
         self.samples_received += real
         self.stall_seconds += stall
-        real_ids = ids[~padded]
         if dropped is not None and dropped.size:
             real_ids = np.concatenate((real_ids, dropped))
         if real_ids.size > 1 and not (real_ids[1:] > real_ids[:-1]).all():
             real_ids = np.sort(real_ids)  # shuffled: `_runs` needs them in order
-        self._acks.add(epoch, self._received, _runs(real_ids), real, nbytes, stall)
+        self._acks.add(epoch, self._received, _runs(real_ids), real, nbytes, stall, partial)
 
 
 class _AckSender:
@@ -330,7 +338,8 @@ class _AckSender:
         self._coordinator, self.generation, self._rank = coordinator, generation, dp_rank
         self._loader_name = loader_name
         self._lock = threading.Lock()
-        # epoch -> [last batch count, runs, samples, bytes, stall seconds, batches in group]
+        # epoch -> [last batch count, runs, samples, bytes, stall seconds, batches in group,
+        #           packing's split documents {sample index: tokens delivered}]
         self._pending: dict[int, list] = {}
         self._sent: list[Any] = []  # ObjectRefs of acknowledgements not known to be recorded
         self._wake = threading.Event()
@@ -339,9 +348,20 @@ class _AckSender:
             thread = threading.Thread(target=self._run, daemon=True, name="rayshard-acks")
             thread.start()
 
-    def add(self, epoch: int, batches: int, runs: list, samples: int, nbytes: int, stall: float):
+    def add(
+        self,
+        epoch: int,
+        batches: int,
+        runs: list,
+        samples: int,
+        nbytes: int,
+        stall: float,
+        partial: list | None = None,
+    ) -> None:
         with self._lock:
-            entry = self._pending.setdefault(epoch, [0, [], 0, 0, 0.0, 0])
+            entry = self._pending.setdefault(epoch, [0, [], 0, 0, 0.0, 0, {}])
+            for index, tokens in partial or ():
+                entry[6][index] = max(entry[6].get(index, 0), tokens)
             entry[0] = batches
             entry[5] += 1
             entry[1].extend(runs)
@@ -355,12 +375,20 @@ class _AckSender:
         """Send what is pending; with `wait`, block until everything sent was recorded."""
         with self._lock:
             pending, self._pending = self._pending, {}
-            for epoch, (batches, runs, samples, nbytes, stall, count) in sorted(pending.items()):
+            for epoch, entry in sorted(pending.items()):
+                batches, runs, samples, nbytes, stall, count, partial = entry
                 usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
                 record_batches(self._loader_name, self._rank, count, nbytes, stall)
                 self._sent.append(
                     self._coordinator.ack.remote(
-                        self.generation, self._rank, epoch, batches, runs, usage
+                        self.generation,
+                        self._rank,
+                        epoch,
+                        batches,
+                        runs,
+                        usage,
+                        # only under packing: split documents' progress
+                        **({"partial": sorted(partial.items())} if partial else {}),
                     )
                 )
             sent = self._sent

@@ -23,6 +23,7 @@ from rayshard.columns import Padding, check_loader_columns
 from rayshard.config import LoaderConfig
 from rayshard.errors import ConfigError
 from rayshard.iterator import ShardIterator
+from rayshard.packing import Packing, check_token_column, token_lengths
 from rayshard.plan import PlanConfig, check_not_empty, data_parallel_rank
 from rayshard.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.coordinator import Coordinator
@@ -43,7 +44,9 @@ class Loader:
     `rayshard.transforms`); it must be callable and pickle with cloudpickle.
     `transform_workers=k` runs it in k processes per rank, in batch order;
     `transform_resources={"CPU": 1, "preprocess": 1}` places those processes wherever Ray
-    finds the resources (CPU-only nodes) instead of on the reader's node."""
+    finds the resources (CPU-only nodes) instead of on the reader's node.
+    `packing=Packing(column=..., seq_len=...)` packs a token column into rows of `seq_len`
+    tokens in the readers (see `rayshard.packing`); `batch_size` then counts packed rows."""
 
     def __init__(
         self,
@@ -82,6 +85,7 @@ class Loader:
         transform: TransformFn | None = None,
         transform_workers: int = 1,
         transform_resources: Mapping[str, float] | None = None,
+        packing: Packing | None = None,
     ) -> None:
         if not isinstance(source, Source):
             raise TypeError(
@@ -125,8 +129,11 @@ class Loader:
             journal_path=journal_path,
             transform_workers=transform_workers,
             transform_resources=transform_resources,
+            packing=packing,
         )
         check_transform(transform)
+        if packing is not None:
+            self._check_packing(source, columns, transform)
         if transform is None and (
             self.settings.transform_workers > 1 or self.settings.transform_resources
         ):
@@ -183,6 +190,25 @@ class Loader:
             ) from error
         log.info("rayshard loader %s started in namespace %s", name, self.namespace)
 
+    def _check_packing(self, source: Source, columns: Any, transform: Any) -> None:
+        """On the driver, before any actor starts: packing's column and, without
+        splitting, every document's length (read from the column's Arrow offsets)."""
+        packing = self.settings.packing
+        if transform is not None:
+            raise ConfigError(
+                "transform= together with packing= is not supported: packing reads the token "
+                "column as stored; tokenize and filter beforehand, or drop packing"
+            )
+        if type(source).for_epoch is not Source.for_epoch:
+            raise ConfigError(
+                f"packing={packing!r} over {source.describe()} is not supported: its samples "
+                f"change by epoch (a MixedSource), and packed rows are planned from one fixed "
+                f"set of documents; mix with padding= for now, or pack a single source"
+            )
+        check_token_column(source.schema(), packing, columns, source.describe())
+        if not packing.split_documents:
+            token_lengths(source, packing)  # a DataError naming the longest document
+
     @classmethod
     def from_config(
         cls, config: LoaderConfig, *, source: Source | None = None, **options
@@ -206,6 +232,7 @@ class Loader:
             shuffle_buffer=config.shuffle_buffer,
             shuffle_blocks=config.shuffle_blocks,
             prefetch_depth=config.prefetch_depth,
+            packing=config.packing,
             **options,
         )
 
@@ -271,7 +298,9 @@ class Loader:
             device=device,
             collate_fn=collate_fn,
             ack_interval_s=self.settings.ack_interval_s,
-            nested_columns=self.settings.column_rules.nested_columns(self._read_schema()),
+            nested_columns=()
+            if self.settings.packing is not None
+            else self.settings.column_rules.nested_columns(self._read_schema()),
         )
 
     def _read_schema(self) -> Any:

@@ -11,7 +11,8 @@ from typing import Any
 
 from rayshard.columns import ColumnRules
 from rayshard.errors import ConfigError
-from rayshard.plan import PlanConfig
+from rayshard.packing import Packing
+from rayshard.plan import LastBatch, PlanConfig
 from rayshard.plan.options import check_int
 from rayshard.sharding import ShardingPolicy
 
@@ -42,6 +43,7 @@ class LoaderSettings:
     # Ray resources each transform worker needs ("CPU" included); None: on the reader's node.
     transform_resources: tuple[tuple[str, float], ...] | None = None
     straggler_timeout_s: float | None = None  # `dynamic`: silence before work is reoffered
+    packing: Packing | None = None  # pack a token column into rows (`rayshard.packing`)
 
     def __post_init__(self) -> None:
         policy = ShardingPolicy.parse(self.policy)
@@ -106,6 +108,39 @@ class LoaderSettings:
                 "ranks would look silent: raise it (well above a training step's time)"
             )
         object.__setattr__(self, "straggler_timeout_s", float(timeout))
+        if self.packing is not None:
+            self._check_packing()
+
+    def _check_packing(self) -> None:
+        """Packing runs on the static `data` plan, after reading, without row shuffling."""
+        if not isinstance(self.packing, Packing):
+            raise TypeError(
+                f"packing={self.packing!r} must be a rayshard.packing.Packing, e.g. "
+                f"Packing(column='tokens', seq_len=2048)"
+            )
+        if self.policy is not ShardingPolicy.DATA:
+            raise ConfigError(
+                f"packing with policy={self.policy.value!r} is not supported: packing needs "
+                f"the static 'data' policy (its packed row counts are planned before the "
+                f"epoch); use policy='data'"
+            )
+        if self.shuffle_buffer:
+            raise ConfigError(
+                f"packing with shuffle_buffer={self.shuffle_buffer} is not supported: packed "
+                f"rows follow the reading order; use shuffle=True (shuffled pieces) and "
+                f"shuffle_buffer=0"
+            )
+        if self.shuffle_blocks:
+            raise ConfigError(
+                f"packing with shuffle_blocks={self.shuffle_blocks} is not supported: packed "
+                f"rows are planned in reading order; use shuffle=True (shuffled pieces) and "
+                f"leave shuffle_blocks unset"
+            )
+        if self.plan.last_batch is LastBatch.DROP:
+            raise ConfigError(
+                "packing with last_batch='drop' would drop documents: set last_batch="
+                "'partial' and choose Packing(last_row='pad' or 'drop') for the last row"
+            )
 
     @property
     def block_batches(self) -> int:
@@ -119,20 +154,21 @@ class LoaderSettings:
 
     def fingerprint(self, source_name: str, num_samples: int) -> str:
         """A short id of (settings, source) that a saved state must match."""
-        payload = json.dumps(
-            {
-                "plan": self.plan.to_dict(),
-                "policy": self.policy.value,
-                "columns": self.columns,
-                "shuffle": self.shuffle,
-                "shuffle_buffer": self.shuffle_buffer,
-                # only when on: loaders without it keep their id (saved states, journals)
-                **({"shuffle_blocks": self.shuffle_blocks} if self.shuffle_blocks else {}),
-                "source": source_name,
-                "num_samples": num_samples,
-            },
-            sort_keys=True,
-        )
+        facts = {
+            "plan": self.plan.to_dict(),
+            "policy": self.policy.value,
+            "columns": self.columns,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "source": source_name,
+            "num_samples": num_samples,
+        }
+        # Only when on: ids of loaders without them stay unchanged (saved states, journals).
+        if self.shuffle_blocks:
+            facts["shuffle_blocks"] = self.shuffle_blocks
+        if self.packing is not None:
+            facts["packing"] = self.packing.to_dict()
+        payload = json.dumps(facts, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

@@ -1,8 +1,10 @@
 """The loader's checkpoint state: flat, JSON-safe, world-size free, versioned.
 
 It records what the consumers *received*: the epoch and the real samples of that epoch
-already delivered, as merged intervals. `world_size` is kept only as a hint: resuming on
-the same size continues every rank's own shard; on another size the rest is re-planned.
+already delivered, as merged intervals, and under packing `partial`: documents split across
+rows whose first tokens were delivered, as `[sample index, tokens delivered]` pairs.
+`world_size` is kept only as a hint: resuming on the same size continues every rank's own
+shard; on another size the rest is re-planned.
 """
 
 from __future__ import annotations
@@ -15,7 +17,17 @@ from rayshard.errors import ConfigError
 from rayshard.plan import intervals as iv
 
 STATE_VERSION = 1
-_KEYS = {"version", "loader", "epoch", "seed", "consumed", "world_size", "num_samples"}
+_KEYS = {
+    "version",
+    "loader",
+    "epoch",
+    "seed",
+    "consumed",
+    "partial",
+    "world_size",
+    "num_samples",
+}
+_OPTIONAL = {"partial"}  # states saved before packing existed lack it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,6 +40,7 @@ class LoaderState:
     consumed: iv.Intervals
     world_size: int
     num_samples: int
+    partial: tuple[tuple[int, int], ...] = ()  # (sample index, tokens delivered), sorted
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -36,6 +49,7 @@ class LoaderState:
             "epoch": self.epoch,
             "seed": self.seed,
             "consumed": [list(r) for r in self.consumed],
+            "partial": [list(p) for p in self.partial],
             "world_size": self.world_size,
             "num_samples": self.num_samples,
         }
@@ -50,7 +64,8 @@ class LoaderState:
             data = json.loads(data)
         if not isinstance(data, dict):
             raise ConfigError(f"a loader state must be a JSON object, got {type(data).__name__}")
-        missing, unknown = sorted(_KEYS - data.keys()), sorted(data.keys() - _KEYS)
+        missing = sorted(_KEYS - _OPTIONAL - data.keys())
+        unknown = sorted(data.keys() - _KEYS)
         if missing or unknown:
             raise ConfigError(
                 f"not a rayshard loader state: missing keys {missing}, unknown keys {unknown}"
@@ -75,6 +90,7 @@ class LoaderState:
                 consumed=consumed,
                 world_size=int(data["world_size"]),
                 num_samples=int(data["num_samples"]),
+                partial=tuple(sorted((int(i), int(t)) for i, t in data.get("partial", []))),
             )
         except (TypeError, ValueError) as error:
             raise ConfigError(f"malformed loader state: {error}") from error

@@ -87,7 +87,7 @@ def skip_to_next_epoch(state: LoaderState) -> LoaderState:
 
     The samples of the current epoch not yet delivered are skipped for good.
     """
-    return _rewrite(state, epoch=check(state).epoch + 1, consumed=())
+    return _rewrite(state, epoch=check(state).epoch + 1, consumed=(), partial=())
 
 
 def set_epoch(state: LoaderState, epoch: int) -> LoaderState:
@@ -97,7 +97,7 @@ def set_epoch(state: LoaderState, epoch: int) -> LoaderState:
     `epoch` is the current one: that restarts the current epoch from its beginning.
     """
     check(state)
-    return _rewrite(state, epoch=_at_least("epoch", epoch, 0), consumed=())
+    return _rewrite(state, epoch=_at_least("epoch", epoch, 0), consumed=(), partial=())
 
 
 def retarget(state: LoaderState, world_size: int) -> LoaderState:

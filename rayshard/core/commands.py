@@ -69,7 +69,8 @@ class Lease(Command):
 @dataclasses.dataclass(frozen=True)
 class Ack(Command):
     """Consumers of `dp_rank` received batches up to their `batches`-th, holding `ids`;
-    recorded at `time` (restarts the rank's straggler clock)."""
+    recorded at `time` (restarts the rank's straggler clock); under packing `partial`
+    holds (sample index, tokens delivered) of split documents."""
 
     kind: ClassVar[str] = "ack"
     dp_rank: int
@@ -77,6 +78,7 @@ class Ack(Command):
     batches: int
     ids: tuple[tuple[int, int], ...]
     time: float = 0.0
+    partial: tuple[tuple[int, int], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +111,7 @@ def command_from_entry(entry: dict[str, Any]) -> Command:
     args = dict(entry["args"])
     if cls is Ack:
         args["ids"] = tuple(tuple(pair) for pair in args["ids"])
+        args["partial"] = tuple(tuple(pair) for pair in args.get("partial", ()))
     return cls(**args)
 
 

@@ -44,9 +44,11 @@ class CoordinatorCore(CoreQueries):
         # epoch -> dp rank -> batches received; epoch -> consumed intervals (all ranks)
         self.received: dict[int, dict[int, int]] = {}
         self.consumed: dict[int, list[iv.Interval]] = {}
+        self.partial: dict[int, dict[int, int]] = {}  # epoch -> sample -> tokens delivered
         self.events: list[dict] = []
         self.readers_named = 0
         self._plans: dict[tuple, EpochPlan] = {}  # a cache: plans are pure functions
+        self._lengths: Any = None  # packing: tokens per sample, read once when first needed
 
     # -- the one way to change the state ---------------------------------------------------
     def apply(self, command: cmd.Command) -> Any:
@@ -148,6 +150,10 @@ class CoordinatorCore(CoreQueries):
         counts = self.received.setdefault(c.epoch, {})
         counts[c.dp_rank] = max(counts.get(c.dp_rank, 0), c.batches)
         self.consumed.setdefault(c.epoch, []).extend(c.ids)
+        if c.partial:
+            partial = self.partial.setdefault(c.epoch, {})
+            for index, tokens in c.partial:
+                partial[index] = max(partial.get(index, 0), tokens)
         if c.epoch in self.books:
             self.books[c.epoch].ack(c.ids, c.dp_rank, c.time)
         return cmd.Noted()
@@ -189,6 +195,7 @@ class CoordinatorCore(CoreQueries):
             "consumed": [
                 [e, [list(p) for p in iv.normalize(c)]] for e, c in sorted(self.consumed.items())
             ],
+            "partial": [[e, sorted([i, t] for i, t in p.items())] for e, p in self.partial.items()],
             "events": list(self.events),
             "readers_named": self.readers_named,
         }
@@ -202,6 +209,7 @@ class CoordinatorCore(CoreQueries):
         self.resume = None if data["resume"] is None else LoaderState.from_dict(data["resume"])
         self.received = {e: {r: n for r, n in c} for e, c in data["received"]}
         self.consumed = {e: [tuple(p) for p in c] for e, c in data["consumed"]}
+        self.partial = {e: {i: t for i, t in p} for e, p in data.get("partial", [])}
         self.events = list(data["events"])
         self.readers_named = data["readers_named"]
         self._plans.clear()
@@ -220,6 +228,7 @@ class CoordinatorCore(CoreQueries):
                     self.all_consumed(epoch),
                     old.dp_size,
                     self.num_samples,
+                    self.all_partial(epoch),
                 )
             self._forget_progress()
             self._event("new_generation", time, dp_size=dp_size)
@@ -232,6 +241,7 @@ class CoordinatorCore(CoreQueries):
         self.books.clear()
         self.received.clear()
         self.consumed.clear()
+        self.partial.clear()
         self.rank_epoch.clear()
 
     def _book(self, epoch: int) -> LeaseBook:

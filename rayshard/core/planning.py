@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
 
-from rayshard.plan import EpochPlan, plan_remaining
+import numpy as np
+
+from rayshard.batching import reading_pieces
+from rayshard.core.packing import count_rows, count_split_rows
+from rayshard.plan import EpochPlan, RankPlan, plan_remaining
 from rayshard.settings import LoaderSettings
 from rayshard.sharding import ShardingPolicy, assign
 from rayshard.shuffle_blocks import along_sequence, global_sequence
@@ -58,3 +64,52 @@ def _epoch_plan(
         previous_world_size=resume.world_size,
         by_files=assignment.policy is ShardingPolicy.FILE,
     )
+
+
+def rank_pieces(settings: LoaderSettings, splits: Any, rank: RankPlan, epoch: int) -> list:
+    """A static rank's reading pieces in reading order (the reader reads them so)."""
+    return reading_pieces(
+        rank.ranges,
+        splits,
+        shuffle=settings.shuffle,
+        rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{rank.rank}",
+    )
+
+
+def packed_plan(
+    plan: EpochPlan,
+    settings: LoaderSettings,
+    splits: Any,
+    lengths: np.ndarray,
+    offsets: Mapping[int, int],
+    epoch: int,
+) -> EpochPlan:
+    """`plan` with every rank's batch count in packed rows: `ceil(rows / batch_size)`,
+    the largest of them for all ranks under equal steps (padding rows marked). `lengths`
+    are the tokens of every sample; `offsets` the tokens already delivered of split
+    documents (a resume)."""
+    spec = settings.packing.spec
+    batch_size = settings.plan.batch_size
+    counts = []
+    for rank in plan.ranks:
+        pieces = rank_pieces(settings, splits, rank, epoch)
+        # (samples,) dataset indices of the rank in reading order
+        order = np.concatenate([np.arange(a, b) for a, b in pieces] or [np.zeros(0, int)])
+        if spec.split:
+            # (samples,) tokens left of every document, separators counted
+            left = lengths[order] + (spec.separator is not None)
+            for index, done in offsets.items():
+                left[order == index] -= done
+            rows = count_split_rows(left, spec)
+        else:
+            docs = ((int(i), int(lengths[i])) for i in order)
+            rows = count_rows(docs, spec, offsets)
+        counts.append(-(-rows // batch_size))
+    steps = max(counts, default=0)
+    ranks = tuple(
+        dataclasses.replace(
+            rank, batches=steps if settings.plan.equal_steps else own, padded=0, dropped=0
+        )
+        for rank, own in zip(plan.ranks, counts)
+    )
+    return dataclasses.replace(plan, ranks=ranks)

@@ -4,9 +4,12 @@ these; only `apply` changes the state)."""
 
 from __future__ import annotations
 
+import bisect
+from typing import Any
+
 from rayshard.core.leases import LeaseBook
 from rayshard.core.membership import Membership
-from rayshard.core.planning import epoch_plan
+from rayshard.core.planning import epoch_plan, packed_plan
 from rayshard.errors import StaleClientError
 from rayshard.plan import EpochPlan
 from rayshard.plan import intervals as iv
@@ -30,7 +33,9 @@ class CoreQueries:
     resume: LoaderState | None
     received: dict[int, dict[int, int]]
     consumed: dict[int, list[iv.Interval]]
+    partial: dict[int, dict[int, int]]
     _plans: dict[tuple, EpochPlan]
+    _lengths: Any
 
     def _new_book(self, epoch: int) -> LeaseBook:  # defined by the core
         raise NotImplementedError
@@ -59,10 +64,26 @@ class CoreQueries:
         """The static plan of `epoch` for the current membership (and resume point)."""
         key = (self.members.generation, self.members.dp_size, epoch)
         if key not in self._plans:
-            self._plans[key] = epoch_plan(
-                self.settings, self.source, self.members.dp_size, epoch, self.resume
-            )
+            plan = epoch_plan(self.settings, self.source, self.members.dp_size, epoch, self.resume)
+            if self.settings.packing is not None:
+                plan = packed_plan(
+                    plan,
+                    self.settings,
+                    self.source.splits(),
+                    self.token_lengths(),
+                    dict(self.resumed_partial(epoch)),
+                    epoch,
+                )
+            self._plans[key] = plan
         return self._plans[key]
+
+    def token_lengths(self) -> Any:
+        """Tokens per sample of the packing column (read once, from the Arrow offsets)."""
+        if self._lengths is None:
+            from rayshard.packing import token_lengths
+
+            self._lengths = token_lengths(self.source, self.settings.packing)
+        return self._lengths
 
     def length(self, dp_rank: int, epoch: int) -> int:
         """Batches `dp_rank` yields in `epoch` (dynamic: as the lease book stands now)."""
@@ -98,7 +119,7 @@ class CoreQueries:
         consumed = self.all_consumed(epoch)
         if received > 0 and not iv.subtract(self.epoch_samples(epoch), consumed):
             return self.state_dict(epoch + 1, ())
-        return self.state_dict(epoch, consumed)
+        return self.state_dict(epoch, consumed, self.all_partial(epoch))
 
     def active_ranks(self) -> list[int]:
         return sorted(self.members.ranks) if self.members else []
@@ -106,6 +127,19 @@ class CoreQueries:
     def resumed_consumed(self, epoch: int) -> iv.Intervals:
         resume = self.resume
         return resume.consumed if resume is not None and resume.epoch == epoch else ()
+
+    def resumed_partial(self, epoch: int) -> tuple[tuple[int, int], ...]:
+        resume = self.resume
+        return resume.partial if resume is not None and resume.epoch == epoch else ()
+
+    def all_partial(self, epoch: int) -> tuple[tuple[int, int], ...]:
+        """Split documents of `epoch` partly delivered (resumed ones included), not yet
+        finished: (sample index, tokens delivered), sorted."""
+        merged = dict(self.resumed_partial(epoch))
+        for index, tokens in self.partial.get(epoch, {}).items():
+            merged[index] = max(merged.get(index, 0), tokens)
+        consumed = self.all_consumed(epoch)
+        return tuple(sorted((i, t) for i, t in merged.items() if not _inside(consumed, i)))
 
     def all_consumed(self, epoch: int) -> iv.Intervals:
         return iv.normalize([*self.consumed.get(epoch, []), *self.resumed_consumed(epoch)])
@@ -115,7 +149,9 @@ class CoreQueries:
             return iv.normalize([*self.plan(epoch).delivered(), *self.resumed_consumed(epoch)])
         return ((0, self.num_samples),)
 
-    def state_dict(self, epoch: int, consumed: iv.Intervals) -> dict:
+    def state_dict(
+        self, epoch: int, consumed: iv.Intervals, partial: tuple[tuple[int, int], ...] = ()
+    ) -> dict:
         members = self.members
         return LoaderState(
             loader=self.loader_id,
@@ -124,6 +160,7 @@ class CoreQueries:
             consumed=tuple(consumed),
             world_size=members.dp_size if members else 0,
             num_samples=self.num_samples,
+            partial=tuple(partial),
         ).to_dict()
 
     def epoch_complete(self, epoch: int) -> bool:
@@ -143,6 +180,12 @@ class CoreQueries:
         """Rows of `epoch` leased to `dp_rank` and not taken back from it as a straggler."""
         book = self.books.get(epoch)
         return book.held(dp_rank) if book is not None else ()
+
+
+def _inside(normalized: iv.Intervals, index: int) -> bool:
+    """Whether `index` lies in the sorted, merged `normalized` intervals."""
+    at = bisect.bisect_right(normalized, (index, float("inf"))) - 1
+    return at >= 0 and normalized[at][0] <= index < normalized[at][1]
 
 
 __all__ = ["CoreQueries"]

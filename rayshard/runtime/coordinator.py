@@ -111,7 +111,8 @@ class Coordinator:
         decision = self._do(cmd.StartEpoch(dp_rank, epoch))
         if isinstance(decision, int):
             return {"batches": decision, "plan": None}
-        return {"batches": decision.batches, "plan": decision}
+        partial = dict(self._core.resumed_partial(epoch))  # packing: tokens to skip
+        return {"batches": decision.batches, "plan": decision, "partial": partial}
 
     async def length(self, generation: int, dp_rank: int, epoch: int) -> int:
         """Batches `dp_rank` yields in `epoch` (dynamic: as the lease book stands now)."""
@@ -150,13 +151,17 @@ class Coordinator:
         batches: int,
         ids: list,
         usage: dict | None = None,
+        partial: list | None = None,
     ) -> None:
         """A consumer of `dp_rank` received batches up to its `batches`-th, holding samples
-        `ids` (`usage`: their real samples, bytes and the consumer's stall seconds)."""
+        `ids` (`usage`: their real samples, bytes and the consumer's stall seconds; `partial`:
+        packed documents split across rows, as (sample index, tokens delivered))."""
         members = self._core.members
         if members is None or generation != members.generation:
             return  # late acknowledgement of a previous generation: already accounted
-        self._do(cmd.Ack(dp_rank, epoch, batches, tuple(tuple(pair) for pair in ids), time.time()))
+        pairs = tuple(tuple(int(x) for x in pair) for pair in partial or ())
+        ids = tuple(tuple(pair) for pair in ids)
+        self._do(cmd.Ack(dp_rank, epoch, batches, ids, time.time(), pairs))
         totals = self._usage.setdefault(
             dp_rank, {"batches": 0, "samples": 0, "bytes": 0, "stall_s": 0.0}
         )

@@ -24,12 +24,19 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from rayshard.batching import FLUSH, iter_padding, iter_rows_parallel, reading_pieces
+from rayshard.batching import (
+    FLUSH,
+    iter_padding,
+    iter_rows_parallel,
+    reading_pieces,
+)
+from rayshard.core.planning import rank_pieces
 from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, StaleClientError, TransformError
 from rayshard.metrics import set_prefetch_depth
 from rayshard.runtime.dynamic_rows import dynamic_rows
-from rayshard.runtime.pipeline import reader_batches
+from rayshard.runtime.packing_stage import packed_batches
+from rayshard.runtime.pipeline import flush_before_error, reader_batches
 from rayshard.runtime.transform_stage import column_bytes
 from rayshard.runtime.transform_workers import start_workers
 from rayshard.settings import LoaderSettings
@@ -112,7 +119,10 @@ class ShardReader:
     def _begin_epoch(self, generation: int, epoch: int) -> None:
         started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
         batches, plan = started["batches"], started["plan"]
-        if plan is None:  # dynamic
+        if self._settings.packing is not None:
+            packed = self._packed(plan, epoch, started.get("partial") or {})
+            produce = None
+        elif plan is None:  # dynamic
             key, cancel = (generation, epoch, self._dp_rank), lambda: self._cancel  # made below
             produce = dynamic_rows(
                 self._coordinator, self._source, self._splits, self._settings, key, cancel
@@ -129,7 +139,10 @@ class ShardReader:
             self._cancel = threading.Event()
             self._thread = threading.Thread(
                 target=self._read_loop,
-                args=(self._batches_of(produce, epoch), self._cancel),
+                args=(
+                    packed if produce is None else self._batches_of(produce, epoch),
+                    self._cancel,
+                ),
                 daemon=True,
             )
             self._thread.start()
@@ -203,6 +216,18 @@ class ShardReader:
                 real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank
             )
         return itertools.chain(real, iter_padding(source, plan, settings.columns))
+
+    def _packed(self, plan: Any, epoch: int, offsets: dict) -> Iterator[Any]:
+        """The rank's documents packed into `plan.batches` batches of packed rows
+        (`rayshard.runtime.packing_stage`), skipping the `offsets` tokens already
+        delivered of split documents."""
+        settings, packing = self._settings, self._settings.packing
+        pieces = rank_pieces(settings, self._splits, plan, epoch)
+        real = iter_rows_parallel(
+            self._source, pieces, [packing.column], self._pool(), settings.reader_threads
+        )
+        batch_size = settings.plan.batch_size
+        return flush_before_error(packed_batches(real, packing, batch_size, offsets, plan.batches))
 
     def _pool(self) -> Any:
         """The reader threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`

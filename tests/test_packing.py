@@ -1,0 +1,262 @@
+"""Packing without Ray: configuration and input errors (raised before any actor starts),
+the readers' packing stage over record batches, and the state's `partial` key."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rayshard.batching import iter_rows
+from rayshard.config import LoaderConfig
+from rayshard.core.packing import PackSpec, count_rows, plan_rows, resume_point, unpack
+from rayshard.errors import ConfigError, DataError
+from rayshard.loader import Loader
+from rayshard.packing import Packing
+from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY, packed_batches
+from rayshard.sources import TableSource
+from rayshard.state import LoaderState
+
+
+def table(lengths):
+    tokens = [list(range(100 * i, 100 * i + n)) for i, n in enumerate(lengths)]
+    return pa.table({"tokens": pa.array(tokens, pa.list_(pa.int32())), "id": range(len(lengths))})
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"seq_len": 0}, r"seq_len=0 is not in the range seq_len>=1"),
+        ({"seq_len": "8"}, r"seq_len='8' is not in the range"),
+        ({"seq_len": 8, "last_row": "cut"}, r"last_row='cut' is not a valid choice: use one of"),
+        ({"seq_len": 8, "separator": 1.5}, r"separator=1.5 must be an integer token id"),
+        (
+            {"seq_len": 8, "split_documents": False, "last_row": "drop"},
+            r"last_row='drop' needs split_documents=True",
+        ),
+    ],
+)
+def test_bad_packing_options_are_config_errors(options, message):
+    with pytest.raises(ConfigError, match=message):
+        Packing(column="tokens", **options)
+
+
+@pytest.mark.parametrize(
+    "data, options, error, message",
+    [
+        (
+            table([3]),
+            {"packing": Packing(column="text", seq_len=8)},
+            ConfigError,
+            r"packing column 'text' is not in .*set Packing\(column=...\)",
+        ),
+        (
+            table([3]),
+            {"packing": Packing(column="id", seq_len=8)},
+            ConfigError,
+            r"packing column 'id' .* is int64, not a list of integers",
+        ),
+        (
+            table([3]),
+            {"packing": Packing(column="tokens", seq_len=8), "columns": ["id"]},
+            ConfigError,
+            r"packing column 'tokens' is not among columns=\['id'\]",
+        ),
+        (
+            table([3, 12, 5]),
+            {"packing": Packing(column="tokens", seq_len=8, split_documents=False)},
+            DataError,
+            r"sample 1 .* has 12 tokens, more than seq_len=8 .* raise seq_len to at "
+            r"least 12, set split_documents=True",
+        ),
+        (
+            table([3]),
+            {"packing": Packing(column="tokens", seq_len=8), "policy": "dynamic"},
+            ConfigError,
+            r"packing with policy='dynamic' is not supported.*use policy='data'",
+        ),
+        (
+            table([3]),
+            {"packing": Packing(column="tokens", seq_len=8), "shuffle_buffer": 8},
+            ConfigError,
+            r"packing with shuffle_buffer=8 is not supported",
+        ),
+        (
+            table([3]),
+            {"packing": Packing(column="tokens", seq_len=8), "last_batch": "drop"},
+            ConfigError,
+            r"packing with last_batch='drop' would drop documents",
+        ),
+        (
+            table([3]),
+            {"packing": Packing(column="tokens", seq_len=8), "transform": lambda b, c: b},
+            ConfigError,
+            r"transform= together with packing= is not supported",
+        ),
+    ],
+)
+def test_bad_input_is_refused_on_the_driver(data, options, error, message):
+    # Raised before Ray starts or any actor exists (no ray_session fixture here).
+    with pytest.raises(error, match=message):
+        Loader(TableSource(data), batch_size=2, **options)
+
+
+def test_yaml_packing_mapping():
+    config = LoaderConfig(packing={"column": "tokens", "seq_len": 16, "last_row": "drop"})
+    assert config.packing == Packing(column="tokens", seq_len=16, last_row="drop")
+    assert config.to_dict()["packing"]["last_row"] == "drop"
+    with pytest.raises(ConfigError, match=r"unknown packing option\(s\) \['seq'\]"):
+        LoaderConfig(packing={"column": "tokens", "seq": 16})
+
+
+def rows_of(data, pieces):
+    return iter_rows(TableSource(data), pieces, ["tokens"])
+
+
+def test_packing_stage_pads_to_the_planned_batches_and_reports_progress():
+    data = table([5, 7, 3])
+    packing = Packing(column="tokens", seq_len=4)
+    out = list(packed_batches(rows_of(data, [(0, 3)]), packing, 2, {}, batches=4))
+    assert len(out) == 4  # 15 tokens: 4 rows = 2 batches, then 2 padding batches
+    assert [b["_padded"].all() for b in out] == [False, False, True, True]
+    assert out[0][COMPLETED_KEY].tolist() == [0] and out[0][PARTIAL_KEY].tolist() == [[1, 3]]
+    assert out[1][COMPLETED_KEY].tolist() == [1, 2]
+    tokens = np.concatenate([b["tokens"] for b in out])
+    docs = np.concatenate([b["document_ids"] for b in out])
+    back = unpack(tokens, docs, PackSpec(seq_len=4))
+    for i, n in enumerate([5, 7, 3]):
+        assert back[i].tolist() == list(range(100 * i, 100 * i + n))
+    assert out[0]["tokens"].dtype == np.int32  # the column's own type
+
+
+def test_packing_stage_resumes_inside_a_document_and_drops_the_last_row():
+    data = table([5, 7, 3])
+    packing = Packing(column="tokens", seq_len=4, last_row="drop")
+    out = list(packed_batches(rows_of(data, [(1, 3)]), packing, 8, {1: 3}, batches=1))
+    # 4 tokens of doc 1 and 3 of doc 2: one full row; doc 2's last 3 tokens dropped.
+    assert len(out) == 1 and out[0]["tokens"].tolist() == [[103, 104, 105, 106]]
+    assert out[0]["position_ids"].tolist() == [[3, 4, 5, 6]]
+    assert sorted(out[0][COMPLETED_KEY].tolist()) == [1, 2]  # the dropped row's document too
+
+
+def test_state_partial_round_trips_and_older_states_load():
+    state = LoaderState("l", 0, 1, ((0, 4),), 2, 10, partial=((7, 13),))
+    assert LoaderState.from_dict(state.to_json()) == state
+    older = state.to_dict()
+    del older["partial"]
+    assert LoaderState.from_dict(older).partial == ()
+
+
+def _readme_section() -> str:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    return readme.split("## Packing (language models)", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_packing_snippet_and_yaml_line(tmp_path):
+    section = _readme_section()
+    (snippet,) = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    namespace: dict = {}
+    exec("\n".join(line for line in snippet.splitlines() if line.startswith("from ")), namespace)
+    packing = re.search(r"packing=(Packing\(.*?\))", snippet).group(1)
+    assert eval(packing, namespace) == Packing(column="tokens", seq_len=2048, separator=2)
+    line = re.search(r"In YAML: `(packing: .*?)`", section).group(1)
+    (tmp_path / "loader.yaml").write_text(line + "\n")
+    config = LoaderConfig.from_yaml(tmp_path / "loader.yaml")
+    assert config.packing == Packing(column="tokens", seq_len=2048, separator=2)
+
+
+@st.composite
+def split_cases(draw):
+    lengths = draw(st.lists(st.integers(0, 20), min_size=0, max_size=25))
+    packing = Packing(
+        column="tokens",
+        seq_len=draw(st.integers(1, 12)),
+        separator=draw(st.sampled_from([None, 77777])),
+        last_row=draw(st.sampled_from(["pad", "drop"])),
+        pad_id=-5,
+    )
+    chunks = draw(st.lists(st.integers(1, 6), min_size=1, max_size=8))
+    return lengths, packing, draw(st.integers(1, 4)), chunks, draw(st.integers(0, 40))
+
+
+def _chunked(data, chunks):
+    """The table's rows as tagged record batches of varying sizes (as readers get them)."""
+    out, at, k = [], 0, 0
+    while at < data.num_rows:
+        size = chunks[k % len(chunks)]
+        out += list(iter_rows(TableSource(data), [(at, min(at + size, data.num_rows))], None))
+        at, k = at + size, k + 1
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(split_cases())
+def test_numpy_split_path_equals_the_per_document_path(case):
+    lengths, packing, batch_size, chunks, cut = case
+    data = table(lengths)
+    spec = packing.spec
+    rows = list(plan_rows(((i, n) for i, n in enumerate(lengths)), spec))
+    _, offsets = resume_point(rows[: min(cut, len(rows))])  # resume inside documents
+    order = [i for i in range(len(lengths))]
+    count = count_rows(((i, lengths[i]) for i in order), spec, offsets)
+    planned = -(-count // batch_size) + 1  # one padding batch too
+    runs = [
+        list(
+            packed_batches(
+                iter(_chunked(data, chunks)), packing, batch_size, offsets, planned, fast=fast
+            )
+        )
+        for fast in (True, False)
+    ]
+    fast, slow = runs
+    assert len(fast) == len(slow) == planned
+    for a, b in zip(fast, slow):
+        assert set(a) == set(b)
+        for key in a:
+            if key == COMPLETED_KEY:
+                assert sorted(a[key].tolist()) == sorted(b[key].tolist())
+            elif key == PARTIAL_KEY:
+                most: dict = {}
+                for i, t in b[key].tolist():
+                    most[i] = max(most.get(i, 0), t)
+                assert dict(a[key].tolist()) == most
+            else:
+                np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+                assert a[key].dtype == b[key].dtype, key
+
+
+def test_coordinator_core_counts_packed_steps_and_keeps_partial_through_a_journal():
+    from rayshard.core import commands as cmd
+    from rayshard.core.coordination import CoordinatorCore
+    from rayshard.plan import PlanConfig
+    from rayshard.settings import LoaderSettings
+
+    lengths = [5, 7, 3, 9, 4, 6]  # 34 tokens
+    packing = Packing(column="tokens", seq_len=4)
+    settings = LoaderSettings(plan=PlanConfig(batch_size=2), packing=packing)
+    core = CoordinatorCore("pack-core", TableSource(table(lengths)), settings)
+    core.apply(cmd.Register(0, 2, 0, 2))
+    core.apply(cmd.Register(1, 2, 1, 2))
+    plan = core.apply(cmd.StartEpoch(0, 0))
+    # ranks read samples [0, 3) (15 tokens: 4 rows) and [3, 6) (19 tokens: 5 rows)
+    assert [r.batches for r in core.plan(0).ranks] == [3, 3] and plan.batches == 3
+    journal = [cmd.Ack(0, 0, 1, ((0, 1),), ((1, 3),)), cmd.Ack(1, 0, 1, (), ((3, 8),))]
+    for command in journal:
+        replayed = cmd.command_from_entry(json.loads(json.dumps(command.to_entry())))
+        assert replayed == command
+        core.apply(replayed)
+    state = core.state_at(0, 1)
+    assert state["consumed"] == [[0, 1]] and state["partial"] == [[1, 3], [3, 8]]
+    fresh = CoordinatorCore("pack-core", TableSource(table(lengths)), settings)
+    fresh.load_dict(json.loads(json.dumps(core.to_dict())))
+    assert fresh.state_at(0, 1) == state
+    # Resumed on one rank: 34 - 1 - 3 - 8 = 22 tokens left, 6 rows, 3 batches.
+    fresh.apply(cmd.Restore(state))
+    fresh.apply(cmd.Register(0, 1, 0, 1))
+    assert fresh.plan(0).ranks[0].batches == 3
