@@ -80,6 +80,8 @@ class LoaderSettings:
         if self.columns is not None:
             object.__setattr__(self, "columns", tuple(self.columns))
         self._check_straggler_timeout(policy)
+        if self.packing is not None:
+            self._check_packing()
 
     def _check_straggler_timeout(self, policy: ShardingPolicy) -> None:
         timeout = self.straggler_timeout_s
@@ -108,8 +110,6 @@ class LoaderSettings:
                 "ranks would look silent: raise it (well above a training step's time)"
             )
         object.__setattr__(self, "straggler_timeout_s", float(timeout))
-        if self.packing is not None:
-            self._check_packing()
 
     def _check_packing(self) -> None:
         """Packing runs on the static `data` plan, after reading, without row shuffling."""

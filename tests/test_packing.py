@@ -246,7 +246,10 @@ def test_coordinator_core_counts_packed_steps_and_keeps_partial_through_a_journa
     plan = core.apply(cmd.StartEpoch(0, 0))
     # ranks read samples [0, 3) (15 tokens: 4 rows) and [3, 6) (19 tokens: 5 rows)
     assert [r.batches for r in core.plan(0).ranks] == [3, 3] and plan.batches == 3
-    journal = [cmd.Ack(0, 0, 1, ((0, 1),), ((1, 3),)), cmd.Ack(1, 0, 1, (), ((3, 8),))]
+    journal = [
+            cmd.Ack(0, 0, 1, ((0, 1),), partial=((1, 3),)),
+            cmd.Ack(1, 0, 1, (), partial=((3, 8),)),
+        ]
     for command in journal:
         replayed = cmd.command_from_entry(json.loads(json.dumps(command.to_entry())))
         assert replayed == command
