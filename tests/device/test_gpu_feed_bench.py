@@ -30,6 +30,7 @@ def test_quick_benchmark_on_cpu_writes_every_number(tmp_path, capsys):
     assert stall["stall_seconds"] >= 0
     if memory["supported"]:
         assert memory["batch_bytes"] == result["config"]["batch_bytes"] > 0
-        assert memory["peak_rss_delta_bytes"] > 0 and memory["bound_bytes"] > 0
+        # >= 0: on the CPU the feed hands out views and may allocate nothing per batch
+        assert memory["peak_rss_delta_bytes"] >= 0 and memory["bound_bytes"] > 0
     table = capsys.readouterr().out
     assert "bandwidth ratio" in table and "stall fraction" in table
