@@ -1,7 +1,9 @@
 """Loaders feeding one GPU: rayshard's device feed against Ray Data `iter_torch_batches`.
 
     python -m benchmarks.gpu_loader [--rows N] [--epochs E] [--step-ms S] [--ray-cpus C]
-                                    [--loaders rayshard,ray_data] [--json PATH]
+                                    [--loaders rayshard,rayshard:4,ray_data] [--json PATH]
+
+(`rayshard:4`: rayshard with `reader_threads=4`.)
 
 One rank in the driver process (the process that owns the GPU) reads the loader
 benchmark's Parquet data (`x` fixed_size_list<float32>[128], `label`, `id`; batch 1024):
@@ -105,7 +107,7 @@ def run_epoch(torch, device, batches, rows: int, step_cycles: int) -> dict[str, 
     }
 
 
-def rayshard_epochs(paths, rows, torch, device, args, step_cycles):
+def rayshard_epochs(paths, rows, torch, device, args, step_cycles, reader_threads=None):
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
@@ -117,7 +119,7 @@ def rayshard_epochs(paths, rows, torch, device, args, step_cycles):
         shuffle=False,
         prefetch_depth=2,
         columns=COLUMNS,
-        reader_threads=args.reader_threads,
+        reader_threads=reader_threads or args.reader_threads,
     )
     try:
         batches = loader.iterator(world_rank=0, world_size=1, batch_format="torch", device=device)
@@ -178,7 +180,7 @@ def parse_args(argv):
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
     args.loaders = [name.strip() for name in args.loaders.split(",") if name.strip()]
-    unknown = [name for name in args.loaders if name not in RUNNERS]
+    unknown = [name for name in args.loaders if name.split(":")[0] not in RUNNERS]
     if unknown:
         parser.error(f"--loaders: unknown {unknown}; choose from {list(RUNNERS)}")
     return args
@@ -207,7 +209,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results = {}
         for name in args.loaders:
             started = time.perf_counter()
-            epochs = RUNNERS[name](paths, args.rows, torch, device, args, step_cycles)
+            # "rayshard:4": rayshard with 4 reader threads
+            runner, _, threads = name.partition(":")
+            extra = {"reader_threads": int(threads)} if threads else {}
+            epochs = RUNNERS[runner](paths, args.rows, torch, device, args, step_cycles, **extra)
             results[name] = summarize(epochs, args.epochs)
             print(f"{name}: done in {time.perf_counter() - started:.1f} s", flush=True)
     base = results.get("ray_data", {}).get("rows_per_s")

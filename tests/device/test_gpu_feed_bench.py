@@ -23,7 +23,7 @@ def test_quick_benchmark_on_cpu_writes_every_number(tmp_path, capsys):
     assert result == json.loads(json.dumps(returned))
     assert result["device"] == "cpu"
     bandwidth, stall, memory = result["bandwidth"], result["stall"], result["memory"]
-    for key in ("feed_gbps", "baseline_gbps", "ratio"):
+    for key in ("feed_gbps", "feed_gbps_fresh_pool", "baseline_gbps", "ratio"):
         assert bandwidth[key] > 0, key
     assert bandwidth["baseline"] == "plain copy"
     assert stall["wall_seconds"] > 0 and 0 <= stall["stall_fraction"] < 1
