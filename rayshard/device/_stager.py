@@ -3,9 +3,10 @@
 CUDA: pack into a pinned pool buffer, one non-blocking copy on a side stream, an event
 after it. The buffer waits in `pending` until its event completes and only then returns
 to the pool; before a batch is staged at most `prefetch_depth` copies stay pending, so the
-pool never holds more than `prefetch_depth + 1` buffers. Other devices: pack into a fresh
-host buffer (the copy numpy arrays need anyway), moved with `.to(device)` unless the device
-is the CPU.
+pool never holds more than `prefetch_depth + 1` buffers. CPU: no staging buffer and no
+copy, each column is a tensor viewing the host array (object-store memory under the
+loader; see `_staging.host_tensor`). Other devices: pack into a fresh host buffer, moved
+with `.to(device)`.
 """
 
 from __future__ import annotations
@@ -58,12 +59,12 @@ class Stager:
         """Pack `host` into a staging buffer and start its copy to the device."""
         layout = _staging.plan_layout(host, self.device)
         self._record(layout)
+        if self.device.type == "cpu":
+            return Staged(_staging.host_views(layout))
         if not self.cuda:
             buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
             _staging.fill(buffer, layout)
-            if self.device.type != "cpu":
-                buffer = buffer.to(self.device)
-            return Staged(_staging.views(buffer, layout))
+            return Staged(_staging.views(buffer.to(self.device), layout))
         self._reclaim(keep=self._max_pending)
         buffer = self.pool.acquire(layout.nbytes, layout.num_samples)
         try:

@@ -1,10 +1,20 @@
 """Lay a host batch out in one flat byte buffer, fill it, and carve typed tensors out of it.
 
 Packing every column of a batch into one buffer means one staging buffer per batch and one
-host-to-device copy per batch, however many columns it has. Numpy arrays are copied with
-`np.copyto` into a numpy view of the buffer, never through `torch.from_numpy`, so read-only
-arrays from the Ray object store need no extra copy and raise no warning; that copy is the
-one staging needs anyway.
+host-to-device copy per batch, however many columns it has. Numpy arrays are copied into
+the buffer with torch's `copy_`, which splits a large copy over torch's intra-op threads
+(measured on a 16-core H100 host: 111 GB/s into pinned memory against 7.2 GB/s for
+single-threaded `np.copyto`, which had capped the feed at 0.14x a pinned `copy_`).
+
+The source of that copy, and the batch itself when the target is the CPU (`host_views`),
+is a tensor *viewing* the array's memory (`host_tensor`): no copy. Arrays from the Ray
+object store are read-only and `torch.from_numpy` would warn about them, because torch has
+no read-only tensors. `host_tensor` instead wraps the same memory in a writable numpy view
+(an `__array_interface__` holder that keeps the array alive) and no warning is raised or
+filtered. The consequence is documented: a CPU tensor the feed hands out may view shared
+object-store memory that other processes on the node map too; it must not be modified in
+place (`clone()` it first). Arrays torch cannot view (non-native byte order, negative or
+unaligned strides) are copied.
 """
 
 from __future__ import annotations
@@ -91,10 +101,59 @@ def fill(buffer: torch.Tensor, layout: Layout) -> None:
     """Copy every column of `layout` into its place in the flat host `buffer`."""
     with torch.no_grad():
         for column, target in zip(layout.columns, _typed_views(buffer, layout), strict=True):
-            if isinstance(column.value, torch.Tensor):
-                target.copy_(column.value)
-            else:
+            source = column.value
+            if not isinstance(source, torch.Tensor):
+                source = host_tensor(source)
+            if source is None:  # torch cannot view it: numpy converts while copying
                 np.copyto(target.numpy(), column.value, casting="equiv")
+            else:
+                target.copy_(source)
+
+
+def host_views(layout: Layout) -> dict[str, Any]:
+    """The batch on the CPU without a copy: each numpy column as a tensor viewing its
+    memory (a copy only where torch cannot view it), tensors and passed-through values as
+    they are, in the source's key order."""
+    staged = {}
+    for column in layout.columns:
+        value = column.value
+        if not isinstance(value, torch.Tensor):
+            value = host_tensor(value)
+            if value is None:
+                native = column.value.astype(column.value.dtype.newbyteorder("="), order="C")
+                value = torch.from_numpy(native)
+        staged[column.key] = value
+    staged.update(layout.passthrough)
+    return {key: staged[key] for key in layout.keys}
+
+
+class _WritableView:
+    """Exports an array's memory as writable through `__array_interface__`, holding the
+    array (and so its object-store buffer) alive for as long as a view of it lives."""
+
+    __slots__ = ("__array_interface__", "owner")
+
+
+def host_tensor(array: np.ndarray) -> torch.Tensor | None:
+    """A CPU tensor viewing `array`'s memory (no copy, no warning for read-only arrays),
+    or None if torch cannot view it (non-native byte order, strides torch cannot hold)."""
+    dtype = array.dtype
+    if dtype.kind not in _NUMERIC_KINDS or not dtype.isnative:
+        return None
+    if any(stride < 0 or stride % dtype.itemsize for stride in array.strides):
+        return None
+    if not array.flags.writeable:
+        holder = _WritableView()
+        holder.owner = array
+        holder.__array_interface__ = {
+            "shape": array.shape,
+            "typestr": dtype.str,
+            "data": (array.__array_interface__["data"][0], False),
+            "strides": array.strides,
+            "version": 3,
+        }
+        array = np.asarray(holder)
+    return torch.from_numpy(array)
 
 
 def views(buffer: torch.Tensor, layout: Layout) -> dict[str, Any]:

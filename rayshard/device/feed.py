@@ -6,8 +6,10 @@ the buffer is page-locked and comes from a `HostBufferPool`, the copy is non-blo
 dedicated stream and an event marks its end; the consumer's stream waits on that event and
 `record_stream` keeps the caching allocator from reusing the memory while the consumer's
 kernels still read it. A staging buffer goes back to the pool only once its copy event has
-completed. Without CUDA the same thread and bounded channel run, with no pinning and no
-streams: the staging copy is the batch handed out.
+completed. Packing uses torch's multi-threaded `copy_` from tensors viewing the host arrays.
+On the CPU the same thread and bounded channel run with no staging buffer at all: each
+column is handed out as a tensor viewing the host array's memory (the object store's,
+under the loader), not a copy; do not modify such tensors in place (`clone()` first).
 
 `batches_delivered` counts batches the consumer received, never those waiting in the
 channel, so an iterator's `state_dict()` can resume exactly after them.
@@ -101,10 +103,10 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
     Order is preserved; an exception from `source` or `collate_fn` is raised by `next()`
     right after every batch before it has been delivered. The staging thread starts on
     the first `next()` (or `start()`); `close()` (or leaving a `with` block) stops it.
-    Staged columns of one batch share one allocation, so keeping one column alive keeps
-    the batch's memory alive. `on_wait` is called whenever `next()` has waited
-    `on_wait_after_s` for a batch and goes on waiting (the loader sends its pending
-    acknowledgements then).
+    Staged columns of one batch share one allocation (on the CPU: each column views its
+    source array), so keeping one column alive keeps that memory alive. `on_wait` is
+    called whenever `next()` has waited `on_wait_after_s` for a batch and goes on
+    waiting (the loader sends its pending acknowledgements then).
     """
 
     def __init__(

@@ -92,7 +92,32 @@ def test_mixed_dtypes_zero_size_and_read_only_arrays_convert_without_warnings():
     for key, value in expected.items():
         assert batch[key].dtype == value.dtype, key
         assert torch.equal(batch[key], value), key
-    batch["f16"] += 1  # handed-out tensors are writable copies, not read-only views
+
+
+def test_cpu_batches_view_the_source_arrays_without_a_copy():
+    """Must-hold 4 (issue 12): on the CPU the feed hands over the host arrays' memory, read-only
+    object-store arrays included, with no per-batch copy and no warning."""
+    x = read_only(np.arange(4096, dtype=np.float32).reshape(64, 64))
+    label = read_only(np.arange(64, dtype=np.int64))
+    strided = read_only(np.arange(128, dtype=np.int32)[::2])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        (batch,) = list(DeviceFeed([{"x": x, "label": label, "s": strided}], device="cpu"))
+    assert batch["x"].data_ptr() == x.ctypes.data
+    assert batch["label"].data_ptr() == label.ctypes.data
+    assert batch["s"].data_ptr() == strided.ctypes.data and batch["s"].stride() == (2,)
+    assert torch.equal(batch["x"], torch.arange(4096, dtype=torch.float32).reshape(64, 64))
+    del x, label, strided
+    gc.collect()  # the tensors keep their source arrays alive
+    assert int(batch["label"][-1]) == 63 and float(batch["x"][63, 63]) == 4095.0
+
+
+def test_arrays_torch_cannot_view_are_copied_on_the_cpu():
+    big_endian = read_only(np.arange(4, dtype=">i4"))
+    reversed_ = np.arange(4, dtype=np.int64)[::-1]
+    (batch,) = list(DeviceFeed([{"b": big_endian, "r": reversed_}], device="cpu"))
+    assert batch["b"].tolist() == [0, 1, 2, 3] and batch["r"].tolist() == [3, 2, 1, 0]
+    assert batch["b"].dtype == torch.int32
 
 
 def test_an_empty_source_ends_at_once_and_stays_ended():

@@ -23,13 +23,14 @@ def test_quick_benchmark_on_cpu_writes_every_number(tmp_path, capsys):
     assert result == json.loads(json.dumps(returned))
     assert result["device"] == "cpu"
     bandwidth, stall, memory = result["bandwidth"], result["stall"], result["memory"]
-    for key in ("feed_gbps", "baseline_gbps", "ratio"):
+    for key in ("feed_gbps", "feed_gbps_fresh_pool", "baseline_gbps", "ratio"):
         assert bandwidth[key] > 0, key
     assert bandwidth["baseline"] == "plain copy"
     assert stall["wall_seconds"] > 0 and 0 <= stall["stall_fraction"] < 1
     assert stall["stall_seconds"] >= 0
     if memory["supported"]:
         assert memory["batch_bytes"] == result["config"]["batch_bytes"] > 0
-        assert memory["peak_rss_delta_bytes"] > 0 and memory["bound_bytes"] > 0
+        # >= 0: on the CPU the feed hands out views and may allocate nothing per batch
+        assert memory["peak_rss_delta_bytes"] >= 0 and memory["bound_bytes"] > 0
     table = capsys.readouterr().out
     assert "bandwidth ratio" in table and "stall fraction" in table
