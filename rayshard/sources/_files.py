@@ -241,8 +241,8 @@ class ChunkedFileSource(Source):
                 if f + 1 < len(self._files):  # the next file, while this one is read
                     following = self._files[f + 1]
                     self._cache.prefetch(self._filesystems[following.fs_index], following.path)
-            else:
-                handle = self._open(fs, file.path)
+            else:  # a remote store's brief outage while opening rides through, as reads do
+                handle = with_retries(lambda: self._open(fs, file.path), remote=is_remote(fs))
         except (pa.ArrowException, OSError) as error:
             if is_denied(error):
                 raise _denied(file.display, "opening it", error) from error

@@ -181,6 +181,35 @@ def test_server_restarted_mid_epoch_reads_retry_and_nothing_is_lost(ray_session,
     loader.shutdown()
 
 
+def test_opening_a_file_during_an_outage_retries(s3):
+    """A read during an outage (the server comes back a moment later) reopens its file:
+    the opening is retried like the read, not refused as unreadable."""
+    import numpy as np
+
+    fs = s3.filesystem()
+    rows = 4000  # 1 MB of random payload: far more than pyarrow reads with the footer
+    payload = np.random.default_rng(0).integers(0, 2**62, size=(rows, 32))
+    table = pa.table(
+        {
+            "id": pa.array(range(rows), pa.int64()),
+            "x": pa.FixedSizeListArray.from_arrays(pa.array(payload.ravel()), 32),
+        }
+    )
+    pq.write_table(table, f"{BUCKET}/big/part-0.parquet", filesystem=fs, row_group_size=500)
+    source = ParquetSource(
+        f"{BUCKET}/big", filesystem=s3.filesystem(connect_timeout=1), columns=["id"]
+    )
+    last = rows
+    s3.stop()
+    restarted = threading.Timer(1.0, s3.start)  # the outage, not an assertion on time
+    restarted.start()
+    try:
+        rows = pa.Table.from_batches(list(source.read(last - 5, last)))
+    finally:
+        restarted.join()
+    assert rows["id"].to_pylist() == list(range(last - 5, last))
+
+
 def test_cache_second_epoch_reads_locally_with_the_server_stopped(ray_session, s3, tmp_path):
     from rayshard.loader import Loader
 
