@@ -6,12 +6,13 @@ pandas, with a `qualname` column). Both are tokenized byte-level (token = byte +
 0 is padding, 1 begins a document) into a `tokens` list column. A `MixedSource` draws
 exactly 70% of every epoch from the code and 30% from the docstrings (the smaller source is
 repeated in whole cycles plus a seeded remainder, the larger one subsampled anew every
-epoch); rayshard pads `tokens` to the batch's longest row (at most 256); a one-layer causal
-transformer trains under Ray Train's TorchTrainer. Ends with samples and tokens (as the
-model received them, rows cut at 256) per source and epoch, and checks that every epoch
-delivered exactly the mix's picks, each once. `make example-mix` took 88 s here (2 epochs).
-
-To pack instead of pad, replace `padding=` in `make_loader` (the rest stays).
+epoch). The readers pack the picked documents into rows of exactly 256 tokens (documents
+split across rows where needed; `position_ids` restart per document, `document_ids` give a
+block-diagonal causal attention mask); `--pad` pads each document to the batch's longest
+row (at most 256) instead. A one-layer causal transformer trains under Ray Train's
+TorchTrainer. Ends with samples and tokens per source and epoch, as the model received
+them, and checks that every epoch delivered exactly the mix's picks, each once (packed:
+every token of every picked document once).
 """
 
 from __future__ import annotations
@@ -37,11 +38,13 @@ from ray.train.torch import TorchTrainer
 import rayshard.train
 from rayshard.columns import Padding
 from rayshard.loader import Loader
+from rayshard.packing import Packing
 from rayshard.ray_tuning import apply_ray_env_defaults
 from rayshard.sources.mixed import MixedSource
 from rayshard.sources.parquet import ParquetSource
 
 SEQ_LEN, VOCAB, PAD, BOS = 256, 258, 0, 1
+MAX_POSITION = 4096  # position_ids continue across rows inside a split document
 WEIGHTS = (0.7, 0.3)
 NAMES = ("code", "docstrings")
 
@@ -102,7 +105,9 @@ def make_sources(folder: str, max_files: int) -> tuple[str, str]:
     return os.path.join(folder, "code"), os.path.join(folder, "docstrings")
 
 
-def make_loader(code: str, docs: str, batch_size: int, samples: int | None) -> Loader:
+def make_loader(
+    code: str, docs: str, batch_size: int, samples: int | None, pack: bool = True
+) -> Loader:
     source = MixedSource(
         [ParquetSource(code), ParquetSource(docs)],
         WEIGHTS,
@@ -116,20 +121,25 @@ def make_loader(code: str, docs: str, batch_size: int, samples: int | None) -> L
         name="pretrain-mix",
         shuffle=True,
         seed=7,
-        padding={"tokens": Padding(pad_value=PAD, max_length=SEQ_LEN)},
+        **(
+            {"packing": Packing(column="tokens", seq_len=SEQ_LEN, pad_id=PAD)}
+            if pack
+            else {"padding": {"tokens": Padding(pad_value=PAD, max_length=SEQ_LEN)}}
+        ),
     )
 
 
 class MixAudit:
-    """Per epoch, what the training loops received: (position, source, index, tokens)."""
+    """Per epoch, what the training loops received: (position, tokens) per document
+    (packed: per document id and batch, so a document split across rows comes in parts)."""
 
     def __init__(self) -> None:
-        self.rows: dict[int, list[tuple[int, int, int, int]]] = {}
+        self.rows: dict[int, list[tuple[int, int]]] = {}
 
-    def add(self, epoch: int, rows: list[tuple[int, int, int, int]]) -> None:
+    def add(self, epoch: int, rows: list[tuple[int, int]]) -> None:
         self.rows.setdefault(epoch, []).extend(rows)
 
-    def get(self) -> dict[int, list[tuple[int, int, int, int]]]:
+    def get(self) -> dict[int, list[tuple[int, int]]]:
         return self.rows
 
 
@@ -137,17 +147,47 @@ class TinyCausalLM(torch.nn.Module):
     def __init__(self, dim: int = 64) -> None:
         super().__init__()
         self.tokens = torch.nn.Embedding(VOCAB, dim)
-        self.positions = torch.nn.Embedding(SEQ_LEN, dim)
+        self.positions = torch.nn.Embedding(MAX_POSITION, dim)
         self.layer = torch.nn.TransformerEncoderLayer(
             dim, nhead=4, dim_feedforward=4 * dim, batch_first=True, norm_first=True, dropout=0.0
         )
         self.head = torch.nn.Linear(dim, VOCAB)
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, documents: torch.Tensor):
+        """Causal attention inside each document only (block-diagonal by `documents`)."""
         length = ids.shape[1]
-        hidden = self.tokens(ids) + self.positions(torch.arange(length, device=ids.device))
-        mask = torch.nn.Transformer.generate_square_subsequent_mask(length, device=ids.device)
-        return self.head(self.layer(hidden, src_mask=mask, is_causal=True))
+        hidden = self.tokens(ids) + self.positions(positions.clamp(max=MAX_POSITION - 1))
+        causal = torch.ones(length, length, dtype=torch.bool, device=ids.device).tril()
+        allowed = causal & (documents.unsqueeze(2) == documents.unsqueeze(1))
+        allowed |= torch.eye(length, dtype=torch.bool, device=ids.device)  # padding sees itself
+        mask = (~allowed).repeat_interleave(self.layer.self_attn.num_heads, dim=0)
+        return self.head(self.layer(hidden, src_mask=mask))
+
+
+def model_inputs(batch: dict) -> tuple[torch.Tensor, ...]:
+    """(ids, positions, document ids, target weights) of a packed or a padded batch; a
+    target counts where it continues the same real document."""
+    ids = batch["tokens"].long()
+    real = ~batch["_padded"]
+    if "document_ids" in batch:  # packed
+        documents, positions = batch["document_ids"].long(), batch["position_ids"].long()
+        valid = batch["mask"] & real.unsqueeze(1)
+    else:  # padded: one document per row
+        valid = batch["tokens_mask"] & real.unsqueeze(1)
+        documents = torch.where(valid, batch["_index"].long().unsqueeze(1), -1)
+        positions = torch.arange(ids.shape[1]).expand_as(ids)
+    weight = valid[:, 1:] & (documents[:, 1:] == documents[:, :-1])
+    return ids, positions, documents, weight.float()
+
+
+def delivered(batch: dict) -> list[tuple[int, int]]:
+    """(document position in the epoch's mix, tokens of it in this batch), real rows."""
+    real = ~batch["_padded"]
+    if "document_ids" in batch:
+        documents = batch["document_ids"][real]
+        found, counts = torch.unique(documents[documents >= 0], return_counts=True)
+        return list(zip(found.tolist(), counts.tolist()))
+    return list(zip(batch["_index"][real].tolist(), batch["tokens_lengths"][real].tolist()))
 
 
 def train_loop_per_worker(config: dict) -> None:
@@ -158,10 +198,8 @@ def train_loop_per_worker(config: dict) -> None:
     while batches.epoch < config["epochs"]:
         epoch, tokens, loss_sum = batches.epoch, 0, 0.0
         for batch in batches:
-            real = ~batch["_padded"]
-            ids = batch["tokens"].long()
-            weight = (batch["tokens_mask"][:, 1:] & real.unsqueeze(1)).float()
-            logits = model(ids[:, :-1])
+            ids, positions, documents, weight = model_inputs(batch)
+            logits = model(ids[:, :-1], positions[:, :-1], documents[:, :-1])
             losses = torch.nn.functional.cross_entropy(
                 logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1), reduction="none"
             )
@@ -169,9 +207,7 @@ def train_loop_per_worker(config: dict) -> None:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            columns = ("_index", "_source", "_source_index", "tokens_lengths")
-            rows = zip(*(batch[c][real].tolist() for c in columns))
-            config["audit"].add.remote(epoch, list(rows))
+            config["audit"].add.remote(epoch, delivered(batch))
             tokens += int(weight.sum())
             loss_sum += float(loss) * int(weight.sum())
         with tempfile.TemporaryDirectory() as folder:
@@ -182,19 +218,26 @@ def train_loop_per_worker(config: dict) -> None:
 
 def check_epochs(source: MixedSource, seed: int, epochs: int, got: dict) -> bool:
     """Print samples and tokens per source and epoch; True when every epoch delivered
-    exactly the mix's picks (each position once, the right source and sample)."""
+    exactly the mix's picks: every position of the mix, each with all its document's
+    tokens once (cut at 256 when padded)."""
     ok = len(got) == epochs
     print(f"{'epoch':>5} {'source':>10} {'samples':>8} {'share':>6} {'tokens':>9} {'exact':>6}")
     for epoch, rows in sorted(got.items()):
-        source_of, index_of = source.mix(seed).locate(epoch, 0, source.layout().num_samples)
-        positions = Counter(p for p, _, _, _ in rows)
-        exact = sorted(positions) == list(range(len(source_of))) and max(positions.values()) == 1
-        exact = exact and all(source_of[p] == s and index_of[p] == i for p, s, i, _ in rows)
+        total = source.layout().num_samples
+        source_of, _ = source.mix(seed).locate(epoch, 0, total)
+        picked = pa.Table.from_batches(list(source.for_epoch(epoch, seed).read(0, total)))
+        lengths = [len(tokens) for tokens in picked["tokens"].to_pylist()]
+        tokens = Counter()
+        for position, count in rows:
+            tokens[position] += count
+        exact = sorted(tokens) == list(range(total)) and all(
+            tokens[p] in (lengths[p], min(lengths[p], SEQ_LEN)) for p in range(total)
+        )
         for s, name in enumerate(NAMES):
-            mine = [n for _, src, _, n in rows if src == s]
+            mine = [tokens[p] for p in range(total) if source_of[p] == s]
             counted = len(mine) == source.counts[s]
             print(
-                f"{epoch:>5} {name:>10} {len(mine):>8} {len(mine) / len(rows):>6.2f} "
+                f"{epoch:>5} {name:>10} {len(mine):>8} {len(mine) / total:>6.2f} "
                 f"{sum(mine):>9} {str(exact and counted):>6}"
             )
             ok = ok and exact and counted
@@ -207,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, help="samples per epoch (default: all rows)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--batch-size", type=int, default=32, help="rows (packed or padded)")
+    parser.add_argument("--pad", action="store_true", help="pad documents instead of packing")
     parser.add_argument("--use-gpu", action="store_true")
     parser.add_argument("--storage", default=os.path.abspath("rayshard-output/ray-results"))
     parser.add_argument("--address", default=os.environ.get("RAY_ADDRESS"))
@@ -216,11 +260,12 @@ def main(argv: list[str] | None = None) -> int:
     apply_ray_env_defaults()
     ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
     code, docs = make_sources(os.path.abspath("rayshard-output/pretrain-mix"), args.modules)
-    loader = make_loader(code, docs, args.batch_size, args.samples)
+    loader = make_loader(code, docs, args.batch_size, args.samples, pack=not args.pad)
     source = loader.source
     print(
         f"rayshard mix: {source.sizes[0]} code chunks + {source.sizes[1]} docstrings, weights "
         f"{WEIGHTS} -> {source.counts[0]} + {source.counts[1]} samples per epoch; "
+        f"{'padded' if args.pad else f'packed into rows of {SEQ_LEN} tokens'}; "
         f"{args.workers} workers, {args.epochs} epochs",
         flush=True,
     )

@@ -199,15 +199,10 @@ class Loader:
                 "transform= together with packing= is not supported: packing reads the token "
                 "column as stored; tokenize and filter beforehand, or drop packing"
             )
-        if type(source).for_epoch is not Source.for_epoch:
-            raise ConfigError(
-                f"packing={packing!r} over {source.describe()} is not supported: its samples "
-                f"change by epoch (a MixedSource), and packed rows are planned from one fixed "
-                f"set of documents; mix with padding= for now, or pack a single source"
-            )
         check_token_column(source.schema(), packing, columns, source.describe())
-        if not packing.split_documents:
-            token_lengths(source, packing)  # a DataError naming the longest document
+        if not packing.split_documents:  # a DataError naming the longest document
+            for part in getattr(source, "sources", (source,)):  # a MixedSource's, each
+                token_lengths(part, packing)
 
     @classmethod
     def from_config(

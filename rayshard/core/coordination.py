@@ -48,7 +48,7 @@ class CoordinatorCore(CoreQueries):
         self.events: list[dict] = []
         self.readers_named = 0
         self._plans: dict[tuple, EpochPlan] = {}  # a cache: plans are pure functions
-        self._lengths: Any = None  # packing: tokens per sample, read once when first needed
+        self._lengths: Any = None  # packing: tokens per sample (by epoch if the source changes)
 
     # -- the one way to change the state ---------------------------------------------------
     def apply(self, command: cmd.Command) -> Any:

@@ -70,20 +70,30 @@ class CoreQueries:
                     plan,
                     self.settings,
                     self.source.splits(),
-                    self.token_lengths(),
+                    self.token_lengths(epoch),
                     dict(self.resumed_partial(epoch)),
                     epoch,
                 )
             self._plans[key] = plan
         return self._plans[key]
 
-    def token_lengths(self) -> Any:
-        """Tokens per sample of the packing column (read once, from the Arrow offsets)."""
-        if self._lengths is None:
-            from rayshard.packing import token_lengths
+    def token_lengths(self, epoch: int) -> Any:
+        """Tokens per sample of the packing column in `epoch`, from the Arrow offsets: read
+        once, or once per epoch for a source whose samples change by epoch (a
+        `MixedSource`); the last two epochs' are kept."""
+        from rayshard.packing import token_lengths
+        from rayshard.sources.base import Source
 
-            self._lengths = token_lengths(self.source, self.settings.packing)
-        return self._lengths
+        changes = type(self.source).for_epoch is not Source.for_epoch
+        key = epoch if changes else None
+        if self._lengths is None:
+            self._lengths = {}
+        if key not in self._lengths:
+            source = self.source.for_epoch(epoch, self.settings.plan.seed)
+            self._lengths[key] = token_lengths(source, self.settings.packing)
+            for old in sorted(k for k in self._lengths if k is not None)[:-2]:
+                del self._lengths[old]
+        return self._lengths[key]
 
     def length(self, dp_rank: int, epoch: int) -> int:
         """Batches `dp_rank` yields in `epoch` (dynamic: as the lease book stands now)."""

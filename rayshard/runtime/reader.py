@@ -223,8 +223,9 @@ class ShardReader:
         delivered of split documents."""
         settings, packing = self._settings, self._settings.packing
         pieces = rank_pieces(settings, self._splits, plan, epoch)
+        source = self._source.for_epoch(epoch, settings.plan.seed)
         real = iter_rows_parallel(
-            self._source, pieces, [packing.column], self._pool(), settings.reader_threads
+            source, pieces, [packing.column], self._pool(), settings.reader_threads
         )
         batch_size = settings.plan.batch_size
         return flush_before_error(packed_batches(real, packing, batch_size, offsets, plan.batches))

@@ -86,6 +86,11 @@ class MixedSource(Source):
         """Rows of each source."""
         return self._mix.sizes
 
+    @property
+    def sources(self) -> tuple[Source, ...]:
+        """The mixed sources, in order."""
+        return tuple(self._sources)
+
     def mix(self, seed: int) -> Mix:
         """The mixing arithmetic for a loader seeded by `seed`."""
         return Mix(self._mix.sizes, self._mix.counts, seed)

@@ -167,3 +167,40 @@ def test_killed_reader_under_packing_loses_no_token(ray_session, corpus):
     # with per-batch acknowledgements, none.
     assert sum(total.values()) - sum(whole.values()) <= 0
     loader.shutdown()
+
+
+def test_packing_a_weighted_mix_delivers_each_picked_document_once_per_epoch(
+    ray_session, tmp_path
+):
+    """Packing over a `MixedSource` (0.7/0.3, one source upsampled, one downsampled): per
+    epoch, the tokens delivered under each document id (a position of the epoch's mix) are
+    exactly that position's document, so every pick arrives once, per-source counts exact."""
+    from rayshard.sources.mixed import MixedSource
+
+    a, _ = write_documents(tmp_path / "a", docs=30, seed=1, files=2)
+    b, _ = write_documents(tmp_path / "b", docs=60, seed=2, files=2)
+    source = MixedSource(
+        [ParquetSource(a), ParquetSource(b)], [0.7, 0.3], samples_per_epoch=80, split_rows=16
+    )
+    packing = Packing(column="tokens", seq_len=40)
+    loader = Loader(source, name=unique_name("packmix"), batch_size=4, seed=5, packing=packing)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    for epoch in range(2):
+        batches = [b for rank in run_lockstep(its) for b in rank]
+        picked = pa.Table.from_batches(
+            list(source.for_epoch(epoch, 5).read(0, 80, ["tokens", "_source"]))
+        )
+        assert Counter(picked["_source"].to_pylist()) == Counter({0: 56, 1: 24})
+        got: dict[int, dict[int, int]] = {}
+        for batch in batches:
+            real = batch["document_ids"] >= 0
+            for doc, pos, token in zip(
+                batch["document_ids"][real], batch["position_ids"][real], batch["tokens"][real]
+            ):
+                assert int(pos) not in got.setdefault(int(doc), {}), (epoch, doc, pos)
+                got[int(doc)][int(pos)] = int(token)
+        expected = {
+            p: dict(enumerate(tokens)) for p, tokens in enumerate(picked["tokens"].to_pylist())
+        }
+        assert got == {p: d for p, d in expected.items() if d}
+    loader.shutdown()
