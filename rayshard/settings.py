@@ -62,6 +62,12 @@ class LoaderSettings:
                 f"{policy.value!r} assigns whole files or leases splits): use policy='data', "
                 "or shuffle=True with shuffle_buffer"
             )
+        if self.shuffle_buffer and policy is ShardingPolicy.DYNAMIC:
+            raise ConfigError(
+                f"shuffle_buffer={self.shuffle_buffer} with policy='dynamic' is not supported: "
+                "rows are leased on demand and a buffer would hold leased rows back; use "
+                "shuffle=True (leases in a seeded random order per epoch), or a static policy"
+            )
         check_int(self.prefetch_depth, "prefetch_depth", minimum=1)
         if self.batches_per_object is not None:
             check_int(self.batches_per_object, "batches_per_object", minimum=1)

@@ -173,6 +173,31 @@ def test_dynamic_epoch_leases_each_sample_once_and_lost_work_comes_back():
     assert core.epoch_complete(0)
 
 
+def _lease_order(shuffle: bool, seed: int, epoch: int) -> list:
+    plan = PlanConfig(batch_size=8, equal_steps=False, seed=seed)
+    settings = LoaderSettings(plan=plan, policy="dynamic", shuffle=shuffle)
+    core = CoordinatorCore("core-test", _source(), settings)
+    core.apply(cmd.Register(0, 1, 0, 1, 0.0))
+    core.apply(cmd.StartEpoch(0, epoch))
+    got = []
+    while not (leased := core.apply(cmd.Lease(0, epoch, 1, finishing=True))).done:
+        got += leased.pieces
+        core.apply(cmd.Ack(0, epoch, len(got), tuple(leased.pieces)))
+    return got
+
+
+def test_shuffled_leases_cover_each_sample_once_in_a_seeded_order():
+    """`shuffle=True` under `dynamic`: the splits are leased in a random order that is the
+    same for (seed, epoch) and changes by epoch; every sample once."""
+    plain = _lease_order(False, 3, 0)
+    orders = {(seed, epoch): _lease_order(True, seed, epoch) for seed in (3, 4) for epoch in (0, 1)}
+    for order in orders.values():
+        assert iv.normalize(order) == ((0, ROWS),) and iv.total(order) == ROWS
+        assert order != plain
+    assert orders[3, 0] == _lease_order(True, 3, 0)
+    assert len({tuple(order) for order in orders.values()}) == 4
+
+
 def test_core_imports_neither_ray_nor_torch():
     code = (
         "import sys\n"

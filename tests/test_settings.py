@@ -55,3 +55,9 @@ def test_transform_resources_are_normalized_to_sorted_pairs():
 def test_bad_transform_resources_are_refused_naming_the_value(resources):
     with pytest.raises(ConfigError, match="transform_resources="):
         LoaderSettings(plan=PlanConfig(batch_size=2), transform_resources=resources)
+
+
+def test_shuffle_buffer_under_dynamic_is_refused_with_the_alternative():
+    with pytest.raises(ConfigError, match=r"shuffle_buffer=8 with policy='dynamic'.*shuffle=True"):
+        LoaderSettings(plan=PlanConfig(batch_size=2), policy="dynamic", shuffle_buffer=8)
+    assert LoaderSettings(plan=PlanConfig(batch_size=2), policy="dynamic", shuffle=True).shuffle

@@ -12,6 +12,7 @@ it and carries out the decision.
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from rayshard.core import commands as cmd
@@ -254,10 +255,13 @@ class CoordinatorCore(CoreQueries):
         assignment = assign(
             ShardingPolicy.DYNAMIC, self.settings.plan, self.source, max(members.dp_size, 1), epoch
         )
+        splits = list(assignment.splits)
+        if self.settings.shuffle:  # leases in a random order, the same for (seed, epoch)
+            random.Random(f"rayshard-leases:{self.settings.plan.seed}:{epoch}").shuffle(splits)
         # Every declared rank gets a share from the start, registered yet or not, so equal
         # steps hold when ranks register at slightly different times.
         return LeaseBook(
-            assignment.splits,
+            splits,
             sorted(members.ranks | set(range(members.dp_size))),
             self.settings.plan.batch_size,
             equal_steps=self.settings.plan.equal_steps,

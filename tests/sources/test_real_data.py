@@ -73,14 +73,14 @@ def test_polars_and_duckdb_lists_padded_under_torch(ray_session, mixed, caplog):
     loader.shutdown()
 
 
-def test_padding_under_dynamic_policy_and_row_shuffle(ray_session, mixed):
+def test_padding_under_dynamic_policy_and_shuffled_leases(ray_session, mixed):
     folder, expected = mixed
     loader = Loader(
         ParquetSource(folder),
         name=unique_name("dynpad"),
         batch_size=16,
         policy="dynamic",
-        shuffle_buffer=40,
+        shuffle=True,
         equal_steps=False,
     )
     batches = epoch(loader, world=2)
