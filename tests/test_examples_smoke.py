@@ -37,3 +37,10 @@ def test_text_example_small(tmp_path: Path) -> None:
     pytest.importorskip("tokenizers")
     out = run_example("train_text.py", ["--max-bytes=60000", "--epochs=1"], tmp_path)
     assert "rayshard text: OK" in out
+
+
+@pytest.mark.slow
+def test_pretrain_mix_example_small(tmp_path: Path) -> None:
+    out = run_example("pretrain_mix.py", ["--modules=3", "--epochs=1", "--workers=1"], tmp_path)
+    assert "packed into rows of 256 tokens" in out
+    assert "rayshard mix: OK" in out
