@@ -10,7 +10,6 @@ loader-wide: after every rank received the same number of batches, any rank's
 from __future__ import annotations
 
 import collections
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -21,8 +20,8 @@ import ray
 from rayshard.batching import INDEX_KEY, PADDED_KEY
 from rayshard.errors import unwrap_task_error
 from rayshard.formats import FORMATS, convert_stream, torch_host_batch
-from rayshard.metrics import record_batches
 from rayshard.plan import DataParallelRank
+from rayshard.runtime.acks import AckSender, sample_runs
 from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY
 from rayshard.runtime.transform_stage import DROPPED_KEY
 
@@ -80,7 +79,7 @@ class ShardIterator:
         self.samples_received = 0
         self.stall_seconds = 0.0
         self._loader_name = registration.get("loader", "")
-        self._acks = _AckSender(
+        self._acks = AckSender(
             coordinator,
             registration["generation"],
             placement.dp_rank,
@@ -176,7 +175,7 @@ class ShardIterator:
 
     def _end_epoch(self) -> None:
         """Every batch of the epoch reached the loop: make sure the coordinator recorded
-        them (a worker that exits now takes its reader along, see `_AckSender`)."""
+        them (a worker that exits now takes its reader along, see `rayshard.runtime.acks`)."""
         self._ended = True
         self._acks.flush(wait=True)
 
@@ -300,7 +299,7 @@ class ShardIterator:
         packed: tuple | None = None,
     ) -> None:
         """Record a received batch, with the samples a transform dropped from it (consumed,
-        not delivered); acknowledgements go out in groups (see `_AckSender`). A packed
+        not delivered); acknowledgements go out in groups (see `rayshard.runtime.acks`). A packed
         batch acknowledges the documents it finished and the split ones' progress."""
         real_ids = ids[~padded] if packed is None else packed[0]
         partial = [] if packed is None else packed[1].tolist()
@@ -310,115 +309,8 @@ class ShardIterator:
         if dropped is not None and dropped.size:
             real_ids = np.concatenate((real_ids, dropped))
         if real_ids.size > 1 and not (real_ids[1:] > real_ids[:-1]).all():
-            real_ids = np.sort(real_ids)  # shuffled: `_runs` needs them in order
-        self._acks.add(epoch, self._received, _runs(real_ids), real, nbytes, stall, partial)
-
-
-class _AckSender:
-    """Sends acknowledgements to the coordinator in groups: every `interval_s` from a
-    background thread (so they go out even while the training loop is blocked in a
-    collective), and at once before `state_dict()`, at the end of an epoch and on close.
-    `interval_s <= 0` acknowledges every batch as it is received. The interval bounds what
-    a lost rank had received without acknowledging: the samples served again.
-
-    `flush(wait=True)` returns once the coordinator recorded every acknowledgement sent so
-    far. The end of an epoch and `close()` wait: a worker that finishes an epoch and exits
-    takes its reader with it, and the coordinator must not see that death before the
-    acknowledgements (an async actor does not run one caller's calls in order), or it
-    would serve the last rows again to the other ranks."""
-
-    def __init__(
-        self,
-        coordinator: Any,
-        generation: int,
-        dp_rank: int,
-        interval_s: float = 0.1,
-        loader_name: str = "",
-    ) -> None:
-        self._coordinator, self.generation, self._rank = coordinator, generation, dp_rank
-        self._loader_name = loader_name
-        self._lock = threading.Lock()
-        # epoch -> [last batch count, runs, samples, bytes, stall seconds, batches in group,
-        #           packing's split documents {sample index: tokens delivered}]
-        self._pending: dict[int, list] = {}
-        self._sent: list[Any] = []  # ObjectRefs of acknowledgements not known to be recorded
-        self._wake = threading.Event()
-        self._interval = interval_s
-        if interval_s > 0:
-            thread = threading.Thread(target=self._run, daemon=True, name="rayshard-acks")
-            thread.start()
-
-    def add(
-        self,
-        epoch: int,
-        batches: int,
-        runs: list,
-        samples: int,
-        nbytes: int,
-        stall: float,
-        partial: list | None = None,
-    ) -> None:
-        with self._lock:
-            entry = self._pending.setdefault(epoch, [0, [], 0, 0, 0.0, 0, {}])
-            for index, tokens in partial or ():
-                entry[6][index] = max(entry[6].get(index, 0), tokens)
-            entry[0] = batches
-            entry[5] += 1
-            entry[1].extend(runs)
-            entry[2] += samples
-            entry[3] += nbytes
-            entry[4] += stall
-        if self._interval <= 0:
-            self.flush()
-
-    def flush(self, wait: bool = False) -> None:
-        """Send what is pending; with `wait`, block until everything sent was recorded."""
-        with self._lock:
-            pending, self._pending = self._pending, {}
-            for epoch, entry in sorted(pending.items()):
-                batches, runs, samples, nbytes, stall, count, partial = entry
-                usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
-                record_batches(self._loader_name, self._rank, count, nbytes, stall)
-                self._sent.append(
-                    self._coordinator.ack.remote(
-                        self.generation,
-                        self._rank,
-                        epoch,
-                        batches,
-                        runs,
-                        usage,
-                        # only under packing: split documents' progress
-                        **({"partial": sorted(partial.items())} if partial else {}),
-                    )
-                )
-            sent = self._sent
-            if wait or len(sent) > 64:
-                self._sent = []
-        if wait:
-            ray.get(sent)
-        elif len(sent) > 64:  # keep the list short: drop the ones already recorded
-            _, busy = ray.wait(sent, num_returns=len(sent), timeout=0)
-            with self._lock:
-                self._sent = busy + self._sent
-
-    def stop(self) -> None:
-        """Send what is pending, wait until it is recorded, end the background thread."""
-        self._wake.set()
-        self.flush(wait=True)
-
-    def _run(self) -> None:
-        while not self._wake.wait(self._interval):
-            self.flush()
-
-
-def _runs(sorted_ids: np.ndarray) -> list[list[int]]:
-    """Sorted sample ids as merged half-open intervals."""
-    if sorted_ids.size == 0:
-        return []
-    breaks = np.flatnonzero(np.diff(sorted_ids) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [sorted_ids.size]))
-    return [[int(sorted_ids[s]), int(sorted_ids[e - 1]) + 1] for s, e in zip(starts, ends)]
+            real_ids = np.sort(real_ids)  # shuffled: `sample_runs` needs them in order
+        self._acks.add(epoch, self._received, sample_runs(real_ids), real, nbytes, stall, partial)
 
 
 __all__ = ["FORMATS", "ShardIterator"]

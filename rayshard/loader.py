@@ -23,7 +23,7 @@ from rayshard.columns import Padding, check_loader_columns
 from rayshard.config import LoaderConfig
 from rayshard.errors import ConfigError
 from rayshard.iterator import ShardIterator
-from rayshard.packing import Packing, check_token_column, token_lengths
+from rayshard.packing import Packing, check_packing_input
 from rayshard.plan import PlanConfig, check_not_empty, data_parallel_rank
 from rayshard.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.coordinator import Coordinator
@@ -133,7 +133,7 @@ class Loader:
         )
         check_transform(transform)
         if packing is not None:
-            self._check_packing(source, columns, transform)
+            check_packing_input(source, self.settings.packing, columns, transform)
         if transform is None and (
             self.settings.transform_workers > 1 or self.settings.transform_resources
         ):
@@ -189,20 +189,6 @@ class Loader:
                 "give this loader another name, or another namespace"
             ) from error
         log.info("rayshard loader %s started in namespace %s", name, self.namespace)
-
-    def _check_packing(self, source: Source, columns: Any, transform: Any) -> None:
-        """On the driver, before any actor starts: packing's column and, without
-        splitting, every document's length (read from the column's Arrow offsets)."""
-        packing = self.settings.packing
-        if transform is not None:
-            raise ConfigError(
-                "transform= together with packing= is not supported: packing reads the token "
-                "column as stored; tokenize and filter beforehand, or drop packing"
-            )
-        check_token_column(source.schema(), packing, columns, source.describe())
-        if not packing.split_documents:  # a DataError naming the longest document
-            for part in getattr(source, "sources", (source,)):  # a MixedSource's, each
-                token_lengths(part, packing)
 
     @classmethod
     def from_config(

@@ -109,6 +109,21 @@ class Packing:
         return out
 
 
+def check_packing_input(source: Any, packing: Packing, columns: Any, transform: Any) -> None:
+    """On the driver, before any actor starts: no transform, the token column, and without
+    splitting every document's length (read from the column's Arrow offsets; each of a
+    `MixedSource`'s sources whole)."""
+    if transform is not None:
+        raise ConfigError(
+            "transform= together with packing= is not supported: packing reads the token "
+            "column as stored; tokenize and filter beforehand, or drop packing"
+        )
+    check_token_column(source.schema(), packing, columns, source.describe())
+    if not packing.split_documents:  # a DataError naming the longest document
+        for part in getattr(source, "sources", (source,)):
+            token_lengths(part, packing)
+
+
 def check_token_column(schema: pa.Schema, packing: Packing, columns: Any, where: str) -> None:
     """The token column exists, is read, and is a list of integers; else a `ConfigError`."""
     name = packing.column

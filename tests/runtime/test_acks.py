@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import ray
 
-from rayshard.iterator import _AckSender
+from rayshard.runtime.acks import AckSender
 
 pytestmark = [pytest.mark.ray]
 
@@ -29,7 +29,7 @@ class SlowRecorder:
 
 def test_flush_wait_returns_only_once_everything_was_recorded(ray_session):
     recorder = SlowRecorder.remote()
-    sender = _AckSender(recorder, generation=1, dp_rank=0, interval_s=60)
+    sender = AckSender(recorder, generation=1, dp_rank=0, interval_s=60)
     sender.add(0, 1, [[0, 8]], 8, 64, 0.0)
     sender.flush()  # without waiting: still on its way
     sender.add(0, 2, [[8, 16]], 8, 64, 0.0)
@@ -41,7 +41,7 @@ def test_flush_wait_returns_only_once_everything_was_recorded(ray_session):
 
 def test_stop_sends_and_waits_for_what_is_pending(ray_session):
     recorder = SlowRecorder.remote()
-    sender = _AckSender(recorder, generation=1, dp_rank=0, interval_s=60)
+    sender = AckSender(recorder, generation=1, dp_rank=0, interval_s=60)
     sender.add(2, 5, [[40, 50]], 10, 80, 0.1)
     sender.stop()
     assert ray.get(recorder.recorded.remote()) == [(2, 5, [[40, 50]], 10)]
