@@ -1,4 +1,4 @@
-"""Benchmark the device feed: bandwidth, data stalls and host memory (SPEC section 9).
+"""Benchmark the device feed: bandwidth, data stalls and host memory.
 
     python benchmarks/gpu_feed.py [--quick] [--device cpu|cuda] [--json out.json]
 

@@ -1,7 +1,7 @@
 """Turn a rank's plan into a stream of batches: reading order, padding, rebatching.
 
 Pure functions over a `Source` and a `RankPlan`, testable without Ray. The shard actor
-runs `iter_rank_batches` in its reader thread.
+runs the row pipeline (`rayshard.runtime.pipeline`) in its reader thread.
 """
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ class LoaderConfig:
     - `policy`: one of `ShardingPolicy` (default `data`: exact, deterministic, any source).
     - `shuffle_buffer`: rows of the in-rank shuffle buffer (0: read order, no shuffle).
     - `shuffle_blocks`: rows per block of the streaming global shuffle (0: off; `data`).
-    - `prefetch_depth`: batches kept ready ahead of the training loop (SPEC 9).
+    - `prefetch_depth`: batches kept ready ahead of the training loop.
     - `paths`, `columns`, `split_rows`, `source_format`: where the data is
       (`auto` picks Arrow for `.arrow`/`.feather` paths, Parquet otherwise).
     - `packing`: a `Packing`, or its fields as a mapping (YAML: `packing: {column: tokens,

@@ -1,4 +1,4 @@
-"""Online packing of a token column into rows of exactly `seq_len` tokens (SPEC 12).
+"""Online packing of a token column into rows of exactly `seq_len` tokens.
 
 `Loader(..., packing=Packing(column="tokens", seq_len=2048))` makes the readers pack the
 documents (rows of a list<int> column) of their share into batches of `batch_size` packed

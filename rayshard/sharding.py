@@ -1,4 +1,4 @@
-"""The six sharding policies of SPEC 6 (tf.data service's names) as one pure function.
+"""The six sharding policies (tf.data service's names) as one pure function.
 
 `assign(policy, config, source, world_size, epoch)` says what every data-parallel rank
 reads in an epoch; it reads no data. Static policies return an `EpochPlan` (from
@@ -33,7 +33,7 @@ from rayshard.sources.base import Source
 
 
 class ShardingPolicy(str, Enum):
-    """How the data is split over ranks (SPEC 6)."""
+    """How the data is split over ranks."""
 
     OFF = "off"
     FILE = "file"
@@ -213,7 +213,7 @@ def _plan_off(
     world_size: int,
     epoch: int,
 ) -> EpochPlan:
-    """Every rank reads everything, splits in its own seeded order; batches per SPEC 4."""
+    """Every rank reads everything, splits in its own seeded order, batched as usual."""
     _check_world(config, layout, world_size)
     n = layout.num_samples
     layouts = batch_layouts(

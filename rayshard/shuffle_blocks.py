@@ -1,4 +1,4 @@
-"""A streaming global shuffle with bounded memory (SPEC 13), in two pure steps.
+"""A streaming global shuffle with bounded memory, in two pure steps.
 
 1. Plan: the epoch's splits are permuted for `(seed, epoch)` into one global sequence
    shared by every rank; each rank keeps its planned number of samples but takes them as

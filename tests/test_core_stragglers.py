@@ -1,4 +1,4 @@
-"""Stragglers in the coordinator's pure core, without Ray (SPEC 13): with
+"""Stragglers in the coordinator's pure core, without Ray: with
 `straggler_timeout_s`, any life of a dynamic loader (leases, acknowledgements, ranks that
 go silent and come back, deaths, time passing) replays from its journal to the live state
 after every prefix; no sample is lost; work held by a rank is leased to another rank only

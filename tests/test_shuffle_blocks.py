@@ -1,4 +1,4 @@
-"""The streaming global shuffle without Ray (SPEC 13): every sample exactly once per epoch
+"""The streaming global shuffle without Ray: every sample exactly once per epoch
 (as the plan without it delivers them), same (seed, epoch) same order, a mid-epoch resume
 on another world size finishes the epoch exactly once, blocks are permutations of
 consecutive rows, and a rank reads splits from the whole dataset."""

@@ -1,5 +1,5 @@
 """Dynamic splitting as pure bookkeeping: the split queue, leases, acknowledgements and
-what goes back to the queue when a rank dies or leaves (SPEC 7).
+what goes back to the queue when a rank dies or leaves.
 
 The coordinator actor holds one `LeaseBook` per epoch and journals every call; replaying
 the calls rebuilds the same book, because nothing here reads a clock or a random source.

@@ -27,7 +27,7 @@ def epoch_plan(
 ) -> EpochPlan:
     """The plan of `epoch` for `dp_size` ranks, or of its rest when `resume` is that epoch.
 
-    The rest of an epoch is re-planned from the samples consumed (SPEC 7): each rank keeps
+    The rest of an epoch is re-planned from the samples consumed: each rank keeps
     its own remaining samples on the same world size, the remainder is re-balanced on
     another. Under `off` every rank reads everything, so resuming it mid-epoch skips, for
     every rank, what any rank consumed.

@@ -1,4 +1,4 @@
-"""Stragglers under `dynamic` (SPEC 13): a rank that holds leases and goes silent for
+"""Stragglers under `dynamic`: a rank that holds leases and goes silent for
 `straggler_timeout_s` has its unacknowledged work offered to the ranks that ask for more.
 
 Pure: the clock comes in with the lease request that asks (a journaled command), so a

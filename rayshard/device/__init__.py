@@ -1,4 +1,4 @@
-"""Feeding the device (SPEC section 9): pinned staging, side-stream copies, prefetch, affinity."""
+"""Feeding the device: pinned staging, side-stream copies, prefetch, affinity."""
 
 from rayshard.device.affinity import (
     allowed_cpus,

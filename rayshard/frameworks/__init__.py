@@ -1,4 +1,4 @@
-"""Adapters for training frameworks (SPEC 14): Lightning, Hugging Face `Trainer`, torch
+"""Adapters for training frameworks: Lightning, Hugging Face `Trainer`, torch
 `DataLoader` and Accelerate. Each module imports its framework lazily, only when used."""
 
 __all__ = ["lightning", "torch", "transformers"]

@@ -6,7 +6,7 @@ checkpoint.
     trainer.fit(model, train_dataloaders=batches, ckpt_path=...)
 
 A bare `ShardIterator` works for `fit` (Lightning stops each epoch at `len()`, which ends
-the epoch, SPEC 14), but Lightning's own handling of an iterable's `state_dict()` does not
+the epoch), but Lightning's own handling of an iterable's `state_dict()` does not
 resume it (lightning 2.6): it saves the state (`FitLoop.on_save_checkpoint`) but loads it
 only when `fit_loop.restarting`, which its setter turns off when the checkpoint was taken
 after an epoch's last batch (`RayTrainReportCallback` saves there); and mid-epoch it
@@ -47,7 +47,7 @@ class LightningBatches:
         return self._batches()
 
     def _batches(self) -> Iterator[Any]:
-        batches = iter(self.iterator)  # decides the epoch (SPEC 14)
+        batches = iter(self.iterator)  # decides the epoch
         epoch = self.iterator.epoch
         if epoch != self._epoch:
             self._epoch, self._yielded = epoch, 0

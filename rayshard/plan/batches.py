@@ -1,4 +1,4 @@
-"""Batch counts at the end of a shard (SPEC 4): last-batch policies, padding, equal steps.
+"""Batch counts at the end of a shard: last-batch policies, padding, equal steps.
 
 Everything here works on counts only; which samples pad a shard is `padding_indices`.
 """

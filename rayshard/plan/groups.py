@@ -1,4 +1,4 @@
-"""Data-parallel groups (SPEC 8): only data-parallel ranks split the data.
+"""Data-parallel groups: only data-parallel ranks split the data.
 
 Under model, pipeline or tensor parallelism, the ranks of one model-parallel group must
 receive identical batches. Ranks are mapped from (world rank, world size) to

@@ -16,7 +16,7 @@ from rayshard.errors import ConfigError
 
 
 class Rotation(str, Enum):
-    """Which shard a rank reads in an epoch (SPEC 2)."""
+    """Which shard a rank reads in an epoch."""
 
     NONE = "none"
     SHIFT = "shift"
@@ -25,7 +25,7 @@ class Rotation(str, Enum):
 
 
 class Uneven(str, Enum):
-    """What file-level modes do when the files do not split evenly (SPEC 3)."""
+    """What file-level modes do when the files do not split evenly."""
 
     REPLICATE = "replicate"
     UNBALANCED = "unbalanced"
@@ -33,7 +33,7 @@ class Uneven(str, Enum):
 
 
 class LastBatch(str, Enum):
-    """What happens to the last, short batch of a shard (SPEC 4)."""
+    """What happens to the last, short batch of a shard."""
 
     PARTIAL = "partial"
     DROP = "drop"

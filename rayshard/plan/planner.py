@@ -226,7 +226,7 @@ def _check_epoch(epoch: int) -> None:
 def _file_assignments(
     config: PlanConfig, layout: DataLayout, world_size: int, epoch: int, num_shards: int
 ) -> list[tuple[int | None, iv.Intervals, iv.Intervals, tuple[int, ...] | None]]:
-    """(shard, unused, file ranges, file order) per rank in file-level modes (SPEC 1-3)."""
+    """(shard, unused, file ranges, file order) per rank in file-level modes."""
     num_files = layout.num_files
     if config.uneven is Uneven.REPLICATE:
         out = []

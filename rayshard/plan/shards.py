@@ -1,4 +1,4 @@
-"""Balanced shard ranges (SPEC 1) and which shard a rank reads in an epoch (SPEC 2)."""
+"""Balanced shard ranges and which shard a rank reads in an epoch."""
 
 from __future__ import annotations
 

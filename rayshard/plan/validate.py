@@ -1,4 +1,4 @@
-"""Start-up checks of SPEC 5 that the planner can make: each error names the values and a fix."""
+"""Start-up checks that the planner can make: each error names the values and a fix."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def _check_rotation(rotation: Rotation, shards: int, world_size: int) -> None:
 
 
 def check_not_empty(layout: DataLayout, what: str = "the dataset") -> None:
-    """Empty data is a configuration error at start-up (SPEC 5)."""
+    """Empty data is a configuration error at start-up."""
     if layout.num_samples == 0:
         raise ConfigError(
             f"{what} has no samples: check the paths and filters, or pass a non-empty source"
@@ -71,7 +71,7 @@ def check_not_empty(layout: DataLayout, what: str = "the dataset") -> None:
 
 
 def check_coverage(shard_ranges: Sequence[Sequence[tuple[int, int]]], num_samples: int) -> None:
-    """A shard function must split `[0, num_samples)` into disjoint, covering parts (SPEC 5).
+    """A shard function must split `[0, num_samples)` into disjoint, covering parts.
 
     `shard_ranges[i]` are the sample ranges of shard `i`.
     """

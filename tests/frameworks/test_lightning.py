@@ -1,4 +1,4 @@
-"""PyTorch Lightning over rayshard (SPEC 14): real Lightning, real TorchTrainer on the
+"""PyTorch Lightning over rayshard: real Lightning, real TorchTrainer on the
 session's local Ray, 2 workers. Every epoch covers the dataset exactly once; the loader's
 state rides in Lightning's checkpoint, and resuming from it (Lightning's `ckpt_path`, after
 Ray Train restarts a group whose worker process died mid-epoch) skips and repeats nothing

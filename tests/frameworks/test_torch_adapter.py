@@ -1,4 +1,4 @@
-"""torch `DataLoader` and Accelerate over rayshard's `IterableAdapter` (SPEC 14): batches pass
+"""torch `DataLoader` and Accelerate over rayshard's `IterableAdapter`: batches pass
 through unchanged (no second batching), every epoch exactly once; `num_workers > 0` is
 refused (each worker process would read the rank's whole shard again)."""
 

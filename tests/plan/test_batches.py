@@ -1,4 +1,4 @@
-"""Batches at the end of a shard (SPEC 4): last-batch policies, padding, equal steps, `len`.
+"""Batches at the end of a shard: last-batch policies, padding, equal steps, `len`.
 
 Counts are checked for shard sizes up to 10^7 with `batch_layouts`; the batches themselves
 are enumerated with `iter_batches` for small plans only.
@@ -31,7 +31,7 @@ POLICY = st.sampled_from(list(LastBatch))
 
 
 def spec_count(n: int, b: int, policy: LastBatch) -> int:
-    """SPEC 4, per shard: partial and fill ceil(n/B), drop floor(n/B)."""
+    """Per shard: partial and fill ceil(n/B), drop floor(n/B)."""
     return n // b if policy is LastBatch.DROP else math.ceil(n / b)
 
 

@@ -1,4 +1,4 @@
-"""Data-parallel groups (SPEC 8): ranks of one model-parallel group get identical plans."""
+"""Data-parallel groups: ranks of one model-parallel group get identical plans."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Weighted mixing without Ray (`rayshard.core.mixing`, SPEC 12).
+"""Weighted mixing without Ray (`rayshard.core.mixing`).
 
 - A mixed epoch holds exactly `counts[s]` samples of every source, whatever ranges it is
   read in, and every prefix is mixed in proportion.

@@ -52,7 +52,7 @@ def configs(draw, max_w=64, rotations=tuple(Rotation)):
 
 
 def expected_counts(sizes, config, w):
-    """SPEC 4 batch counts per rank, from the real shard sizes."""
+    """Batch counts per rank, from the real shard sizes."""
     b = config.batch_size
     if config.pad_last_batch:
         return [math.ceil(max(sizes) / b)] * len(sizes)
@@ -112,7 +112,7 @@ def test_same_configuration_same_plan(case, n, epoch):
     assert plan_epoch(config, layout, w, epoch) == plan_epoch(again, layout, w, epoch)
 
 
-# --- File-level modes and uneven files (SPEC 3) ----------------------------------------
+# --- File-level modes and uneven files ----------------------------------------
 
 
 @st.composite
@@ -300,7 +300,7 @@ def test_everything_in_one_rank_when_world_is_one():
     assert (rank.ranges, rank.batches, rank.padded) == (((0, 10),), 4, 0)
 
 
-# --- Options: environment, file, explicit (SPEC 3, rayshard.env) ------------------------
+# --- Options: environment, file, explicit (rayshard.env) ------------------------
 
 OPTION_VALUES = {
     "uneven": ["replicate", "unbalanced", "drop"],

@@ -1,4 +1,4 @@
-"""Resuming an epoch from progress (`plan_remaining`, SPEC 7).
+"""Resuming an epoch from progress (`plan_remaining`).
 
 - Same world size, ranks that consumed in step: the rest equals the tail of the
   uninterrupted plan (same samples, same batch count, same padding).

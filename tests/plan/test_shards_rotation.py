@@ -1,4 +1,4 @@
-"""Balanced shards (SPEC 1) and shard rotation across epochs (SPEC 2), incl. `stride_shift`."""
+"""Balanced shards and shard rotation across epochs, incl. `stride_shift`."""
 
 from __future__ import annotations
 
@@ -94,7 +94,7 @@ def test_stride_every_window_of_s_over_w_epochs_covers_every_shard_once(case, fi
 
 
 def test_stride_with_s_equal_w_never_rotates():
-    """SPEC 2: stride does not make every rank see every shard."""
+    """Stride does not make every rank see every shard."""
     assert {shard_of(Rotation.STRIDE, 1, e, 4, 4) for e in range(20)} == {1}
 
 
@@ -144,7 +144,7 @@ def test_stride_shift_every_rank_sees_every_shard_once_per_s_aligned_epochs(case
     ],
 )
 def test_rotation_tables(rotation, w, s, expected):
-    """SPEC 2's formulas on small tables (and the docstring's for stride_shift)."""
+    """The rotation formulas on small tables (and the docstring's for stride_shift)."""
     assert [[shard_of(rotation, r, e, w, s) for e in range(6)] for r in range(w)] == expected
 
 

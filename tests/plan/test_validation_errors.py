@@ -1,4 +1,4 @@
-"""Every start-up error of the planner (SPEC 5) names the offending values (and a way out)."""
+"""Every start-up error of the planner names the offending values (and a way out)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Dynamic splitting on a real local Ray: leases, equal steps, real reader deaths, joins,
-a coordinator restart from its journal, and randomized churn (SPEC 7)."""
+a coordinator restart from its journal, and randomized churn."""
 
 from __future__ import annotations
 

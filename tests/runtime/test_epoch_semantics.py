@@ -1,4 +1,4 @@
-"""Epoch semantics a training framework can rely on (SPEC 14): an epoch is finished once its
+"""Epoch semantics a training framework can rely on: an epoch is finished once its
 last batch has been yielded, whether or not the caller asks for one more; `iter()` fixes the
 epoch it yields when it is called, and `len()` / `epoch` right after it describe exactly
 that iteration; breaking out mid-epoch and iterating again continues the epoch.

@@ -1,4 +1,4 @@
-"""The streaming global shuffle on a real local Ray (SPEC 13): an epoch covers the dataset
+"""The streaming global shuffle on a real local Ray: an epoch covers the dataset
 exactly once with each rank reading from all of it, and a mid-epoch state resumes on
 another world size with nothing missing or repeated."""
 

@@ -1,4 +1,4 @@
-"""Weighted mixing on a real local Ray (SPEC 12): two Parquet sources written by different
+"""Weighted mixing on a real local Ray: two Parquet sources written by different
 writers (pyarrow and polars) with different extra columns, weights 0.7/0.3, exact
 per-source counts per epoch under `data` and `dynamic`, resume on another world size,
 and a reader killed mid-epoch."""

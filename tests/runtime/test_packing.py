@@ -1,4 +1,4 @@
-"""Packing on a real local Ray over real Parquet files (SPEC 12): every token of every
+"""Packing on a real local Ray over real Parquet files: every token of every
 document delivered once per epoch, resume inside a split document on another world size,
 and a reader killed mid-epoch."""
 

@@ -1,4 +1,4 @@
-"""A straggler under `dynamic` on a real local Ray (SPEC 13): one rank's reader process is
+"""A straggler under `dynamic` on a real local Ray: one rank's reader process is
 frozen with SIGSTOP mid-epoch; the other ranks finish the epoch with exact coverage while
 it is still stopped; after SIGCONT what it delivers late is within the documented bound
 and counted as duplicates. The test waits for events only (timeouts from

@@ -1,4 +1,4 @@
-"""Start-up errors of file sources (SPEC 5): each names the file and what to do."""
+"""Start-up errors of file sources: each names the file and what to do."""
 
 from __future__ import annotations
 
