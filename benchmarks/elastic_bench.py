@@ -20,7 +20,7 @@ recovery    3 ranks consume a `dynamic` loader (default Ray and loader settings;
             minus acknowledged samples) at the moment of release.
             Coverage of the epoch is checked (nothing lost; duplicates are the dead
             rank's received-but-unacknowledged batches).
-throughput  the coordinator with 1,000 registered data-parallel ranks and splits of 16
+throughput  the coordinator with 1,000 (`--ranks`) registered data-parallel ranks and splits of 16
             rows: `LeaseBook.lease`/`ack` in process; `Journal.append` of one lease
             entry in process; the real actor with `lease.remote` from caller actors
             (async, many calls in flight); and the library's batched call
@@ -80,6 +80,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     parser.add_argument("--repeats", type=int, help="recovery runs per kill mode (default 5)")
     parser.add_argument("--callers", type=int, default=2, help="caller processes (throughput)")
+    parser.add_argument("--ranks", type=int, default=1000, help="registered ranks (throughput)")
     parser.add_argument("--inflight", type=int, default=64, help="calls in flight per caller")
     parser.add_argument("--profile", action="store_true", help="py-spy the coordinator")
     parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="py-spy executable")
@@ -230,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.callers,
                 args.inflight,
                 args.py_spy if args.profile else None,
+                args.ranks,
             ),
             "epoch": lambda: run_epoch(workdir, sizes["epoch_rows"], sizes["epoch_repeats"]),
         }

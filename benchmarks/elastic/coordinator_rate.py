@@ -48,7 +48,7 @@ def _lease_book_rates(splits: int, ranks: int) -> dict:
     }
 
 
-def _journal_rate(workdir: Path, count: int) -> float:
+def _journal_rate(workdir: Path, count: int, ranks: int = RANKS) -> float:
     from rayshard.core.commands import Lease
     from rayshard.runtime.journal import Journal
 
@@ -56,7 +56,7 @@ def _journal_rate(workdir: Path, count: int) -> float:
     journal.start_fresh()
     began = time.perf_counter()
     for i in range(count):
-        journal.append(Lease(i % RANKS, 0).to_entry())
+        journal.append(Lease(i % ranks, 0).to_entry())
     return count / (time.perf_counter() - began)
 
 
@@ -119,7 +119,9 @@ def _py_spy_top(raw: Path, limit: int = 15) -> list[dict]:
     }
 
 
-def _drive(actors: list, generation: int, per: int, inflight: int, pids: list[int]) -> dict:
+def _drive(
+    actors: list, generation: int, per: int, inflight: int, pids: list[int], total: int = RANKS
+) -> dict:
     """Every caller issues `per` lease calls; rates over the span of all of them, and the
     CPU the coordinator (pids[0]) and the callers used per call."""
     import ray
@@ -128,7 +130,7 @@ def _drive(actors: list, generation: int, per: int, inflight: int, pids: list[in
     cpu_before = [_cpu_s(p) for p in pids]
     results = ray.get(
         [
-            a.run.remote(generation, list(range(i, RANKS, ranks)), per, inflight)
+            a.run.remote(generation, list(range(i, total, ranks)), per, inflight)
             for i, a in enumerate(actors)
         ]
     )
@@ -149,15 +151,21 @@ def _drive(actors: list, generation: int, per: int, inflight: int, pids: list[in
 
 
 def run_throughput(
-    workdir: Path, splits: int, calls: int, callers: int, inflight: int, profile: str | None
+    workdir: Path,
+    splits: int,
+    calls: int,
+    callers: int,
+    inflight: int,
+    profile: str | None,
+    ranks: int = RANKS,
 ) -> dict:
     import ray
 
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
-    book = _lease_book_rates(splits, RANKS)
-    journal_per_s = _journal_rate(workdir, min(splits, 100_000))
+    book = _lease_book_rates(splits, ranks)
+    journal_per_s = _journal_rate(workdir, min(splits, 100_000), ranks)
     folder = workdir / "throughput"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tiny.parquet"
@@ -175,7 +183,7 @@ def run_throughput(
     coordinator = loader._coordinator
     out = {
         "config": {
-            "ranks": RANKS,
+            "ranks": ranks,
             "splits": splits,
             "split_rows": TINY_SPLIT,
             "calls": calls,
@@ -189,9 +197,9 @@ def run_throughput(
         regs = ray.get(
             [
                 coordinator.register.remote(
-                    r, RANKS, {"dp_rank": r, "dp_size": RANKS, "group": [r]}
+                    r, ranks, {"dp_rank": r, "dp_size": ranks, "group": [r]}
                 )
-                for r in range(RANKS)
+                for r in range(ranks)
             ]
         )
         generation = regs[-1]["generation"]
@@ -200,13 +208,13 @@ def run_throughput(
         actors = [ray.remote(num_cpus=0)(_Caller).remote(coordinator) for _ in range(callers)]
         ray.get(
             [
-                a.run.remote(generation, list(range(i, RANKS, callers)), 200, inflight)
+                a.run.remote(generation, list(range(i, ranks, callers)), 200, inflight)
                 for i, a in enumerate(actors)
             ]
         )  # warm-up
         pid = ray.get(coordinator.__ray_call__.remote(pid_of))
         pids = [pid, *ray.get([a.__ray_call__.remote(pid_of) for a in actors])]
-        out["actor"] = _drive(actors, generation, calls // callers, inflight, pids)
+        out["actor"] = _drive(actors, generation, calls // callers, inflight, pids, ranks)
         if profile:  # a second pass: py-spy takes CPU from this 2-core machine
             raw = workdir / "coordinator.pyspy.txt"
             spy = subprocess.Popen(
@@ -227,7 +235,9 @@ def run_throughput(
                 stderr=subprocess.DEVNULL,
             )
             time.sleep(1.0)  # py-spy attaches
-            out["actor_profiled"] = _drive(actors, generation, calls // callers, inflight, pids)
+            out["actor_profiled"] = _drive(
+                actors, generation, calls // callers, inflight, pids, ranks
+            )
             spy.send_signal(signal.SIGINT)
             spy.wait(60)
             out["profile"] = _py_spy_top(raw) if raw.exists() else "py-spy wrote nothing"
@@ -237,7 +247,7 @@ def run_throughput(
         # The library's batched call: `lease(count=batch)` hands a rank up to `batch`
         # pieces in one round trip (readers use it to fill a block of batches per call).
         answers = ray.get(
-            [coordinator.lease.remote(generation, k % RANKS, 0, batch) for k in range(rounds)]
+            [coordinator.lease.remote(generation, k % ranks, 0, batch) for k in range(rounds)]
         )
         got = sum(len(a.pieces) for a in answers)
         wall = time.time() - began
