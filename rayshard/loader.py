@@ -137,10 +137,12 @@ class Loader:
         if transform is None and (
             self.settings.transform_workers > 1 or self.settings.transform_resources
         ):
+            given = f"transform_workers={transform_workers}" + (
+                "" if transform_resources is None else f" with {transform_resources=}"
+            )
             raise ConfigError(
-                f"transform_workers={transform_workers} and transform_resources="
-                f"{transform_resources!r} need a transform: pass transform=fn, or leave "
-                f"them at 1 and None"
+                f"{given} needs a transform: pass transform=fn, or leave transform_workers "
+                f"at 1 and transform_resources unset"
             )
         self.transform = transform
         self.source = source
