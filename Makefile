@@ -34,7 +34,7 @@ example-lightning: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not submit" -n 2 --dist loadgroup --durations=15 || [ $$? -eq 5 ]
+	$(PY) -m pytest -m "not submit" -n 2 --durations=15 || [ $$? -eq 5 ]
 
 test-submit: $(STAMP)
 	bash tests/e2e/run_submit.sh

@@ -30,26 +30,6 @@ def ray_session():
     ray.shutdown()
 
 
-# Tests that start a whole cluster (multi-node Ray, Ray Train groups, the autoscaler): under
-# `pytest -n 2 --dist loadgroup` (`make test`) they run one after another in one worker
-# process while the other worker takes the rest, so two of them never compete for the
-# machine's cores at once.
-WHOLE_CLUSTER_MODULES = (
-    "tests/multinode/test_multinode.py",
-    "tests/experiment/test_autoscaling_run.py",
-    "tests/experiment/test_experiment_run.py",
-    "tests/frameworks/test_lightning.py",
-    "tests/frameworks/test_transformers.py",
-    "tests/runtime/test_ray_train.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.nodeid.split("::")[0] in WHOLE_CLUSTER_MODULES:
-            item.add_marker(pytest.mark.xdist_group("whole_cluster"))
-
-
 def pytest_sessionfinish(session, exitstatus):
     session.config._rayshard_exitstatus = int(exitstatus)
 
