@@ -104,16 +104,17 @@ def test_killed_reader_work_is_served_again(ray_session, dataset, equal_steps):
         dataset, equal_steps=equal_steps, prefetch_depth=2, ack_interval_s=0, batches_per_object=4
     )
     its = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
-    # Every rank holds after its first batch, so ranks 0 and 2 cannot take the whole epoch
-    # before rank 1's reader has started, however slowly it starts on a loaded machine.
-    consumers = [Consumer(it, delay=0.02, hold_after=1) for it in its]
-    for c in consumers:
-        c.start()
-    for rank, c in enumerate(consumers):
-        assert c.holding.wait(EVENT_TIMEOUT_S), event_timeout_message(f"rank {rank}'s 1st batch")
+    # Rank 1 starts first and holds after its first batch; ranks 0 and 2 start only then,
+    # so they cannot take the whole epoch before rank 1 has work, however slowly its
+    # reader starts on a loaded machine (a reader leases at most a few blocks ahead).
+    consumers = [
+        Consumer(it, delay=0.02, hold_after=1 if r == 1 else None) for r, it in enumerate(its)
+    ]
+    consumers[1].start()
+    assert consumers[1].holding.wait(EVENT_TIMEOUT_S), event_timeout_message("rank 1's 1st batch")
+    consumers[0].start(), consumers[2].start()
     ray.kill(its[1]._reader, no_restart=True)  # a real actor death, mid-epoch for rank 1
-    for c in consumers:
-        c.go_on.set()
+    consumers[1].go_on.set()
     for c in consumers:
         c.join(90)
     assert consumers[0].error is None and consumers[2].error is None
