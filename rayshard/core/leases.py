@@ -156,15 +156,21 @@ class LeaseBook:
         ]:
             del self._leases[lease_id]
 
-    def release(self, rank: int) -> list[tuple[int, int]]:
-        """`rank` died or left: the unacknowledged rest of its leases goes back to the front
-        of the queue, and the survivors' capacities grow to take it. Returns those pieces."""
+    def _take_back(self, rank: int) -> list[tuple[int, int]]:
+        """End `rank`'s leases; their unacknowledged rest goes back to the front of the
+        queue, in order. Returns those pieces."""
         done = self.consumed()
         back: list[tuple[int, int]] = []
         for lease in self.outstanding(rank):
             back.extend(iv.subtract(((lease.start, lease.end),), done))
             del self._leases[lease.lease_id]
         self._queue.extendleft(reversed(back))
+        return back
+
+    def release(self, rank: int) -> list[tuple[int, int]]:
+        """`rank` died or left: the unacknowledged rest of its leases goes back to the front
+        of the queue, and the survivors' capacities grow to take it. Returns those pieces."""
+        back = self._take_back(rank)
         self.requeued_rows += iv.total(back)
         self._capacity.pop(rank, None)
         self._spread()
@@ -198,12 +204,7 @@ class LeaseBook:
         """`rank` stalls: the unacknowledged rest of its leases goes back to the front of
         the queue for the others; it stays a member, its capacity stops at what it kept.
         Returns those pieces."""
-        done = self.consumed()
-        back: list[tuple[int, int]] = []
-        for lease in self.outstanding(rank):
-            back.extend(iv.subtract(((lease.start, lease.end),), done))
-            del self._leases[lease.lease_id]
-        self._queue.extendleft(reversed(back))
+        back = self._take_back(rank)
         rows = iv.total(back)
         self.requeued_rows += rows
         self._leased[rank] = self._leased.get(rank, 0) - rows
