@@ -1,102 +1,108 @@
 """`LoaderConfig`: every loader setting in one frozen object, from Python or from YAML.
 
-Validated the same way on both paths: the planner settings go through
-`PlanConfig.resolve(explicit=..., file=..., environ=...)` (explicit arguments win over the
-file, the file over `RAYSHARD_*` environment overrides, see `rayshard.env`), the loader's
-own settings through `__post_init__`. Unknown keys are rejected with the list of known ones.
+It is made of three parts, each listing its fields and defaults once and checking them in
+its own `__post_init__`: `PlanConfig` (the planner, `rayshard.plan`), `ReadConfig` and
+`RuntimeConfig` (`rayshard.config_parts`). `LoaderConfig` adds the checks that need two
+parts. The actors receive the `LoaderConfig` itself (`rayshard.settings.LoaderSettings` is
+the same class), with the column rules the loader derived from the source's schema.
 
-A YAML file is a flat mapping of these keys, optionally under a top-level `rayshard:` key
-so it can live inside a larger training configuration. ESPnet3's `dist_world_size` is
-accepted as another name for `expected_world_size`::
-
-    total_shards: 16
-    dist_world_size: 8
-    policy: data
-    rotation: stride
-    batch_size: 32
-    last_batch: drop
-    seed: 7
-    shuffle_buffer: 10000
-    paths: [data/train/*.parquet]
-    columns: [tokens, label]
+Every field of every part is also a flat keyword and attribute: `LoaderConfig(seed=7,
+policy="dynamic")`, `config.seed`. A YAML file is a flat mapping of these keys, optionally
+under a top-level `rayshard:` key so it can live inside a larger training configuration;
+ESPnet3's `dist_world_size` is another name for `expected_world_size`. Resolution order:
+explicit value, then the file (or a given `LoaderConfig`), then the `RAYSHARD_*` environment
+variables (`rayshard.env`), then the default. Unknown keys are refused with the known ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import os
 from collections.abc import Mapping
+from enum import Enum
 from typing import Any
 
+from rayshard.columns import ColumnRules
+from rayshard.config_parts import ReadConfig, RuntimeConfig
+from rayshard.env import plan_overrides
 from rayshard.errors import ConfigError
 from rayshard.packing import Packing
-from rayshard.plan import LastBatch, PlanConfig, Rotation, Uneven
+from rayshard.plan import LastBatch, PlanConfig
 from rayshard.sharding import ShardingPolicy
 
-_PLAN_KEYS = tuple(f.name for f in dataclasses.fields(PlanConfig))
-_ALIASES = {"dist_world_size": "expected_world_size"}
-_FORMATS = ("auto", "parquet", "arrow")
+PARTS: dict[str, type] = {"plan": PlanConfig, "read": ReadConfig, "runtime": RuntimeConfig}
+# flat option name -> the part that holds it (each name is in exactly one part)
+OWNER = {f.name: part for part, cls in PARTS.items() for f in dataclasses.fields(cls)}
+ALIASES = {"dist_world_size": "expected_world_size"}
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True, init=False)
 class LoaderConfig:
-    """Planner settings (those of `PlanConfig`) plus the loader's own.
+    """Planner, reading and runtime settings (see the module docstring and the parts).
 
-    - `policy`: one of `ShardingPolicy` (default `data`: exact, deterministic, any source).
-    - `shuffle_buffer`: rows of the in-rank shuffle buffer (0: read order, no shuffle).
-    - `shuffle_blocks`: rows per block of the streaming global shuffle (0: off; `data`).
-    - `prefetch_depth`: batches kept ready ahead of the training loop.
-    - `paths`, `columns`, `split_rows`, `source_format`: where the data is
-      (`auto` picks Arrow for `.arrow`/`.feather` paths, Parquet otherwise).
-    - `packing`: a `Packing`, or its fields as a mapping (YAML: `packing: {column: tokens,
-      seq_len: 2048}`), or None.
+    `LoaderConfig(plan=..., read=..., runtime=..., **flat)`: any part given whole, any field
+    given flat (flat wins over the part it belongs to). `column_rules` is filled in by the
+    loader from `padding`, `fill_null` and the source's schema.
     """
 
-    batch_size: int = 1
-    total_shards: int | None = None
-    expected_world_size: int | None = None
-    rotation: Rotation = Rotation.SHIFT
-    uneven: Uneven = Uneven.UNBALANCED
-    last_batch: LastBatch = LastBatch.PARTIAL
-    pad_last_batch: bool = False
-    equal_steps: bool = True
-    seed: int = 0
-    policy: ShardingPolicy = ShardingPolicy.DATA
-    shuffle_buffer: int = 0
-    shuffle_blocks: int = 0
-    prefetch_depth: int = 2
-    paths: tuple[str, ...] | None = None
-    columns: tuple[str, ...] | None = None
-    split_rows: int | None = None
-    source_format: str = "auto"
-    packing: Packing | None = None
+    plan: PlanConfig
+    read: ReadConfig
+    runtime: RuntimeConfig
+    column_rules: ColumnRules
+
+    def __init__(
+        self,
+        *,
+        plan: PlanConfig | None = None,
+        read: ReadConfig | None = None,
+        runtime: RuntimeConfig | None = None,
+        column_rules: ColumnRules | None = None,
+        **flat: Any,
+    ) -> None:
+        flat = canonical(flat, "arguments")
+        given = {"plan": plan, "read": read, "runtime": runtime}
+        for part, cls in PARTS.items():
+            values = {k: v for k, v in flat.items() if OWNER[k] == part}
+            base = given[part]
+            value = cls(**values) if base is None else dataclasses.replace(base, **values)
+            object.__setattr__(self, part, value)
+        rules = ColumnRules() if column_rules is None else column_rules
+        object.__setattr__(self, "column_rules", rules)
+        self.__post_init__()
 
     def __post_init__(self) -> None:
-        set_ = object.__setattr__
-        set_(self, "packing", _packing(self.packing))
-        plan = PlanConfig(**{k: getattr(self, k) for k in _PLAN_KEYS})
-        for key in _PLAN_KEYS:  # normalized values (enums, bools)
-            set_(self, key, getattr(plan, key))
-        set_(self, "policy", ShardingPolicy.parse(self.policy))
-        _check_int(self.shuffle_buffer, "shuffle_buffer", 0, "0 turns shuffling off")
-        _check_int(self.shuffle_blocks, "shuffle_blocks", 0, "0 turns the global shuffle off")
-        _check_int(self.prefetch_depth, "prefetch_depth", 1, "the default is 2")
-        if self.split_rows is not None:
-            _check_int(self.split_rows, "split_rows", 1, "or leave it unset")
-        set_(self, "paths", _strings(self.paths, "paths"))
-        set_(self, "columns", _strings(self.columns, "columns"))
-        fmt = str(self.source_format).strip().lower()
-        if fmt not in _FORMATS:
+        """The checks that need two parts."""
+        if self.straggler_timeout_s is not None and self.policy is not ShardingPolicy.DYNAMIC:
             raise ConfigError(
-                f"source_format={self.source_format!r} is not a valid choice: "
-                f"use one of {', '.join(_FORMATS)}"
+                f"straggler_timeout_s={self.straggler_timeout_s!r} needs policy='dynamic' "
+                f"(policy={self.policy.value!r} plans every rank's share up front): use "
+                "policy='dynamic', or leave straggler_timeout_s unset"
             )
-        set_(self, "source_format", fmt)
+        self.runtime.check_straggler_margin()
+        if self.packing is not None and self.last_batch is LastBatch.DROP:
+            raise ConfigError(
+                "packing with last_batch='drop' would drop documents: set last_batch="
+                "'partial' and choose Packing(last_row='pad' or 'drop') for the last row"
+            )
 
     # -- building -------------------------------------------------------------------------
     @classmethod
     def known_keys(cls) -> list[str]:
-        return sorted([f.name for f in dataclasses.fields(cls)] + list(_ALIASES))
+        """Every flat key a file or the keyword arguments may set (aliases included)."""
+        return sorted([*OWNER, *ALIASES])
+
+    def replace(self, **explicit: Any) -> LoaderConfig:
+        """A copy with `explicit` flat values (`None`: not given) over this one's."""
+        given = {k: v for k, v in canonical(explicit, "arguments").items() if v is not None}
+        return LoaderConfig(
+            plan=self.plan,
+            read=self.read,
+            runtime=self.runtime,
+            column_rules=self.column_rules,
+            **given,
+        )
 
     @classmethod
     def resolve(
@@ -108,18 +114,10 @@ class LoaderConfig:
         file_name: str = "configuration file",
     ) -> LoaderConfig:
         """Explicit arguments over the file over the environment; `None` means not given."""
-        explicit_ = _canonical(explicit or {}, "arguments")
-        file_ = _canonical(file or {}, file_name)
-        plan = PlanConfig.resolve(
-            explicit={k: v for k, v in explicit_.items() if k in _PLAN_KEYS},
-            file={k: v for k, v in file_.items() if k in _PLAN_KEYS},
-            environ=environ,
-        )
-        merged = {k: getattr(plan, k) for k in _PLAN_KEYS}
-        for source in (file_, explicit_):
-            merged.update(
-                {k: v for k, v in source.items() if k not in _PLAN_KEYS and v is not None}
-            )
+        merged: dict[str, Any] = dict(plan_overrides(environ))
+        for values, where in ((file, file_name), (explicit, "arguments")):
+            given = canonical(values or {}, where)
+            merged.update({k: v for k, v in given.items() if v is not None})
         return cls(**merged)
 
     @classmethod
@@ -131,33 +129,10 @@ class LoaderConfig:
         **explicit: Any,
     ) -> LoaderConfig:
         """Read a YAML file; keyword arguments (not `None`) override its values."""
-        import yaml
-
         name = os.fspath(path)
-        try:
-            with open(name, encoding="utf-8") as handle:
-                document = yaml.safe_load(handle)
-        except FileNotFoundError as error:
-            raise ConfigError(f"{name}: no such configuration file") from error
-        except yaml.YAMLError as error:
-            raise ConfigError(f"{name} is not valid YAML: {error}") from error
-        if document is None:
-            document = {}
-        if isinstance(document, Mapping) and set(document) == {"rayshard"}:
-            document = document["rayshard"] or {}
-        if not isinstance(document, Mapping):
-            raise ConfigError(
-                f"{name} must hold a mapping of loader settings (key: value lines), "
-                f"not a {type(document).__name__}"
-            )
-        return cls.resolve(explicit=explicit, file=document, environ=environ, file_name=name)
+        return cls.resolve(explicit, read_yaml(name), environ, file_name=name)
 
     # -- using ----------------------------------------------------------------------------
-    @property
-    def plan(self) -> PlanConfig:
-        """The planner's part of this configuration."""
-        return PlanConfig(**{k: getattr(self, k) for k in _PLAN_KEYS})
-
     def make_source(self, filesystem: Any = None) -> Any:
         """The file source `paths` and `columns` describe (Parquet or Arrow IPC)."""
         if not self.paths:
@@ -178,33 +153,63 @@ class LoaderConfig:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON/YAML-safe view (enums as strings, tuples as lists)."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, Packing):
-                value = value.to_dict()
-            elif hasattr(value, "value"):
-                value = value.value
-            elif isinstance(value, tuple):
-                value = list(value)
-            out[f.name] = value
-        return out
+        """Every flat key, JSON/YAML-safe (enums as strings, tuples as lists)."""
+        return {name: _plain(name, getattr(self, name)) for name in OWNER}
+
+    @property
+    def block_batches(self) -> int:
+        """Batches per object-store block: `batches_per_object`, or by default 16 for the
+        static policies (fewer, larger objects: less per-object overhead) and 4 for
+        `dynamic` (a reader holds fewer leased rows ahead, so the work stays spread and a
+        rank that joins late still finds some)."""
+        if self.batches_per_object is not None:
+            return self.batches_per_object
+        return 4 if self.policy is ShardingPolicy.DYNAMIC else 16
+
+    def fingerprint(self, source_name: str, num_samples: int) -> str:
+        """A short id of (settings, source) that a saved state must match."""
+        facts = {
+            "plan": self.plan.to_dict(),
+            "policy": self.policy.value,
+            "columns": self.columns,
+            "shuffle": self.shuffle,
+            "shuffle_buffer": self.shuffle_buffer,
+            "source": source_name,
+            "num_samples": num_samples,
+        }
+        # Only when on: ids of loaders without them stay unchanged (saved states, journals).
+        if self.shuffle_blocks:
+            facts["shuffle_blocks"] = self.shuffle_blocks
+        if self.packing is not None:
+            facts["packing"] = self.packing.to_dict()
+        payload = json.dumps(facts, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
-def _canonical(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+def _flat(name: str, part: str) -> property:
+    def get(self: LoaderConfig) -> Any:
+        return getattr(getattr(self, part), name)
+
+    return property(get, doc=f"`{part}.{name}`")
+
+
+for _name, _part in OWNER.items():
+    setattr(LoaderConfig, _name, _flat(_name, _part))
+
+
+def canonical(values: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Flat settings under their canonical names; unknown keys are refused."""
     if not isinstance(values, Mapping):
         raise ConfigError(f"{where} must be a mapping of settings, not {type(values).__name__}")
-    known = {f.name for f in dataclasses.fields(LoaderConfig)}
     out: dict[str, Any] = {}
     for key, value in values.items():
-        name = _ALIASES.get(key, key)
-        if name not in known:
+        name = ALIASES.get(key, key)
+        if name not in OWNER:
             raise ConfigError(
                 f"unknown loader option {key!r} in {where}: known options are "
                 f"{', '.join(LoaderConfig.known_keys())}"
             )
-        if name in out and key in _ALIASES and value is not None and out[name] != value:
+        if name in out and key in ALIASES and value is not None and out[name] != value:
             raise ConfigError(
                 f"{where} sets both {key}={value!r} and {name}={out[name]!r}: keep one"
             )
@@ -213,38 +218,56 @@ def _canonical(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     return out
 
 
-def _packing(value: Any) -> Packing | None:
-    if value is None or isinstance(value, Packing):
-        return value
-    if not isinstance(value, Mapping):
+def read_yaml(name: str) -> Mapping[str, Any]:
+    """The mapping of settings in a YAML file (under `rayshard:` or at the top)."""
+    import yaml
+
+    try:
+        with open(name, encoding="utf-8") as handle:
+            document = yaml.safe_load(handle)
+    except FileNotFoundError as error:
+        raise ConfigError(f"{name}: no such configuration file") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{name} is not valid YAML: {error}") from error
+    if document is None:
+        document = {}
+    if isinstance(document, Mapping) and set(document) == {"rayshard"}:
+        document = document["rayshard"] or {}
+    if not isinstance(document, Mapping):
         raise ConfigError(
-            f"packing={value!r} must be a mapping of packing options, e.g. "
-            f"{{column: tokens, seq_len: 2048}}"
+            f"{name} must hold a mapping of loader settings (key: value lines), "
+            f"not a {type(document).__name__}"
         )
-    known = [f.name for f in dataclasses.fields(Packing)]
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown packing option(s) {unknown}: known options are {known}")
-    try:
-        return Packing(**value)
-    except TypeError as error:  # a required option missing
-        raise ConfigError(f"packing={dict(value)!r}: {error} (column and seq_len)") from None
+    return document
 
 
-def _strings(value: Any, name: str) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, (str, os.PathLike)):
-        value = [value]
-    try:
-        items = tuple(os.fspath(v) for v in value)
-    except TypeError as error:
-        raise ConfigError(f"{name}={value!r} must be a string or a list of strings") from error
-    if not items:
-        raise ConfigError(f"{name}=[] is empty: leave it unset or name at least one")
-    return items
+def loader_config(
+    config: LoaderConfig | Mapping[str, Any] | str | os.PathLike | None,
+    explicit: Mapping[str, Any],
+    *,
+    environ: Mapping[str, str] | None = None,
+) -> LoaderConfig:
+    """What `Loader(source, config, **explicit)` runs with: `explicit` (None: not given)
+    over `config` over the environment over the defaults. A `LoaderConfig` is complete (it
+    read the environment when it was resolved); a mapping or a YAML path is a file."""
+    if isinstance(config, LoaderConfig):
+        return config.replace(**explicit)
+    if isinstance(config, (str, os.PathLike)):
+        return LoaderConfig.from_yaml(config, environ=environ, **explicit)
+    return LoaderConfig.resolve(explicit, config, environ)
 
 
-def _check_int(value: Any, name: str, minimum: int, hint: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{name}={value!r} is not in the range {name}>={minimum} ({hint})")
+def _plain(name: str, value: Any) -> Any:
+    if isinstance(value, Packing):
+        return value.to_dict()
+    if isinstance(value, Enum):
+        return value.value
+    if name == "padding" and value is not None:
+        return {column: dataclasses.asdict(p) for column, p in value}
+    if name in ("fill_null", "transform_resources") and value is not None:
+        return dict(value)
+    if name == "dp_groups" and value is not None:
+        return [list(group) for group in value]
+    if isinstance(value, tuple):
+        return list(value)
+    return value

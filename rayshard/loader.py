@@ -9,27 +9,27 @@ The loader pickles into `train_loop_config` (it carries the coordinator's handle
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rayshard.columns import Padding, check_loader_columns
-from rayshard.config import LoaderConfig
+from rayshard.columns import check_loader_columns
+from rayshard.config import LoaderConfig, loader_config
 from rayshard.errors import ConfigError
 from rayshard.iterator import ShardIterator
-from rayshard.packing import Packing, check_packing_input
-from rayshard.plan import PlanConfig, check_not_empty, data_parallel_rank
+from rayshard.packing import check_packing_input
+from rayshard.plan import check_not_empty, data_parallel_rank
 from rayshard.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.reader import ShardReader
-from rayshard.settings import LoaderSettings, as_tuple_groups
 from rayshard.sharding import assign
 from rayshard.sources import Source
 from rayshard.transforms import TransformFn, check_transform
@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 
 class Loader:
-    """An elastic, exactly-once data loader over `source` (see the README for the options).
+    """An elastic, exactly-once data loader over `source`, configured by a `LoaderConfig`
+    and keyword options (every `LoaderConfig` key; see `rayshard.config` and the README).
 
     `transform=fn` runs `fn(batch, ctx)` on every batch in the reader processes (see
     `rayshard.transforms`); it must be callable and pickle with cloudpickle.
@@ -51,94 +52,41 @@ class Loader:
     def __init__(
         self,
         source: Source,
+        config: LoaderConfig | Mapping[str, Any] | str | os.PathLike | None = None,
         *,
-        batch_size: int,
-        name: str = "rayshard",
-        namespace: str | None = None,
-        policy: str = "data",
-        total_shards: int | None = None,
-        rotation: str | None = None,
-        last_batch: str | None = None,
-        pad_last_batch: bool | None = None,
-        uneven: str | None = None,
-        equal_steps: bool | None = None,
-        seed: int | None = None,
-        expected_world_size: int | None = None,
-        columns: Sequence[str] | None = None,
-        padding: Mapping[str, Padding] | None = None,
-        fill_null: Mapping[str, Any] | None = None,
-        shuffle: bool = False,
-        shuffle_buffer: int = 0,
-        shuffle_blocks: int = 0,
-        prefetch_depth: int = 2,
-        batches_per_object: int | None = None,
-        object_bytes: int = 8 << 20,
-        reader_threads: int = 1,
-        ack_interval_s: float = 0.1,
-        model_parallel_size: int = 1,
-        dp_groups: Sequence[Sequence[int]] | None = None,
-        state_timeout_s: float = 60.0,
-        straggler_timeout_s: float | None = None,
-        journal_path: str | None = None,
-        coordinator_max_restarts: int = 3,
-        config_file: dict | None = None,
         transform: TransformFn | None = None,
-        transform_workers: int = 1,
-        transform_resources: Mapping[str, float] | None = None,
-        packing: Packing | None = None,
+        config_file: Mapping[str, Any] | None = None,
+        **options: Any,
     ) -> None:
+        """`options` are `LoaderConfig` keys (`batch_size=32`, `policy="dynamic"`, ...; an
+        unknown one is a `ConfigError` listing the known ones). They win over `config` (a
+        `LoaderConfig`, a mapping of settings, or a YAML file's path; `config_file` is the
+        older name of the mapping), which wins over `RAYSHARD_*` variables, which win over
+        the defaults. A `None` option counts as not given."""
         if not isinstance(source, Source):
             raise TypeError(
                 f"source must be a rayshard Source (e.g. ParquetSource, TableSource), "
                 f"got {type(source).__name__}"
             )
-        plan = PlanConfig.resolve(
-            explicit={
-                "batch_size": batch_size,
-                "total_shards": total_shards,
-                "rotation": rotation,
-                "last_batch": last_batch,
-                "pad_last_batch": pad_last_batch,
-                "uneven": uneven,
-                "equal_steps": equal_steps,
-                "seed": seed,
-                "expected_world_size": expected_world_size,
-            },
-            file=config_file,
-        )
+        if config is not None and config_file is not None:
+            raise ConfigError("give config= or config_file= (its older name), not both")
+        settings = loader_config(config if config is not None else config_file, options)
         rules = check_loader_columns(
-            source.schema(), columns, padding, fill_null, source.describe()
+            source.schema(),
+            settings.columns,
+            _mapping(settings.padding),
+            _mapping(settings.fill_null),
+            source.describe(),
         )
-        self.settings = LoaderSettings(
-            plan=plan,
-            column_rules=rules,
-            policy=policy,
-            columns=tuple(columns) if columns is not None else None,
-            shuffle=shuffle,
-            shuffle_buffer=shuffle_buffer,
-            shuffle_blocks=shuffle_blocks,
-            prefetch_depth=prefetch_depth,
-            batches_per_object=batches_per_object,
-            object_bytes=object_bytes,
-            reader_threads=reader_threads,
-            ack_interval_s=ack_interval_s,
-            model_parallel_size=model_parallel_size,
-            dp_groups=as_tuple_groups(dp_groups),
-            state_timeout_s=state_timeout_s,
-            straggler_timeout_s=straggler_timeout_s,
-            journal_path=journal_path,
-            transform_workers=transform_workers,
-            transform_resources=transform_resources,
-            packing=packing,
-        )
+        self.settings = dataclasses.replace(settings, column_rules=rules)
         check_transform(transform)
-        if packing is not None:
-            check_packing_input(source, self.settings.packing, columns, transform)
-        if transform is None and (
-            self.settings.transform_workers > 1 or self.settings.transform_resources
-        ):
-            given = f"transform_workers={transform_workers}" + (
-                "" if transform_resources is None else f" with {transform_resources=}"
+        if settings.packing is not None:
+            check_packing_input(source, settings.packing, settings.columns, transform)
+        if transform is None and (settings.transform_workers > 1 or settings.transform_resources):
+            given = f"transform_workers={settings.transform_workers}" + (
+                ""
+                if settings.transform_resources is None
+                else f" with transform_resources={dict(settings.transform_resources)!r}"
             )
             raise ConfigError(
                 f"{given} needs a transform: pass transform=fn, or leave transform_workers "
@@ -148,16 +96,17 @@ class Loader:
         self.source = source
         self.layout = source.layout()
         check_not_empty(self.layout, source.describe())
-        if expected_world_size is not None:
-            self.check_world(expected_world_size * model_parallel_size)
+        if settings.expected_world_size is not None:
+            self.check_world(settings.expected_world_size * settings.model_parallel_size)
         if not ray.is_initialized():
             apply_ray_env_defaults()
             ray.init()
-        self.name = name
-        self.namespace = namespace or f"rayshard-{ray.get_runtime_context().get_job_id()}"
+        name = self.name = settings.name
+        self.namespace = settings.namespace or f"rayshard-{ray.get_runtime_context().get_job_id()}"
         self.loader_id = (
             f"{name}:{self.settings.fingerprint(source.describe(), self.layout.num_samples)}"
         )
+        journal_path = settings.journal_path
         self.journal_path = journal_path or default_journal_path(self.namespace, name)
         if journal_path is not None:
             Journal(self.journal_path, self.loader_id).check_reusable()
@@ -170,7 +119,7 @@ class Loader:
                     namespace=self.namespace,
                     num_cpus=0,
                     # Restarts replay the journal; calls in flight are retried by Ray.
-                    max_restarts=coordinator_max_restarts,
+                    max_restarts=settings.coordinator_max_restarts,
                     max_task_retries=-1,
                     # The default journal is a local file: keep the coordinator on its node.
                     scheduling_strategy=NodeAffinitySchedulingStrategy(here, soft=False),
@@ -194,30 +143,11 @@ class Loader:
 
     @classmethod
     def from_config(
-        cls, config: LoaderConfig, *, source: Source | None = None, **options
+        cls, config: LoaderConfig, *, source: Source | None = None, **options: Any
     ) -> Loader:
-        """A loader from a `LoaderConfig` (e.g. read from YAML); `options` are the
-        loader's own keyword arguments (`name`, `namespace`, `shuffle`, ...)."""
-        plan = config.plan
-        return cls(
-            source if source is not None else config.make_source(),
-            batch_size=plan.batch_size,
-            policy=config.policy.value,
-            total_shards=plan.total_shards,
-            rotation=plan.rotation.value,
-            last_batch=plan.last_batch.value,
-            pad_last_batch=plan.pad_last_batch,
-            uneven=plan.uneven.value,
-            equal_steps=plan.equal_steps,
-            seed=plan.seed,
-            expected_world_size=plan.expected_world_size,
-            columns=config.columns,
-            shuffle_buffer=config.shuffle_buffer,
-            shuffle_blocks=config.shuffle_blocks,
-            prefetch_depth=config.prefetch_depth,
-            packing=config.packing,
-            **options,
-        )
+        """A loader from a `LoaderConfig` (e.g. read from YAML); `options` (any
+        `LoaderConfig` key, and `transform`) win over its values."""
+        return cls(source if source is not None else config.make_source(), config, **options)
 
     @classmethod
     def from_yaml(
@@ -226,10 +156,11 @@ class Loader:
         *,
         source: Source | None = None,
         loader_options: dict | None = None,
-        **explicit,
+        **explicit: Any,
     ) -> Loader:
         """A loader from a YAML file; `explicit` settings win over the file, the file over
-        `RAYSHARD_*` variables. `loader_options` go to the constructor (`name`, ...)."""
+        `RAYSHARD_*` variables. `loader_options` go to the constructor too (`name`,
+        `transform`, ...)."""
         return cls.from_config(
             LoaderConfig.from_yaml(path, **explicit), source=source, **(loader_options or {})
         )
@@ -364,3 +295,8 @@ def _train_world(world_rank: int | None, world_size: int | None) -> tuple[int, i
     except Exception:  # noqa: BLE001 - not inside a Train worker
         rank, size = 0, 1
     return (rank if world_rank is None else world_rank, size if world_size is None else world_size)
+
+
+def _mapping(pairs: Any) -> Any:
+    """`padding`/`fill_null` pairs as the {column: option} mapping `rayshard.columns` takes."""
+    return dict(pairs) if isinstance(pairs, tuple) else pairs

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any, TypeVar
 
+from rayshard.checks import check_int
 from rayshard.env import parse_bool, plan_overrides
 from rayshard.errors import ConfigError
 
@@ -121,12 +122,3 @@ class PlanConfig:
             if isinstance(value, Enum):
                 out[key] = value.value
         return out
-
-
-def check_int(value: Any, name: str, *, minimum: int, fix: str = "") -> None:
-    """`value` must be an int (not a bool) >= `minimum`; the error names it and the fix."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")
-    if value < minimum:
-        suffix = f" ({fix})" if fix else ""
-        raise ConfigError(f"{name}={value} is not in the range {name}>={minimum}{suffix}")

@@ -1,0 +1,74 @@
+"""The value checks every configuration object shares, each with one message format.
+
+Every message names the option, its value, the rule and a way out, e.g.
+`prefetch_depth=0 is not in the range prefetch_depth>=1 (the default is 2)`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rayshard.errors import ConfigError
+
+
+def check_int(value: Any, name: str, *, minimum: int, fix: str = "") -> None:
+    """`value` must be an int (not a bool) >= `minimum`; the error names it and the fix."""
+    suffix = f" ({fix})" if fix else ""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}{suffix}")
+    if value < minimum:
+        raise ConfigError(f"{name}={value} is not in the range {name}>={minimum}{suffix}")
+
+
+def check_number(value: Any, name: str, *, positive: bool = True, fix: str = "") -> float:
+    """`value` must be a finite number, > 0 (`positive`) or >= 0; returns it as a float."""
+    rule = f"{name}>0" if positive else f"{name}>=0"
+    suffix = f" ({fix})" if fix else ""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"{name}={value!r} must be a number in the range {rule}{suffix}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ConfigError(f"{name}={value!r} is not in the range {rule}{suffix}")
+    return float(value)
+
+
+def check_resources(resources: Any) -> tuple[tuple[str, float], ...]:
+    """`transform_resources` as sorted (name, amount) pairs, each amount a number > 0."""
+    pairs = resources.items() if isinstance(resources, Mapping) else resources
+    try:
+        checked = tuple(sorted((str(name), float(amount)) for name, amount in pairs))
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"transform_resources={resources!r} must map Ray resource names to amounts, "
+            f"e.g. {{'CPU': 1, 'preprocess': 1}}"
+        ) from error
+    bad = [(name, amount) for name, amount in checked if not amount > 0 or not name]
+    if bad or not checked:
+        raise ConfigError(
+            f"transform_resources={resources!r}: every resource needs a name and an amount "
+            f"> 0 (bad: {bad or 'none given'}); leave it unset to run the workers on the "
+            f"reader's node"
+        )
+    return checked
+
+
+def as_tuple_groups(groups: Sequence[Sequence[int]] | None) -> Any:
+    """`dp_groups` as a tuple of tuples of ranks (hashable, frozen), or None."""
+    return None if groups is None else tuple(tuple(int(r) for r in g) for g in groups)
+
+
+def strings(value: Any, name: str) -> tuple[str, ...] | None:
+    """A string, path or list of them as a tuple of strings; None stays None."""
+    if value is None:
+        return None
+    if isinstance(value, (str, os.PathLike)):
+        value = [value]
+    try:
+        items = tuple(os.fspath(v) for v in value)
+    except TypeError as error:
+        raise ConfigError(f"{name}={value!r} must be a string or a list of strings") from error
+    if not items:
+        raise ConfigError(f"{name}=[] is empty: leave it unset or name at least one")
+    return items

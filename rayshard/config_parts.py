@@ -1,0 +1,253 @@
+"""The loader's own configuration parts besides the planner's `PlanConfig`.
+
+`ReadConfig` says what is read and in which order, `RuntimeConfig` how the actors run.
+Each is frozen and keyword-only and checks its own fields in `__post_init__`; checks that
+need two parts live in `rayshard.config.LoaderConfig`. Every field here is plain data, so
+every one of them can be set from YAML under its own name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from rayshard.checks import as_tuple_groups, check_int, check_number, check_resources, strings
+from rayshard.columns import Padding
+from rayshard.errors import ConfigError
+from rayshard.packing import Packing
+from rayshard.sharding import ShardingPolicy
+
+FORMATS = ("auto", "parquet", "arrow")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ReadConfig:
+    """What the readers read, and in which order.
+
+    - `policy`: one of `ShardingPolicy` but `hint` (default `data`: exact, any source).
+    - `paths`, `source_format`, `split_rows`: the files `LoaderConfig.make_source` opens
+      (`auto` picks Arrow for `.arrow`/`.feather`/`.ipc` paths, Parquet otherwise).
+    - `columns`: the columns read (None: all); `padding`, `fill_null`: per-column rules
+      (`rayshard.columns`), as {column: option} mappings.
+    - `shuffle`: shuffle pieces (static policies) or leases (`dynamic`) per epoch;
+      `shuffle_buffer`: rows of the in-rank shuffle buffer (0: off);
+      `shuffle_blocks`: rows per block of the streaming global shuffle (0: off; `data`).
+    - `reader_threads`: threads reading pieces ahead, in plan order.
+    - `packing`: a `Packing`, or its fields as a mapping (YAML: `packing: {column: tokens,
+      seq_len: 2048}`), or None.
+    """
+
+    policy: ShardingPolicy = ShardingPolicy.DATA
+    paths: tuple[str, ...] | None = None
+    source_format: str = "auto"
+    split_rows: int | None = None
+    columns: tuple[str, ...] | None = None
+    padding: tuple[tuple[str, Padding], ...] | None = None
+    fill_null: tuple[tuple[str, Any], ...] | None = None
+    shuffle: bool = False
+    shuffle_buffer: int = 0
+    shuffle_blocks: int = 0
+    reader_threads: int = 1
+    packing: Packing | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        policy = ShardingPolicy.parse(self.policy)
+        if policy is ShardingPolicy.HINT:
+            raise ConfigError(
+                "policy='hint' is for pipelines you build yourself: shard them with "
+                "rayshard.sharding.bind_hints; the loader serves 'data', 'file', "
+                "'file_or_data', 'off' and 'dynamic'"
+            )
+        set_(self, "policy", policy)
+        set_(self, "paths", strings(self.paths, "paths"))
+        set_(self, "columns", strings(self.columns, "columns"))
+        fmt = str(self.source_format).strip().lower()
+        if fmt not in FORMATS:
+            raise ConfigError(
+                f"source_format={self.source_format!r} is not a valid choice: "
+                f"use one of {', '.join(FORMATS)}"
+            )
+        set_(self, "source_format", fmt)
+        if self.split_rows is not None:
+            check_int(self.split_rows, "split_rows", minimum=1, fix="or leave it unset")
+        set_(self, "padding", _pairs(self.padding, "padding", _padding))
+        set_(self, "fill_null", _pairs(self.fill_null, "fill_null", lambda _, v: v))
+        if not isinstance(self.shuffle, bool):
+            raise ConfigError(f"shuffle={self.shuffle!r} must be true or false")
+        check_int(self.shuffle_buffer, "shuffle_buffer", minimum=0, fix="0 turns shuffling off")
+        check_int(self.shuffle_blocks, "shuffle_blocks", minimum=0, fix="rows per block; 0 is off")
+        if self.shuffle_blocks and policy is not ShardingPolicy.DATA:
+            raise ConfigError(
+                f"shuffle_blocks={self.shuffle_blocks} needs policy='data' (policy="
+                f"{policy.value!r} assigns whole files or leases splits): use policy='data', "
+                "or shuffle=True with shuffle_buffer"
+            )
+        if self.shuffle_buffer and policy is ShardingPolicy.DYNAMIC:
+            raise ConfigError(
+                f"shuffle_buffer={self.shuffle_buffer} with policy='dynamic' is not supported: "
+                "rows are leased on demand and a buffer would hold leased rows back; use "
+                "shuffle=True (leases in a seeded random order per epoch), or a static policy"
+            )
+        check_int(self.reader_threads, "reader_threads", minimum=1, fix="the default is 1")
+        set_(self, "packing", _packing(self.packing))
+        if self.packing is not None:
+            self._check_packing()
+
+    def _check_packing(self) -> None:
+        """Packing runs on the static `data` plan, after reading, without row shuffling."""
+        if self.policy is not ShardingPolicy.DATA:
+            raise ConfigError(
+                f"packing with policy={self.policy.value!r} is not supported: packing needs "
+                f"the static 'data' policy (its packed row counts are planned before the "
+                f"epoch); use policy='data'"
+            )
+        if self.shuffle_buffer:
+            raise ConfigError(
+                f"packing with shuffle_buffer={self.shuffle_buffer} is not supported: packed "
+                f"rows follow the reading order; use shuffle=True (shuffled pieces) and "
+                f"shuffle_buffer=0"
+            )
+        if self.shuffle_blocks:
+            raise ConfigError(
+                f"packing with shuffle_blocks={self.shuffle_blocks} is not supported: packed "
+                f"rows are planned in reading order; use shuffle=True (shuffled pieces) and "
+                f"leave shuffle_blocks unset"
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    """How the loader's actors run.
+
+    - `name`, `namespace`: the coordinator actor's (namespace None: one per Ray job);
+      `coordinator_max_restarts`: Ray restarts of the coordinator (-1: forever).
+    - `prefetch_depth`: batches kept ready ahead of the training loop.
+    - `batches_per_object` (None: 16 for static policies, 4 for `dynamic`) and
+      `object_bytes`: how batches are grouped into object-store blocks.
+    - `ack_interval_s`, `lease_poll_s`, `state_timeout_s`: acknowledgement period, lease
+      polling period, and how long a state request waits.
+    - `straggler_timeout_s`: `dynamic` only: silence before a rank's work is reoffered.
+    - `model_parallel_size`, `dp_groups`: ranks sharing one data-parallel shard.
+    - `transform_workers`: processes running a rank's transform (1: the reader);
+      `transform_resources`: Ray resources of each (None: on the reader's node).
+    - `reader_num_cpus`: CPUs each reader actor reserves.
+    - `journal_path`: where the coordinator journals (None: a local temp file).
+    """
+
+    name: str = "rayshard"
+    namespace: str | None = None
+    coordinator_max_restarts: int = 3
+    prefetch_depth: int = 2
+    batches_per_object: int | None = None
+    object_bytes: int = 8 << 20
+    ack_interval_s: float = 0.1
+    lease_poll_s: float = 0.05
+    state_timeout_s: float = 60.0
+    straggler_timeout_s: float | None = None
+    model_parallel_size: int = 1
+    dp_groups: tuple[tuple[int, ...], ...] | None = None
+    transform_workers: int = 1
+    transform_resources: tuple[tuple[str, float], ...] | None = None
+    reader_num_cpus: float = 0.0
+    journal_path: str | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        for key in ("name", "namespace", "journal_path"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise ConfigError(f"{key}={value!r} must be a non-empty string")
+        if self.name is None:
+            raise ConfigError("name=None must be a non-empty string (the default is 'rayshard')")
+        check_int(
+            self.coordinator_max_restarts, "coordinator_max_restarts", minimum=-1, fix="-1: forever"
+        )
+        check_int(self.prefetch_depth, "prefetch_depth", minimum=1, fix="the default is 2")
+        if self.batches_per_object is not None:
+            check_int(self.batches_per_object, "batches_per_object", minimum=1)
+        check_int(
+            self.object_bytes,
+            "object_bytes",
+            minimum=1,
+            fix="bytes per object-store block; 8 MiB is the default",
+        )
+        for key in ("ack_interval_s", "lease_poll_s", "state_timeout_s"):
+            set_(self, key, check_number(getattr(self, key), key, fix="seconds"))
+        set_(
+            self,
+            "reader_num_cpus",
+            check_number(self.reader_num_cpus, "reader_num_cpus", positive=False),
+        )
+        check_int(self.model_parallel_size, "model_parallel_size", minimum=1)
+        set_(self, "dp_groups", as_tuple_groups(self.dp_groups))
+        check_int(self.transform_workers, "transform_workers", minimum=1)
+        if self.transform_resources is not None:
+            set_(self, "transform_resources", check_resources(self.transform_resources))
+        self._check_straggler_timeout()
+
+    def _check_straggler_timeout(self) -> None:
+        timeout = self.straggler_timeout_s
+        if timeout is None:
+            return
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+            raise TypeError(
+                f"straggler_timeout_s={timeout!r} must be a number of seconds, or None (off)"
+            )
+        check_number(
+            timeout,
+            "straggler_timeout_s",
+            fix="give the seconds a rank may hold work silently, or None to turn it off",
+        )
+        object.__setattr__(self, "straggler_timeout_s", float(timeout))
+
+    def check_straggler_margin(self) -> None:
+        """The straggler timeout must exceed twice the slowest heartbeat (ack or poll)."""
+        timeout = self.straggler_timeout_s
+        slowest = max(self.ack_interval_s, self.lease_poll_s)
+        if timeout is not None and timeout <= 2 * slowest:
+            raise ConfigError(
+                f"straggler_timeout_s={timeout!r} must exceed twice ack_interval_s="
+                f"{self.ack_interval_s!r} and lease_poll_s={self.lease_poll_s!r}, or healthy "
+                "ranks would look silent: raise it (well above a training step's time)"
+            )
+
+
+def _pairs(value: Any, name: str, convert: Any) -> tuple[tuple[str, Any], ...] | None:
+    """A {column: option} mapping as sorted (column, option) pairs; other values stay for
+    `rayshard.columns` to refuse with its own message."""
+    if value is None or not isinstance(value, Mapping):
+        return value
+    return tuple(sorted((str(k), convert(k, v)) for k, v in value.items()))
+
+
+def _padding(column: str, value: Any) -> Any:
+    if not isinstance(value, Mapping):
+        return value  # a Padding, or something `rayshard.columns` refuses by name
+    known = [f.name for f in dataclasses.fields(Padding)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ConfigError(
+            f"padding[{column!r}]: unknown option(s) {unknown}: known options are {known}"
+        )
+    return Padding(**value)
+
+
+def _packing(value: Any) -> Packing | None:
+    if value is None or isinstance(value, Packing):
+        return value
+    if not isinstance(value, Mapping):
+        raise TypeError(
+            f"packing={value!r} must be a rayshard.packing.Packing, e.g. "
+            f"Packing(column='tokens', seq_len=2048), or a mapping of packing options, e.g. "
+            f"{{column: tokens, seq_len: 2048}}"
+        )
+    known = [f.name for f in dataclasses.fields(Packing)]
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown packing option(s) {unknown}: known options are {known}")
+    try:
+        return Packing(**value)
+    except TypeError as error:  # a required option missing
+        raise ConfigError(f"packing={dict(value)!r}: {error} (column and seq_len)") from None
