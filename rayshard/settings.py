@@ -6,9 +6,8 @@ field and its default); the loader fills in its `column_rules` before the actors
 
 from __future__ import annotations
 
-from rayshard.checks import as_tuple_groups, check_resources
 from rayshard.config import LoaderConfig
 
 LoaderSettings = LoaderConfig
 
-__all__ = ["LoaderSettings", "as_tuple_groups", "check_resources"]
+__all__ = ["LoaderSettings"]

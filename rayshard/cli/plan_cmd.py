@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Any
 
 import click
 
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout, EpochPlan, LastBatch, PlanConfig, Rotation, Uneven, plan_epoch
+
+# The planning options are `PlanConfig` fields (all but `expected_world_size`: the plan is
+# for --world-size), passed to `PlanConfig.resolve` by name; their defaults are its own
+# (None: the `RAYSHARD_*` variable, else the default). tests/plan/test_cli_plan.py checks.
+_DEFAULT = {f.name: f.default for f in dataclasses.fields(PlanConfig)}
+NOT_PLANNING = ("samples", "files", "rows_per_file", "world_size", "epochs", "fmt")
 
 
 def _choices(enum_cls) -> click.Choice:
@@ -27,13 +35,15 @@ def _choices(enum_cls) -> click.Choice:
 @click.option("--world-size", type=click.IntRange(min=1), required=True, help="Ranks W.")
 @click.option("--total-shards", type=click.IntRange(min=1), help="Shards S (default: W).")
 @click.option("--rotation", type=_choices(Rotation), help="Shard rotation across epochs.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option(
+    "--batch-size", type=click.IntRange(min=1), default=_DEFAULT["batch_size"], show_default=True
+)
 @click.option("--last-batch", type=_choices(LastBatch), help="Policy for the last short batch.")
 @click.option("--pad-last-batch/--no-pad-last-batch", default=None, help="Pad to equal batches.")
 @click.option("--uneven", type=_choices(Uneven), help="Uneven-file policy (file mode).")
-@click.option("--equal-steps/--no-equal-steps", default=True, show_default=True)
+@click.option("--equal-steps/--no-equal-steps", default=_DEFAULT["equal_steps"], show_default=True)
+@click.option("--seed", type=click.IntRange(min=0), default=_DEFAULT["seed"], show_default=True)
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
@@ -42,16 +52,9 @@ def plan_command(
     files: int | None,
     rows_per_file: int,
     world_size: int,
-    total_shards: int | None,
-    rotation: str | None,
-    batch_size: int,
-    last_batch: str | None,
-    pad_last_batch: bool | None,
-    uneven: str | None,
-    equal_steps: bool,
     epochs: int,
-    seed: int,
     fmt: str,
+    **planning: Any,
 ) -> None:
     """Show which shard and sample ranges every rank reads in every epoch.
 
@@ -64,18 +67,7 @@ def plan_command(
         DataLayout.of_files([rows_per_file] * files) if by_files else DataLayout.of_samples(samples)
     )
     try:
-        config = PlanConfig.resolve(
-            explicit={
-                "batch_size": batch_size,
-                "total_shards": total_shards,
-                "rotation": rotation,
-                "last_batch": last_batch,
-                "pad_last_batch": pad_last_batch,
-                "uneven": uneven,
-                "equal_steps": equal_steps,
-                "seed": seed,
-            }
-        )
+        config = PlanConfig.resolve(explicit=planning)
         plans = [
             plan_epoch(config, layout, world_size, e, by_files=by_files) for e in range(epochs)
         ]

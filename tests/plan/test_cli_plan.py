@@ -267,3 +267,17 @@ def test_help_lists_the_flags():
         "--format",
     ):
         assert flag in result.output
+
+
+def test_every_planning_option_is_a_plan_config_field_with_its_default():
+    import dataclasses
+
+    from rayshard.cli.plan_cmd import NOT_PLANNING, plan_command
+
+    fields = {f.name: f.default for f in dataclasses.fields(PlanConfig)}
+    options = {p.name: p.default for p in plan_command.params if p.name not in NOT_PLANNING}
+    assert set(options) == set(fields) - {"expected_world_size"}  # the plan is for W
+    for name, default in options.items():
+        assert default is None or default == fields[name], name  # None: env, else default
+    doc = plan_json("--samples", "8", "--world-size", "2")
+    assert doc["config"] == PlanConfig().to_dict()

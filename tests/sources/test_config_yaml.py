@@ -87,7 +87,9 @@ def test_unknown_keys_list_the_known_ones(tmp_path):
     path = write(tmp_path, "batch_size: 4\nbatchsize: 8\n")
     with pytest.raises(ConfigError, match=r"unknown loader option 'batchsize' in .*loader\.yaml"):
         LoaderConfig.from_yaml(path, environ=NO_ENV)
-    with pytest.raises(ConfigError, match="known options are ack_interval_s, batch_size, batches_per_object"):
+    with pytest.raises(
+        ConfigError, match="known options are ack_interval_s, batch_size, batches_per_object"
+    ):
         LoaderConfig.from_yaml(path, environ=NO_ENV)
     with pytest.raises(ConfigError, match="unknown loader option 'transform' in arguments"):
         LoaderConfig.resolve(explicit={"transform": print}, environ=NO_ENV)

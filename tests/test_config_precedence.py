@@ -1,0 +1,141 @@
+"""One configuration: every plain-data option is a flat key (Python and YAML), resolution
+is explicit > file or LoaderConfig > environment > default, and the loader id is stable."""
+
+from __future__ import annotations
+
+import pickle
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from rayshard.columns import Padding
+from rayshard.config import OWNER, LoaderConfig, loader_config
+from rayshard.errors import ConfigError
+from rayshard.loader import Loader
+from rayshard.packing import Packing
+from rayshard.plan import PlanConfig, Rotation
+from rayshard.settings import LoaderSettings
+from rayshard.sharding import ShardingPolicy
+from rayshard.sources.base import TableSource
+
+NO_ENV: dict[str, str] = {}
+ENV = {"RAYSHARD_ROTATION": "none", "RAYSHARD_LAST_BATCH": "fill"}
+
+# A value other than the default for every key a YAML file may set.
+EVERY_KEY = {
+    "batch_size": 4,
+    "total_shards": 6,
+    "expected_world_size": 3,
+    "rotation": "stride",
+    "uneven": "drop",
+    "last_batch": "fill",
+    "pad_last_batch": True,
+    "equal_steps": False,
+    "seed": 9,
+    "policy": "dynamic",
+    "paths": ["data/*.parquet"],
+    "source_format": "parquet",
+    "split_rows": 100,
+    "columns": ["tokens", "label"],
+    "padding": {"tokens": {"max_length": 8, "pad_value": -1}},
+    "fill_null": {"label": 0},
+    "shuffle": True,
+    "shuffle_buffer": 0,
+    "shuffle_blocks": 0,
+    "reader_threads": 2,
+    "packing": None,
+    "name": "train",
+    "namespace": "job-7",
+    "coordinator_max_restarts": 5,
+    "prefetch_depth": 3,
+    "batches_per_object": 2,
+    "object_bytes": 1 << 20,
+    "ack_interval_s": 0.2,
+    "lease_poll_s": 0.1,
+    "state_timeout_s": 30.0,
+    "straggler_timeout_s": 5.0,
+    "model_parallel_size": 2,
+    "dp_groups": [[0, 1], [2, 3]],
+    "transform_workers": 2,
+    "transform_resources": {"CPU": 1.0, "preprocess": 1.0},
+    "reader_num_cpus": 0.5,
+    "journal_path": "/tmp/journal.jsonl",
+}
+
+
+def test_every_option_is_settable_from_yaml(tmp_path):
+    assert set(EVERY_KEY) == set(OWNER)  # a new option must be added here (and to README)
+    path = tmp_path / "loader.yaml"
+    path.write_text(yaml.safe_dump({"rayshard": EVERY_KEY}))
+    config = LoaderConfig.from_yaml(path, environ=NO_ENV)
+    flat = config.to_dict()
+    assert flat.pop("padding")["tokens"] == {**vars(Padding()), "max_length": 8, "pad_value": -1}
+    assert flat == {k: v for k, v in EVERY_KEY.items() if k != "padding"}
+    assert config.padding == (("tokens", Padding(max_length=8, pad_value=-1)),)
+    assert config.dp_groups == ((0, 1), (2, 3))
+    assert config == LoaderConfig(**EVERY_KEY)
+    assert pickle.loads(pickle.dumps(config)) == config
+    packed = LoaderConfig(packing={"column": "tokens", "seq_len": 8})
+    assert packed.to_dict()["packing"] == Packing(column="tokens", seq_len=8).to_dict()
+
+
+def test_parts_and_flat_keys():
+    config = LoaderConfig(plan=PlanConfig(batch_size=8, seed=2), seed=5, policy="file")
+    assert config.plan == PlanConfig(batch_size=8, seed=5) and config.batch_size == 8
+    assert config.read.policy is ShardingPolicy.FILE is config.policy
+    assert config.runtime.ack_interval_s == 0.1 == config.ack_interval_s
+    assert LoaderSettings is LoaderConfig
+    assert config.replace(seed=None, prefetch_depth=4).seed == 5  # None: not given
+    with pytest.raises(ConfigError, match="unknown loader option 'seeed' in arguments"):
+        LoaderConfig(seeed=1)
+
+
+@pytest.mark.parametrize("form", ["mapping", "yaml", "LoaderConfig"])
+def test_explicit_over_config_over_environment_over_default(tmp_path, form):
+    file = {"batch_size": 4, "rotation": "stride", "seed": 5, "equal_steps": False}
+    config = {"mapping": file, "yaml": tmp_path / "c.yaml", "LoaderConfig": None}[form]
+    if form == "yaml":
+        config.write_text(yaml.safe_dump(file))
+    if form == "LoaderConfig":
+        config = LoaderConfig.resolve(file=file, environ=ENV)
+    # keyword options left unset (None) never override the file: no default sneaks in
+    unset = {"seed": None, "equal_steps": None, "rotation": None, "prefetch_depth": None}
+    got = loader_config(config, unset, environ=ENV)
+    assert got.seed == 5 and got.equal_steps is False  # config over default
+    assert got.rotation is Rotation.STRIDE  # config over environment
+    assert got.last_batch.value == "fill"  # environment over default
+    assert got.prefetch_depth == 2 and got.ack_interval_s == 0.1  # defaults
+    explicit = loader_config(config, {"seed": 3, "equal_steps": True, "rotation": "shift"})
+    assert (explicit.seed, explicit.equal_steps, explicit.rotation) == (3, True, Rotation.SHIFT)
+
+
+def test_environment_over_default_and_defaults_once():
+    got = loader_config(None, {"batch_size": 2}, environ=ENV)
+    assert got.rotation is Rotation.NONE and got.last_batch.value == "fill"
+    assert loader_config(None, {}, environ=NO_ENV) == LoaderConfig()
+
+
+def test_unknown_keyword_is_refused_before_ray_starts():
+    source = TableSource(pa.table({"id": list(range(10))}))
+    with pytest.raises(ConfigError, match="unknown loader option 'batchsize'.*known options"):
+        Loader(source, batchsize=2)
+    with pytest.raises(ConfigError, match="not both"):
+        Loader(source, {"seed": 1}, config_file={"seed": 2})
+
+
+def test_fingerprint_is_unchanged():
+    """The ids of saved states and journals: values computed before the refactor."""
+    plan = PlanConfig(batch_size=8, seed=3, rotation="stride")
+    cases = [
+        ({}, "0bbe0ed1a938c0c3"),
+        (
+            {"policy": "file", "columns": ("a", "b"), "shuffle": True, "shuffle_buffer": 10},
+            "255fbac86f5383c8",
+        ),
+        ({"shuffle_blocks": 40}, "d63de71f87d25967"),
+        ({"packing": Packing(column="tokens", seq_len=16)}, "d279c4f4106df2fb"),
+        ({"policy": "dynamic", "shuffle": True}, "be18aaec1cbbad3c"),
+    ]
+    for options, want in cases:
+        assert LoaderConfig(plan=plan, **options).fingerprint("src", 100) == want, options
