@@ -139,3 +139,12 @@ def test_fingerprint_is_unchanged():
     ]
     for options, want in cases:
         assert LoaderConfig(plan=plan, **options).fingerprint("src", 100) == want, options
+
+
+def test_readme_lists_every_key():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("### Configuration and YAML")[1].split("### Environment")[0]
+    missing = [key for key in LoaderConfig.known_keys() if f"`{key}`" not in section]
+    assert not missing, f"README's YAML key list lacks {missing}"
