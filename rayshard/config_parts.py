@@ -9,11 +9,13 @@ every one of them can be set from YAML under its own name.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
 from rayshard.checks import as_tuple_groups, check_int, check_number, check_resources, strings
 from rayshard.columns import Padding
+from rayshard.env import parse_bool
 from rayshard.errors import ConfigError
 from rayshard.packing import Packing
 from rayshard.sharding import ShardingPolicy
@@ -74,8 +76,7 @@ class ReadConfig:
             check_int(self.split_rows, "split_rows", minimum=1, fix="or leave it unset")
         set_(self, "padding", _pairs(self.padding, "padding", _padding))
         set_(self, "fill_null", _pairs(self.fill_null, "fill_null", lambda _, v: v))
-        if not isinstance(self.shuffle, bool):
-            raise ConfigError(f"shuffle={self.shuffle!r} must be true or false")
+        set_(self, "shuffle", parse_bool(self.shuffle, "shuffle"))
         check_int(self.shuffle_buffer, "shuffle_buffer", minimum=0, fix="0 turns shuffling off")
         check_int(self.shuffle_blocks, "shuffle_blocks", minimum=0, fix="rows per block; 0 is off")
         if self.shuffle_blocks and policy is not ShardingPolicy.DATA:
@@ -155,6 +156,8 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
+        if isinstance(self.journal_path, os.PathLike):
+            set_(self, "journal_path", os.fspath(self.journal_path))
         for key in ("name", "namespace", "journal_path"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
@@ -173,13 +176,11 @@ class RuntimeConfig:
             minimum=1,
             fix="bytes per object-store block; 8 MiB is the default",
         )
-        for key in ("ack_interval_s", "lease_poll_s", "state_timeout_s"):
-            set_(self, key, check_number(getattr(self, key), key, fix="seconds"))
-        set_(
-            self,
-            "reader_num_cpus",
-            check_number(self.reader_num_cpus, "reader_num_cpus", positive=False),
-        )
+        # 0 acknowledges on receipt / polls without pause; a state request needs time
+        check_number(self.ack_interval_s, "ack_interval_s", positive=False, fix="seconds")
+        check_number(self.lease_poll_s, "lease_poll_s", positive=False, fix="seconds")
+        check_number(self.state_timeout_s, "state_timeout_s", fix="seconds")
+        check_number(self.reader_num_cpus, "reader_num_cpus", positive=False)
         check_int(self.model_parallel_size, "model_parallel_size", minimum=1)
         set_(self, "dp_groups", as_tuple_groups(self.dp_groups))
         check_int(self.transform_workers, "transform_workers", minimum=1)

@@ -148,3 +148,26 @@ def test_readme_lists_every_key():
     section = readme.split("### Configuration and YAML")[1].split("### Environment")[0]
     missing = [key for key in LoaderConfig.known_keys() if f"`{key}`" not in section]
     assert not missing, f"README's YAML key list lacks {missing}"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("ack_interval_s", -1, r"ack_interval_s=-1 is not in the range ack_interval_s>=0"),
+        ("state_timeout_s", 0, r"state_timeout_s=0 is not in the range state_timeout_s>0"),
+        ("lease_poll_s", "fast", r"lease_poll_s='fast' must be a number"),
+        ("model_parallel_size", 0, r"model_parallel_size=0 is not in the range"),
+        ("transform_workers", 1.5, r"transform_workers=1.5 must be an integer >= 1"),
+        ("name", "", r"name='' must be a non-empty string"),
+        ("shuffle", "maybe", r"shuffle='maybe' is not a yes/no value"),
+        ("padding", {"tokens": {"max_len": 3}}, r"padding\['tokens'\]: unknown option"),
+    ],
+)
+def test_runtime_and_reading_keys_are_validated_by_name(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        LoaderConfig(**{key: value})
+
+
+def test_zero_intervals_are_allowed():
+    config = LoaderConfig(ack_interval_s=0, lease_poll_s=0)  # acknowledge on receipt
+    assert config.ack_interval_s == 0 and config.lease_poll_s == 0
