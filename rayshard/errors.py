@@ -65,3 +65,12 @@ class TransformError(DataError):
 
     def __reduce__(self):  # crosses actor boundaries: rebuild with every attribute
         return (type(self), (self.args[0], self.loader, self.rank, self.epoch, self.samples))
+
+
+def same_kind(error: BaseException, message: str) -> RayshardError:
+    """A new error of `error`'s rayshard type (or `RayshardError`) with `message`."""
+    kind = type(error) if isinstance(error, RayshardError) else RayshardError
+    try:
+        return kind(message)
+    except TypeError:  # a subclass with another constructor
+        return RayshardError(message)

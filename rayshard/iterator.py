@@ -17,15 +17,10 @@ from typing import Any
 import numpy as np
 import ray
 
-from rayshard.batching import INDEX_KEY, PADDED_KEY
-from rayshard.errors import unwrap_task_error
 from rayshard.formats import FORMATS, convert_stream, torch_host_batch
 from rayshard.plan import DataParallelRank
 from rayshard.runtime.acks import AckSender, sample_runs
-from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY
-from rayshard.runtime.transform_stage import DROPPED_KEY
-
-STALL_FLUSH_S = 0.02  # a consumer waiting this long for a batch sends its pending acks
+from rayshard.runtime.fetch import STALL_FLUSH_S, fetch_batches
 
 
 class ShardIterator:
@@ -226,7 +221,14 @@ class ShardIterator:
         self._close_feed()
         self._received = 0
         self._delivered_meta.clear()
-        raw = self._fetch(self._generation, self._epoch)
+        raw = fetch_batches(
+            self._reader,
+            self._generation,
+            self._epoch,
+            self._delivered_meta,
+            flush=self._acks.flush,
+            where=f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}",
+        )
         if self._format == "torch":
             from rayshard.device import DeviceFeed
 
@@ -242,46 +244,6 @@ class ShardIterator:
             self._stream = self._feed
         else:
             self._stream = convert_stream(raw, self._format, self._nested, self._collate_fn)
-
-    def _fetch(self, generation: int, epoch: int) -> Iterator[dict]:
-        """Numpy batches from the reader (zero-copy from the object store), in order. The
-        reader stores blocks of batches; two block requests stay in flight."""
-        more, requested = True, 0
-        pending: collections.deque = collections.deque()  # requests in flight
-        while True:
-            while more and len(pending) < 2:
-                pending.append(self._reader.next.remote(generation, epoch, requested))
-                requested += 1
-            if not pending:
-                return
-            request = pending.popleft()
-            try:
-                try:
-                    ref = ray.get(request, timeout=STALL_FLUSH_S)
-                except ray.exceptions.GetTimeoutError:
-                    # Waiting for the reader: tell the coordinator what arrived so far. At
-                    # the end of an epoch the other ranks' readers wait for exactly that.
-                    self._acks.flush()
-                    ref = ray.get(request)
-            except ray.exceptions.RayTaskError as error:
-                where = (
-                    f"loader {self._loader_name!r}, data-parallel rank "
-                    f"{self._placement.dp_rank}, epoch {epoch}"
-                )
-                raise unwrap_task_error(error, where) from error
-            if ref is None:
-                more = False
-                continue
-            for batch in ray.get(ref):
-                dropped = batch.pop(DROPPED_KEY, None)  # a transform's filter: consumed too
-                # packing: documents finished in this batch, and split ones delivered so far
-                packed = None
-                if COMPLETED_KEY in batch:
-                    packed = (batch.pop(COMPLETED_KEY), batch.pop(PARTIAL_KEY))
-                nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
-                meta = (batch[INDEX_KEY], batch[PADDED_KEY], nbytes, dropped, packed)
-                self._delivered_meta.append(meta)
-                yield batch
 
     def _close_feed(self) -> None:
         if self._feed is not None:

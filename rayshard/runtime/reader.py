@@ -26,23 +26,17 @@ import ray
 
 from rayshard.batching import (
     FLUSH,
-    iter_padding,
-    iter_rows_parallel,
-    reading_pieces,
 )
-from rayshard.core.planning import rank_pieces
 from rayshard.device.affinity import reader_pool
-from rayshard.errors import RayshardError, StaleClientError, TransformError
+from rayshard.errors import RayshardError, StaleClientError, TransformError, same_kind
 from rayshard.metrics import set_prefetch_depth
 from rayshard.runtime.dynamic_rows import dynamic_rows
-from rayshard.runtime.packing_stage import packed_batches
-from rayshard.runtime.pipeline import flush_before_error, reader_batches
+from rayshard.runtime.pipeline import reader_batches
+from rayshard.runtime.row_streams import packed_rows, static_rows
 from rayshard.runtime.transform_stage import column_bytes
 from rayshard.runtime.transform_workers import start_workers
 from rayshard.settings import LoaderSettings
 from rayshard.sharding import ShardingPolicy
-from rayshard.shuffle import shuffle_batches
-from rayshard.shuffle_blocks import block_shuffle
 from rayshard.sources import Source
 
 
@@ -120,7 +114,15 @@ class ShardReader:
         started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
         batches, plan = started["batches"], started["plan"]
         if self._settings.packing is not None:
-            packed = self._packed(plan, epoch, started.get("partial") or {})
+            packed = packed_rows(
+                self._source,
+                self._settings,
+                self._splits,
+                plan,
+                epoch,
+                self._pool(),
+                started.get("partial") or {},
+            )
             produce = None
         elif plan is None:  # dynamic
             key, cancel = (generation, epoch, self._dp_rank), lambda: self._cancel  # made below
@@ -128,7 +130,9 @@ class ShardReader:
                 self._coordinator, self._source, self._splits, self._settings, key, cancel
             )
         else:
-            produce = self._static_rows(plan, epoch)
+            produce = static_rows(
+                self._source, self._settings, self._splits, plan, epoch, self._pool()
+            )
         self._stop_thread()
         with self._cond:
             self._key, self._batches, self._final = (generation, epoch), batches, None
@@ -172,7 +176,7 @@ class ShardReader:
                     return None
                 if isinstance(self._error, TransformError):
                     raise self._error  # names loader, rank, epoch and samples already
-                raise _same_kind(
+                raise same_kind(
                     self._error,
                     f"reader failed at block {index} of epoch {epoch}: {self._error}",
                 ) from self._error
@@ -193,42 +197,6 @@ class ShardReader:
         """End the reader thread and release the watch (graceful leave)."""
         self._stop_thread()
         self._stopped.set()
-
-    # -- row streams -----------------------------------------------------------------------
-    def _static_rows(self, plan: Any, epoch: int) -> Iterator[pa.RecordBatch]:
-        settings = self._settings
-        pieces = reading_pieces(
-            plan.ranges,
-            self._splits,
-            shuffle=settings.shuffle,
-            rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}",
-        )
-        source = self._source.for_epoch(epoch, settings.plan.seed)
-        real = iter_rows_parallel(
-            source, pieces, settings.columns, self._pool(), settings.reader_threads
-        )
-        if settings.shuffle_blocks:
-            real = block_shuffle(
-                real, settings.shuffle_blocks, settings.plan.seed, epoch, plan.rank
-            )
-        if settings.shuffle_buffer:
-            real = shuffle_batches(
-                real, settings.shuffle_buffer, settings.plan.seed, epoch, plan.rank
-            )
-        return itertools.chain(real, iter_padding(source, plan, settings.columns))
-
-    def _packed(self, plan: Any, epoch: int, offsets: dict) -> Iterator[Any]:
-        """The rank's documents packed into `plan.batches` batches of packed rows
-        (`rayshard.runtime.packing_stage`), skipping the `offsets` tokens already
-        delivered of split documents."""
-        settings, packing = self._settings, self._settings.packing
-        pieces = rank_pieces(settings, self._splits, plan, epoch)
-        source = self._source.for_epoch(epoch, settings.plan.seed)
-        real = iter_rows_parallel(
-            source, pieces, [packing.column], self._pool(), settings.reader_threads
-        )
-        batch_size = settings.plan.batch_size
-        return flush_before_error(packed_batches(real, packing, batch_size, offsets, plan.batches))
 
     def _pool(self) -> Any:
         """The reader threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`
@@ -280,7 +248,7 @@ class ShardReader:
                     self._error = error
                 else:
                     kind = error if isinstance(error, RayshardError) else RayshardError(repr(error))
-                    self._error = _same_kind(kind, f"{kind}\n--- reader traceback ---\n{trace}")
+                    self._error = same_kind(kind, f"{kind}\n--- reader traceback ---\n{trace}")
                 self._cond.notify_all()
 
     def _batches_of(self, rows: Iterator[pa.RecordBatch], epoch: int) -> Iterator[Any]:
@@ -323,12 +291,3 @@ class ShardReader:
             with self._cond:
                 self._cond.notify_all()
             thread.join(timeout=30)
-
-
-def _same_kind(error: BaseException, message: str) -> RayshardError:
-    """A new error of `error`'s rayshard type (or `RayshardError`) with `message`."""
-    kind = type(error) if isinstance(error, RayshardError) else RayshardError
-    try:
-        return kind(message)
-    except TypeError:  # a subclass with another constructor
-        return RayshardError(message)
