@@ -1,4 +1,4 @@
-"""Benchmark of the dynamic policy (issue 5): recovery after a rank dies, coordinator
+"""Benchmark of the dynamic policy: recovery after a rank dies, coordinator
 throughput with many ranks, and the dynamic policy's epoch throughput next to `data`.
 This file is the driver (arguments, tables, targets, JSON); the sections live in
 `benchmarks/elastic/`.
