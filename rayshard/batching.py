@@ -11,7 +11,7 @@ import collections
 import itertools
 import random
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -27,6 +27,14 @@ PADDED_KEY = "_padded"
 
 Batch = dict[str, np.ndarray]
 FLUSH: Any = object()  # marker in a record-batch stream: emit what `rebatch` holds
+
+
+class Tagged(NamedTuple):
+    """A batch with metadata that travels with it through every stage (format conversion,
+    the device feed's staging thread), so the consumer never matches the two by order."""
+
+    tag: Any
+    batch: Any
 
 
 def reading_pieces(

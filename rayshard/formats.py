@@ -7,7 +7,7 @@ device feed stages, with strings as Python lists and jagged columns as `torch.ne
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -73,17 +73,16 @@ def arrow_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> pa.RecordB
     return pa.RecordBatch.from_pydict(columns)
 
 
-def convert_stream(
-    raw: Iterable[dict[str, Any]],
+def convert_batch(
+    batch: dict[str, Any],
     batch_format: str,
     nested: Sequence[str] = (),
     collate_fn: Callable[[Any], Any] | None = None,
-) -> Iterator[Any]:
-    """Batches in `batch_format` ("numpy" or "arrow"; "torch" goes through
-    `torch_host_batch` and the device feed), each passed through `collate_fn` if given."""
-    for batch in raw:
-        out: Any = batch if batch_format == "numpy" else arrow_batch(batch, nested)
-        yield out if collate_fn is None else collate_fn(out)
+) -> Any:
+    """A batch in `batch_format` ("numpy" or "arrow"; "torch" goes through
+    `torch_host_batch` and the device feed), passed through `collate_fn` if given."""
+    out: Any = batch if batch_format == "numpy" else arrow_batch(batch, nested)
+    return out if collate_fn is None else collate_fn(out)
 
 
-__all__ = ["FORMATS", "arrow_batch", "convert_stream", "torch_host_batch"]
+__all__ = ["FORMATS", "arrow_batch", "convert_batch", "torch_host_batch"]

@@ -9,7 +9,6 @@ loader-wide: after every rank received the same number of batches, any rank's
 
 from __future__ import annotations
 
-import collections
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -17,10 +16,11 @@ from typing import Any
 import numpy as np
 import ray
 
-from rayshard.formats import FORMATS, convert_stream, torch_host_batch
+from rayshard.batching import Tagged
+from rayshard.formats import FORMATS, convert_batch, torch_host_batch
 from rayshard.plan import DataParallelRank
 from rayshard.runtime.acks import AckSender, sample_runs
-from rayshard.runtime.fetch import STALL_FLUSH_S, fetch_batches
+from rayshard.runtime.fetch import STALL_FLUSH_S, BatchMeta, fetch_batches
 
 
 class ShardIterator:
@@ -60,7 +60,6 @@ class ShardIterator:
         self._feed: Any = None  # the DeviceFeed of the current epoch (torch format)
         self._stream: Iterator[Any] = iter(())
         # (ids, padded, bytes, samples a transform dropped) per batch, in order
-        self._delivered_meta: collections.deque = collections.deque()
         self._epoch = 0
         self._started = False  # whether `_epoch` has begun on this worker
         self._ended = False  # whether this worker received all of `_epoch`
@@ -138,14 +137,13 @@ class ShardIterator:
         while iteration == self._iterations:
             waited = time.perf_counter()
             try:
-                batch = next(self._stream)
+                meta, batch = next(self._stream)
             except StopIteration:
                 self._end_epoch()
                 return
             stall = time.perf_counter() - waited
-            ids, padded, nbytes, dropped, packed = self._delivered_meta.popleft()
             self._received += 1
-            self._acknowledge(epoch, ids, padded, nbytes, stall, dropped, packed)
+            self._acknowledge(epoch, meta, stall)
             if self._received >= self._length and self._length_final():
                 self._end_epoch()  # before the yield: the caller may never ask again
             else:
@@ -220,12 +218,10 @@ class ShardIterator:
         # epoch's reader is released by that (see `ShardReader.next`).
         self._close_feed()
         self._received = 0
-        self._delivered_meta.clear()
         raw = fetch_batches(
             self._reader,
             self._generation,
             self._epoch,
-            self._delivered_meta,
             flush=self._acks.flush,
             where=f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}",
         )
@@ -234,7 +230,7 @@ class ShardIterator:
 
             nested = self._nested
             self._feed = DeviceFeed(
-                (torch_host_batch(batch, nested) for batch in raw),
+                (Tagged(meta, torch_host_batch(batch, nested)) for meta, batch in raw),
                 device=self._device,
                 prefetch_depth=self._depth,
                 collate_fn=self._collate_fn,
@@ -243,36 +239,33 @@ class ShardIterator:
             )
             self._stream = self._feed
         else:
-            self._stream = convert_stream(raw, self._format, self._nested, self._collate_fn)
+            fmt, nested, collate_fn = self._format, self._nested, self._collate_fn
+            self._stream = (
+                Tagged(meta, convert_batch(batch, fmt, nested, collate_fn)) for meta, batch in raw
+            )
 
     def _close_feed(self) -> None:
         if self._feed is not None:
             self._feed.close()
             self._feed = None
 
-    def _acknowledge(
-        self,
-        epoch: int,
-        ids: np.ndarray,
-        padded: np.ndarray,
-        nbytes: int,
-        stall: float,
-        dropped: np.ndarray | None = None,
-        packed: tuple | None = None,
-    ) -> None:
+    def _acknowledge(self, epoch: int, meta: BatchMeta, stall: float) -> None:
         """Record a received batch, with the samples a transform dropped from it (consumed,
-        not delivered); acknowledgements go out in groups (see `rayshard.runtime.acks`). A packed
-        batch acknowledges the documents it finished and the split ones' progress."""
-        real_ids = ids[~padded] if packed is None else packed[0]
+        not delivered); acknowledgements go out in groups (see `rayshard.runtime.acks`). A
+        packed batch acknowledges the documents it finished and the split ones' progress."""
+        packed = meta.packed
+        real_ids = meta.ids[~meta.padded] if packed is None else packed[0]
         partial = [] if packed is None else packed[1].tolist()
-        real = int((~padded).sum()) if packed is None else int(real_ids.size)
+        real = int((~meta.padded).sum()) if packed is None else int(real_ids.size)
         self.samples_received += real
         self.stall_seconds += stall
-        if dropped is not None and dropped.size:
-            real_ids = np.concatenate((real_ids, dropped))
+        if meta.dropped is not None and meta.dropped.size:
+            real_ids = np.concatenate((real_ids, meta.dropped))
         if real_ids.size > 1 and not (real_ids[1:] > real_ids[:-1]).all():
             real_ids = np.sort(real_ids)  # shuffled: `sample_runs` needs them in order
-        self._acks.add(epoch, self._received, sample_runs(real_ids), real, nbytes, stall, partial)
+        self._acks.add(
+            epoch, self._received, sample_runs(real_ids), real, meta.nbytes, stall, partial
+        )
 
 
 __all__ = ["FORMATS", "ShardIterator"]

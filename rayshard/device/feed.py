@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from rayshard.batching import Tagged
 from rayshard.device._channel import CLOSED, EMPTY, Channel
 from rayshard.device._stager import Stager
 from rayshard.device.pinned_pool import HostBufferPool
@@ -106,7 +107,9 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
     Staged columns of one batch share one allocation (on the CPU: each column views its
     source array), so keeping one column alive keeps that memory alive. `on_wait` is
     called whenever `next()` has waited `on_wait_after_s` for a batch and goes on
-    waiting (the loader sends its pending acknowledgements then).
+    waiting (the loader sends its pending acknowledgements then). A source item that is a
+    `rayshard.batching.Tagged(tag, batch)` comes out as `Tagged(tag, staged batch)`: the
+    tag travels with its batch through the staging thread.
     """
 
     def __init__(
@@ -192,9 +195,10 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         if isinstance(item, _Failure):
             self.close()
             raise item.error
-        batch = self._stager.deliver(item)
         self._delivered += 1
-        return batch
+        if isinstance(item, Tagged):  # the source's metadata, handed through with its batch
+            return Tagged(item.tag, self._stager.deliver(item.batch))
+        return self._stager.deliver(item)
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the staging thread and drop prefetched batches; safe to call twice."""
@@ -248,11 +252,13 @@ def _produce(
 
             pin_current_thread(cpus)
         with stager.thread_context():
-            for batch in source:
+            for item in source:
                 if stop.is_set():
                     return
+                tag, batch = item if isinstance(item, Tagged) else (None, item)
                 host = batch if collate_fn is None else collate_fn(batch)
-                if not channel.put(stager.stage(host)):
+                staged = stager.stage(host)
+                if not channel.put(staged if tag is None else Tagged(tag, staged)):
                     return
             channel.put(_END)
     except BaseException as error:  # noqa: BLE001 - every failure belongs to the consumer

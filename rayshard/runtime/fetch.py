@@ -1,14 +1,17 @@
 """A consumer's side of the reader: the batches of one epoch, fetched in blocks from the
-reader actor (zero-copy from the object store), with each batch's metadata split off."""
+reader actor (zero-copy from the object store), each with its metadata split off into a
+`BatchMeta` that travels with it (`Tagged`)."""
 
 from __future__ import annotations
 
 import collections
 from collections.abc import Callable, Iterator
+from typing import NamedTuple
 
+import numpy as np
 import ray
 
-from rayshard.batching import INDEX_KEY, PADDED_KEY
+from rayshard.batching import INDEX_KEY, PADDED_KEY, Tagged
 from rayshard.errors import unwrap_task_error
 from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY
 from rayshard.runtime.transform_stage import DROPPED_KEY
@@ -16,20 +19,30 @@ from rayshard.runtime.transform_stage import DROPPED_KEY
 STALL_FLUSH_S = 0.02  # a consumer waiting this long for a batch sends its pending acks
 
 
+class BatchMeta(NamedTuple):
+    """What a consumer acknowledges for a batch: its sample ids and padding flags, its
+    bytes, the samples a transform dropped from it, and (packing) the documents it
+    finished with the split ones' progress."""
+
+    ids: np.ndarray
+    padded: np.ndarray
+    nbytes: int
+    dropped: np.ndarray | None
+    packed: tuple | None
+
+
 def fetch_batches(
     reader: ray.actor.ActorHandle,
     generation: int,
     epoch: int,
-    metadata: collections.deque,
     *,
     flush: Callable[[], None],
     where: str,
-) -> Iterator[dict]:
-    """Numpy batches of `epoch` from `reader`, in order; two block requests stay in flight.
-    Each batch's (ids, padded, nbytes, dropped, packed) goes to `metadata` as it is
-    yielded. While waiting for the reader, `flush()` sends the acknowledgements so far (at
-    an epoch's end the other ranks' readers wait for exactly that). A reader's error is
-    raised as its rayshard type, `where` naming loader and rank."""
+) -> Iterator[Tagged]:
+    """Numpy batches of `epoch` from `reader`, in order, each tagged with its `BatchMeta`;
+    two block requests stay in flight. While waiting for the reader, `flush()` sends the
+    acknowledgements so far (at an epoch's end the other ranks' readers wait for exactly
+    that). A reader's error is raised as its rayshard type, `where` naming loader and rank."""
     more, requested = True, 0
     pending: collections.deque = collections.deque()  # requests in flight
     while True:
@@ -57,5 +70,6 @@ def fetch_batches(
             if COMPLETED_KEY in batch:
                 packed = (batch.pop(COMPLETED_KEY), batch.pop(PARTIAL_KEY))
             nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
-            metadata.append((batch[INDEX_KEY], batch[PADDED_KEY], nbytes, dropped, packed))
-            yield batch
+            yield Tagged(
+                BatchMeta(batch[INDEX_KEY], batch[PADDED_KEY], nbytes, dropped, packed), batch
+            )
