@@ -312,3 +312,21 @@ def test_cuda_device_without_cuda_is_a_clear_error():
 def test_default_device_is_the_cpu_outside_ray_train():
     assert default_device() == torch.device("cpu")
     assert DeviceFeed([]).device == torch.device("cpu")
+
+
+def test_tags_travel_with_their_batches_through_the_staging_thread():
+    """A `Tagged(tag, batch)` source item comes out as `Tagged(tag, staged batch)`, in order,
+    with `collate_fn` applied to the batch alone (the loader's metadata rides this way)."""
+    from rayshard.batching import Tagged
+
+    source = [Tagged(("meta", i), {"x": np.full(3, i, dtype=np.int64)}) for i in range(6)]
+
+    def double(batch):
+        return {"x": batch["x"] * 2}
+
+    with DeviceFeed(iter(source), device="cpu", prefetch_depth=2, collate_fn=double) as feed:
+        out = list(feed)
+    assert [item.tag for item in out] == [("meta", i) for i in range(6)]
+    for i, item in enumerate(out):
+        assert isinstance(item.batch["x"], torch.Tensor)
+        assert item.batch["x"].tolist() == [2 * i] * 3
