@@ -207,3 +207,24 @@ def test_core_imports_neither_ray_nor_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_retried_lease_call_gets_the_same_answer_across_a_restart():
+    """Ray retries a `lease` call in flight when the coordinator restarts. The journal
+    already holds the first call's grant; the retry (same request id) must be answered with
+    those pieces, not given more while the first ones stay leased to a reader that never
+    got them (that left one rank waiting for them forever)."""
+    core = _core("dynamic", False)
+    core.apply(cmd.Register(0, 1, 0, 1, 0.0))
+    core.apply(cmd.StartEpoch(0, 0))
+    first = core.apply(cmd.Lease(0, 0, 2, request="reader-a:0"))
+    assert first.pieces
+    restarted = CoordinatorCore("core-test", _source(), core.settings)
+    restarted.load_dict(json.loads(json.dumps(core.to_dict())))  # snapshot, then the retry
+    for replica in (core, restarted):
+        again = replica.apply(cmd.Lease(0, 0, 2, request="reader-a:0"))
+        assert again == first
+        nxt = replica.apply(cmd.Lease(0, 0, 2, request="reader-a:1"))
+        assert nxt.pieces and not set(nxt.pieces) & set(first.pieces)
+    # Without a request id every call is a new one (older readers and journals).
+    assert core.apply(cmd.Lease(0, 0, 1)).pieces != core.apply(cmd.Lease(0, 0, 1)).pieces

@@ -56,7 +56,9 @@ class StartEpoch(Command):
 class Lease(Command):
     """A dynamic rank asks for up to `count` pieces of `epoch`; `finishing`: it reached its
     equal step count, so only work returned by a lost rank may follow. `time`: when it
-    asked (the straggler clock; 0 in journals older than it)."""
+    asked (the straggler clock; 0 in journals older than it). `request`: the reader's id of
+    this call; Ray retries a call in flight when the coordinator restarts, and the retry
+    (same id) gets the answer the journal already holds, not more pieces."""
 
     kind: ClassVar[str] = "lease"
     dp_rank: int
@@ -64,6 +66,7 @@ class Lease(Command):
     count: int = 1
     finishing: bool = False
     time: float = 0.0
+    request: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,6 +12,7 @@ it and carries out the decision.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import Any
 
@@ -50,6 +51,9 @@ class CoordinatorCore(CoreQueries):
         self.readers_named = 0
         self._plans: dict[tuple, EpochPlan] = {}  # a cache: plans are pure functions
         self._lengths: Any = None  # packing: tokens per sample (by epoch if the source changes)
+        # dp rank -> (request id, answer) of its last lease call: a retried call is answered
+        # again, not granted more (the first answer may have died with the coordinator)
+        self.last_lease: dict[int, tuple[str, cmd.Leased]] = {}
 
     # -- the one way to change the state ---------------------------------------------------
     def apply(self, command: cmd.Command) -> Any:
@@ -112,6 +116,15 @@ class CoordinatorCore(CoreQueries):
         return self.plan(c.epoch).ranks[c.dp_rank]
 
     def _lease(self, c: cmd.Lease) -> cmd.Leased:
+        last = self.last_lease.get(c.dp_rank)
+        if c.request and last is not None and last[0] == c.request:
+            return last[1]
+        leased = self._grant(c)
+        if c.request:
+            self.last_lease[c.dp_rank] = (c.request, leased)
+        return leased
+
+    def _grant(self, c: cmd.Lease) -> cmd.Leased:
         self.rank_epoch[c.dp_rank] = c.epoch
         book = self._book(c.epoch)
         pieces = self._take(book, c.dp_rank, c.count, c.time)
@@ -199,6 +212,10 @@ class CoordinatorCore(CoreQueries):
             "partial": [[e, sorted([i, t] for i, t in p.items())] for e, p in self.partial.items()],
             "events": list(self.events),
             "readers_named": self.readers_named,
+            "last_lease": [
+                [r, request, dataclasses.asdict(leased)]
+                for r, (request, leased) in sorted(self.last_lease.items())
+            ],
         }
 
     def load_dict(self, data: dict[str, Any]) -> None:
@@ -213,6 +230,18 @@ class CoordinatorCore(CoreQueries):
         self.partial = {e: {i: t for i, t in p} for e, p in data.get("partial", [])}
         self.events = list(data["events"])
         self.readers_named = data["readers_named"]
+        self.last_lease = {
+            r: (
+                request,
+                cmd.Leased(
+                    tuple(tuple(p) for p in leased["pieces"]),
+                    leased["wait"],
+                    leased["outstanding"],
+                    tuple(leased["stragglers"]),
+                ),
+            )
+            for r, request, leased in data.get("last_lease", [])
+        }
         self._plans.clear()
 
     # -- internals -------------------------------------------------------------------------

@@ -126,11 +126,13 @@ class Coordinator:
         epoch: int,
         count: int = 1,
         finishing: bool = False,
+        request: str = "",
     ) -> cmd.Leased:
         """Up to `count` split pieces `[start, end)` for `dp_rank` in one round trip (see
-        `Leased`: pieces, or wait and ask again, or done)."""
+        `Leased`: pieces, or wait and ask again, or done). `request` identifies the call:
+        Ray's retry of it after a restart gets the same answer."""
         self._core.check_epoch(generation, dp_rank, epoch)
-        return self._do(cmd.Lease(dp_rank, epoch, count, finishing, time.time()))
+        return self._do(cmd.Lease(dp_rank, epoch, count, finishing, time.time(), request))
 
     async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
         """Rows of `epoch` still leased to `dp_rank` (a straggler's reader drops the rest)."""

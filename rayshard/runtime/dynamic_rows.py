@@ -13,8 +13,10 @@ on more: rows the coordinator offered to other ranks are dropped, not delivered 
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,8 +49,13 @@ def dynamic_rows(
     # Enough pieces per lease call to fill one object's worth of batches.
     sizes = sorted(end - start for start, end in splits) or [1]
     count = max(1, -(-settings.block_batches * batch_size // sizes[len(sizes) // 2]))
+    # Each call has its own id: Ray retries a call in flight when the coordinator restarts,
+    # and the retry must get the answer the first call was given (journaled), not more.
+    calls = (f"{uuid.uuid4().hex}:{n}" for n in itertools.count())
     while not cancel().is_set():
-        leased = ray.get(coordinator.lease.remote(generation, rank, epoch, count, finishing))
+        leased = ray.get(
+            coordinator.lease.remote(generation, rank, epoch, count, finishing, next(calls))
+        )
         if leased.wait:
             yield FLUSH  # deliver what we hold: others may be waiting for those rows
             cancel().wait(settings.lease_poll_s)
