@@ -48,10 +48,11 @@ def start_local_ray(num_cpus: int, namespace: str) -> None:
     workers import `benchmarks.*` from the repository."""
     import ray
 
-    from rayshard.ray_tuning import apply_ray_env_defaults
+    from rayshard.ray_tuning import apply_ray_env_defaults, export_pythonpath
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     apply_ray_env_defaults()
+    export_pythonpath(str(ROOT))  # inherited by the workers
     if not ray.is_initialized():
         ray.init(
             address="local",
@@ -59,5 +60,4 @@ def start_local_ray(num_cpus: int, namespace: str) -> None:
             include_dashboard=False,
             log_to_driver=False,
             namespace=namespace,
-            runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}},
         )

@@ -25,3 +25,12 @@ def apply_ray_env_defaults() -> None:
     Ray instance started from here inherits them."""
     for name, value in RAY_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
+
+
+def export_pythonpath(folder: str) -> None:
+    """Put `folder` first on this process's PYTHONPATH, so the workers of a Ray started from
+    here (they inherit the raylet's environment) import modules from it. Cheaper than a
+    job-level `runtime_env`, which starts a setup process for every worker (measured: an
+    actor start took 1.0-1.2 s with it, 0.55-0.6 s without)."""
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([folder, *(p for p in paths if p != folder)])

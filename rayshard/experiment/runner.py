@@ -18,7 +18,7 @@ from rayshard.experiment.actors import Consumer, Recorder
 from rayshard.experiment.cluster import HEALTH_CHECK, LocalCluster
 from rayshard.experiment.schedule import Event, Schedule
 from rayshard.loader import Loader
-from rayshard.ray_tuning import apply_ray_env_defaults
+from rayshard.ray_tuning import apply_ray_env_defaults, export_pythonpath
 from rayshard.sources.parquet import ParquetSource
 
 
@@ -46,12 +46,15 @@ class ExperimentRun:
     def __init__(self, schedule: Schedule, out_dir: str, address: str | None) -> None:
         self.schedule = schedule
         apply_ray_env_defaults()  # inherited by the local nodes started below
+        if address is None:
+            export_pythonpath(os.getcwd())  # so is this, by their workers
         self.cluster = None if address else LocalCluster(schedule.node_cpus)
         ray.init(
             address=address or self.cluster.address,
             include_dashboard=False,
             log_to_driver=False,
-            runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}},
+            # A cluster started elsewhere gets the path through a runtime env instead.
+            runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}} if address else None,
         )
         data = schedule.data or make_data(
             os.path.join(out_dir, "data"), schedule.rows, schedule.batch_size, schedule.seed

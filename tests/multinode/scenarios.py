@@ -81,8 +81,7 @@ def start_cluster(worker_nodes: int, *, head_cpus: int = 1, node_cpus: int = 1) 
     ray.init(
         address=cluster.address,
         log_to_driver=False,
-        namespace="rayshard-multinode",
-        runtime_env={"env_vars": env},
+        namespace="rayshard-multinode",  # workers inherit `env` from the nodes' raylets
     )
     cluster.wait_for_nodes()
     return cluster, nodes
