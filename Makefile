@@ -36,8 +36,13 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -m "not submit" -n 2 --durations=15 || [ $$? -eq 5 ]
 
+# `ray up` + `ray submit` of the demo and, on the same cluster, the three transform and
+# packing examples on small data (their smoke test: each must print its OK line), `ray down`.
 test-submit: $(STAMP)
-	bash tests/e2e/run_submit.sh
+	bash tests/e2e/run_submit.sh \
+	  --then 'examples/train_images.py|rayshard images: OK|--samples=300 --epochs=1' \
+	  --then 'examples/train_text.py|rayshard text: OK|--max-bytes=60000 --epochs=1' \
+	  --then 'examples/pretrain_mix.py|rayshard mix: OK|--modules=3 --epochs=1 --workers=1'
 
 bench: $(STAMP)
 	$(PY) -m benchmarks

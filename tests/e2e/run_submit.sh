@@ -3,11 +3,14 @@
 # for real, over SSH, on this machine (invoked by `make test-submit`).
 #
 # Usage: tests/e2e/run_submit.sh [--expect MARKER] [--timeout SECONDS] [--keep]
-#                                [SCRIPT] [-- SCRIPT_ARGS...]
+#                                [--then 'SCRIPT|MARKER|ARGS' ...] [SCRIPT] [-- SCRIPT_ARGS...]
 #   SCRIPT    script to `ray submit` (default: examples/train.py)
 #   --expect  line prefix the submitted script must print on success
 #             (default: "rayshard demo: OK"; tests/e2e/hello_ray.py prints "rayshard e2e hello: OK")
-#   --timeout limit for `ray submit` itself (default 300 s)
+#   --then    one more script submitted to the same cluster afterwards, with the marker it
+#             must print and its arguments (space-separated), e.g.
+#             --then 'examples/train_text.py|rayshard text: OK|--epochs=1'; repeatable
+#   --timeout limit for each `ray submit` (default 300 s)
 #   --keep    keep the temp dir (configs, logs) for debugging
 #
 # What it does (needs root: it creates a user and runs an sshd; installs what is missing with
@@ -33,8 +36,11 @@ EXPECT="rayshard demo: OK"
 SUBMIT_TIMEOUT=300
 KEEP=0
 SCRIPT_ARGS=()
+THEN=()
 while [ $# -gt 0 ]; do
     case "$1" in
+        --then) THEN+=("$2"); shift 2 ;;
+        --then=*) THEN+=("${1#*=}"); shift ;;
         --expect) EXPECT="$2"; shift 2 ;;
         --expect=*) EXPECT="${1#*=}"; shift ;;
         --timeout) SUBMIT_TIMEOUT="$2"; shift 2 ;;
@@ -55,6 +61,9 @@ cd "$REPO"
 [ -f "$SCRIPT" ] || die "script '$SCRIPT' not found (run from anywhere; paths are relative to $REPO). \
 For the stand-in: bash tests/e2e/run_submit.sh tests/e2e/hello_ray.py --expect 'rayshard e2e hello: OK'"
 SCRIPT="$(realpath "$SCRIPT")"
+for entry in ${THEN[@]+"${THEN[@]}"}; do
+    [ -f "${entry%%|*}" ] || die "--then script '${entry%%|*}' not found (paths are relative to $REPO)"
+done
 [ "$(id -u)" -eq 0 ] || die "must run as root (creates a throwaway user and runs sshd); try: sudo make test-submit"
 
 # The project's interpreter (the Makefile's venv) and its `ray` CLI.
@@ -342,13 +351,46 @@ if ! timeout 300 "${LAUNCH_ENV[@]}" "$RAY_CLI" up -y --no-config-cache "$CFG" >"
 fi
 log "ray up OK ($(( $(date +%s) - START_TS )) s so far)"
 
-log "ray submit $(basename "$SCRIPT") ${SCRIPT_ARGS[*]:-}"
-set +e
-timeout "$SUBMIT_TIMEOUT" "${LAUNCH_ENV[@]}" "$RAY_CLI" submit --no-config-cache "$CFG" "$SCRIPT" \
-    "${SCRIPT_ARGS[@]}" 2>&1 | tr -d '\r' | tee "$WORK/submit.log"
-SUBMIT_RC=${PIPESTATUS[0]}
-set -e
-log "ray submit exited with $SUBMIT_RC"
+# submit_one SCRIPT MARKER LOG [ARGS...]: one `ray submit`; its exit status in SUBMIT_RC.
+submit_one() {
+    local script="$1" log_file="$3"; shift 3
+    log "ray submit $(basename "$script") $*"
+    set +e
+    timeout "$SUBMIT_TIMEOUT" "${LAUNCH_ENV[@]}" "$RAY_CLI" submit --no-config-cache "$CFG" \
+        "$script" "$@" 2>&1 | tr -d '\r' | tee "$log_file"
+    SUBMIT_RC=${PIPESTATUS[0]}
+    set -e
+    log "ray submit $(basename "$script") exited with $SUBMIT_RC"
+}
+
+# check_one SCRIPT MARKER LOG RC: "" if the submission passed, else why not.
+check_one() {
+    local name; name="$(basename "$1")"
+    if [ "$4" -eq 124 ]; then
+        echo "ray submit $name timed out after ${SUBMIT_TIMEOUT}s"
+    elif ! grep -q -F -- "$2" "$3"; then
+        echo "the output of ray submit $name has no line with '$2' (exit code $4)"
+    elif [ "$4" -ne 0 ]; then
+        echo "ray submit $name exited with $4 although the marker was printed"
+    fi
+}
+
+submit_one "$SCRIPT" "$EXPECT" "$WORK/submit.log" ${SCRIPT_ARGS[@]+"${SCRIPT_ARGS[@]}"}
+FIRST_RC=$SUBMIT_RC
+FAILED="$(check_one "$SCRIPT" "$EXPECT" "$WORK/submit.log" "$SUBMIT_RC")"
+PASSED=("$(basename "$SCRIPT"): $(grep -F -- "$EXPECT" "$WORK/submit.log" | tail -n 1)")
+index=0
+for entry in ${THEN[@]+"${THEN[@]}"}; do
+    [ -z "$FAILED" ] || break
+    index=$((index + 1))
+    IFS='|' read -r then_script then_marker then_args <<<"$entry"
+    read -r -a then_argv <<<"$then_args"
+    submit_one "$(realpath "$then_script")" "$then_marker" "$WORK/then-$index.log" \
+        ${then_argv[@]+"${then_argv[@]}"}
+    FAILED="$(check_one "$then_script" "$then_marker" "$WORK/then-$index.log" "$SUBMIT_RC")"
+    PASSED+=("$(basename "$then_script"): $(grep -F -- "$then_marker" "$WORK/then-$index.log" | tail -n 1)")
+done
+SUBMIT_RC=$FIRST_RC
 
 if [ "$SUBMIT_RC" -eq 0 ]; then
     # Token authentication must really be on: a driver with a wrong token must be refused
@@ -374,14 +416,6 @@ else
     show_tail "$WORK/down.log"; log "ray down failed; cleanup will end the user's processes"
 fi
 
-if [ "$SUBMIT_RC" -eq 124 ]; then
-    die "ray submit timed out after ${SUBMIT_TIMEOUT}s"
-fi
-if ! grep -q -F -- "$EXPECT" "$WORK/submit.log"; then
-    die "the output of ray submit has no line with '$EXPECT' (ray submit exit code $SUBMIT_RC)"
-fi
-if [ "$SUBMIT_RC" -ne 0 ]; then
-    die "ray submit exited with $SUBMIT_RC although the marker was printed"
-fi
-[ "${AUTH_CHECK:-ok}" = ok ] || { show_tail "$WORK/auth_check.log"; die "$AUTH_CHECK"; }
+[ -z "$FAILED" ] || die "$FAILED"
+for line in "${PASSED[@]}"; do log "found: $line"; done
 log "PASSED: ray up + ray submit $(basename "$SCRIPT") + ray down; found: $(grep -F -- "$EXPECT" "$WORK/submit.log" | tail -n 1)"
