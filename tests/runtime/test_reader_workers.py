@@ -18,7 +18,7 @@ from rayshard.loader import Loader
 from rayshard.packing import Packing
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import run_lockstep, unique_name
-from tests.runtime.reading_fns import READ_PID, PidStampedSource, slow_stamped
+from tests.runtime.reading_fns import READ_PID, READ_THREAD, PidStampedSource, slow_stamped
 
 pytestmark = pytest.mark.ray
 
@@ -97,14 +97,23 @@ def test_reader_workers_read_in_order_and_survive_a_worker_death(ray_session, da
     loader.shutdown()
 
 
-def test_reader_workers_without_a_transform_under_dynamic(ray_session, dataset):
-    loader = make_loader(PidStampedSource(dataset), policy="dynamic", reader_workers=2)
+def test_reader_workers_without_a_transform_under_dynamic_read_in_threads(ray_session, dataset):
+    source = PidStampedSource(dataset, delay_s=0.05)  # a lease's pieces overlap in a worker
+    loader = make_loader(source, policy="dynamic", reader_workers=2, reader_threads=2)
     its = iterators(loader)  # kept: an iterator dropped takes its reader with it
     batches = run_lockstep(its)
     readers, workers = actor_pids(loader)
     assert real_ids(batches) == Counter(range(N))
-    read_by = {int(p) for bs in batches for b in bs for p in b[READ_PID][~b["_padded"]]}
+    rows = [
+        (int(pid), int(thread))
+        for bs in batches
+        for b in bs
+        for pid, thread in zip(b[READ_PID][~b["_padded"]], b[READ_THREAD][~b["_padded"]])
+    ]
+    read_by = {pid for pid, _ in rows}
     assert read_by and read_by <= set(workers) and not read_by & set(readers)
+    threads = Counter(pid for pid, _ in set(rows))  # worker pid -> threads that read
+    assert max(threads.values()) >= 2, f"each worker read on one thread: {threads}"
     loader.shutdown()
 
 
