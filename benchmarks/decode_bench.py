@@ -13,6 +13,9 @@ is the same; Ray Data does not know the epoch and uses epoch 0).
   rayshard k=1  `Loader(ParquetSource, transform=rayshard_transform)`: the transform runs in
                 each rank's reader actor; 2 ranks, one iterator each, 2 threads of the driver
   rayshard k=2  the same with `transform_workers=2` (2 worker processes per rank: 4 in all)
+  rayshard r=2  the same with `reader_workers=2`: each rank's 2 worker processes read and
+                decode the Parquet pieces and run the transform; the reader rebatches
+                (`reader_workers=1` is the k=1 row: the reader reads and transforms)
   ray_data      `read_parquet(...).map_batches(ray_data_transform)` + `streaming_split(2)`,
                 2 threads of the driver
   torch         `DataLoader(num_workers=2)` over a map-style Dataset whose `__getitems__`
@@ -32,8 +35,8 @@ are forked again each epoch (about 0.2 s of each warm epoch here). Ray Data runs
 defaults: on these small files it reads all of them in one read task, so `map_batches`
 runs as one task producing one block and the first batch arrives at the end of the epoch
 (a smaller `DataContext.target_max_block_size` gives more tasks, not a much faster epoch).
-On a machine shared with other work, loaders with more processes (rayshard k=2 has 2
-readers + 4 transform workers) get a larger share of the CPUs: compare within one run.
+On a machine shared with other work, loaders with more processes (rayshard k=2 and r=2
+have 2 readers + 4 workers) get a larger share of the CPUs: compare within one run.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ BATCH_SIZE = 256
 WORLD = 2
 ROW_GROUP = 1000
 FILES = 4
-LOADERS = ("torch", "rayshard_k1", "rayshard_k2", "ray_data")
+LOADERS = ("torch", "rayshard_k1", "rayshard_k2", "rayshard_r2", "ray_data")
 TARGETS = {
     "rayshard_vs_torch": 1.0,  # rayshard (k=1) rows/s >= 1.0 x the torch DataLoader
     "rayshard_vs_ray_data": 2.0,  # rayshard (k=1) rows/s >= 2 x Ray Data
@@ -286,7 +289,9 @@ def run_torch(paths: list[str], epochs: int) -> list[Epoch]:
     return out
 
 
-def run_rayshard(paths: list[str], epochs: int, workers: int) -> list[Epoch]:
+def run_rayshard(
+    paths: list[str], epochs: int, workers: int, reader_workers: int = 1
+) -> list[Epoch]:
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
@@ -297,6 +302,7 @@ def run_rayshard(paths: list[str], epochs: int, workers: int) -> list[Epoch]:
         seed=SEED,
         transform=rayshard_transform,
         transform_workers=workers,
+        reader_workers=reader_workers,
     )
     out = [Epoch() for _ in range(epochs)]
     barrier = threading.Barrier(WORLD)
@@ -336,6 +342,7 @@ RUNNERS = {
     "torch": run_torch,
     "rayshard_k1": lambda paths, epochs: run_rayshard(paths, epochs, 1),
     "rayshard_k2": lambda paths, epochs: run_rayshard(paths, epochs, 2),
+    "rayshard_r2": lambda paths, epochs: run_rayshard(paths, epochs, 1, reader_workers=2),
     "ray_data": run_ray_data,
 }
 
@@ -367,8 +374,9 @@ def add_ratios(results: dict[str, dict]) -> dict:
         for other, key in (("torch", "rayshard_vs_torch"), ("ray_data", "rayshard_vs_ray_data")):
             if other in rate:
                 ratios[key] = rate["rayshard_k1"] / rate[other]
-        if "rayshard_k2" in rate:
-            ratios["rayshard_k2_vs_k1"] = rate["rayshard_k2"] / rate["rayshard_k1"]
+        for other in ("rayshard_k2", "rayshard_r2"):
+            if other in rate:
+                ratios[f"{other}_vs_k1"] = rate[other] / rate["rayshard_k1"]
     for result in results.values():
         for other in ("torch", "ray_data", "rayshard_k1"):
             if other in rate:

@@ -10,7 +10,7 @@ import bisect
 import collections
 import itertools
 import random
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -27,6 +27,9 @@ PADDED_KEY = "_padded"
 
 Batch = dict[str, np.ndarray]
 FLUSH: Any = object()  # marker in a record-batch stream: emit what `rebatch` holds
+# How a reader gets the record batches of its pieces, in piece order, with these columns:
+# its threads, its own thread, or its reader workers (`rayshard.runtime.reader_workers`).
+Reads = Callable[[Sequence[tuple[int, int]], Sequence[str] | None], Iterator[pa.RecordBatch]]
 
 
 class Tagged(NamedTuple):
@@ -78,11 +81,20 @@ def iter_rows_parallel(
 ) -> Iterator[pa.RecordBatch]:
     """`iter_rows` with pieces read by the threads of `pool` (a `ThreadPoolExecutor`),
     `ahead` pieces (>= 1; its thread count) ahead, yielded in piece order."""
-    queue = iter(pieces)
 
     def submit(piece: tuple[int, int]) -> Any:
         return pool.submit(lambda: list(iter_rows(source, [piece], columns)))
 
+    return in_piece_order(pieces, submit, ahead)
+
+
+def in_piece_order(
+    pieces: Iterable[tuple[int, int]], submit: Callable[[tuple[int, int]], Any], ahead: int
+) -> Iterator[pa.RecordBatch]:
+    """The record batches of `pieces` in piece order, whoever reads them: `submit(piece)`
+    starts one read and returns what `.result()` gives its list of record batches (a
+    thread's future, a reader worker's call); `ahead` reads (>= 1) are in flight."""
+    queue = iter(pieces)
     futures = collections.deque(submit(piece) for piece in itertools.islice(queue, ahead))
     while futures:
         batches = futures.popleft().result()

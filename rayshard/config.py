@@ -166,6 +166,12 @@ class LoaderConfig:
             return self.batches_per_object
         return 4 if self.policy is ShardingPolicy.DYNAMIC else 16
 
+    @property
+    def worker_count(self) -> int:
+        """Worker processes per reader: `reader_workers` or `transform_workers`, whichever
+        is above 1 (1: the reader does everything itself)."""
+        return max(self.reader_workers, self.transform_workers)
+
     def fingerprint(self, source_name: str, num_samples: int) -> str:
         """A short id of (settings, source) that a saved state must match."""
         facts = {

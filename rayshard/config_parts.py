@@ -35,7 +35,8 @@ class ReadConfig:
     - `shuffle`: shuffle pieces (static policies) or leases (`dynamic`) per epoch;
       `shuffle_buffer`: rows of the in-rank shuffle buffer (0: off);
       `shuffle_blocks`: rows per block of the streaming global shuffle (0: off; `data`).
-    - `reader_threads`: threads reading pieces ahead, in plan order.
+    - `reader_threads`: threads reading pieces ahead, in plan order, in each process that
+      reads (the reader, or each of its `reader_workers`).
     - `packing`: a `Packing`, or its fields as a mapping (YAML: `packing: {column: tokens,
       seq_len: 2048}`), or None.
     """
@@ -131,8 +132,10 @@ class RuntimeConfig:
       polling period, and how long a state request waits.
     - `straggler_timeout_s`: `dynamic` only: silence before a rank's work is reoffered.
     - `model_parallel_size`, `dp_groups`: ranks sharing one data-parallel shard.
-    - `transform_workers`: processes running a rank's transform (1: the reader);
-      `transform_resources`: Ray resources of each (None: on the reader's node).
+    - `reader_workers`: processes reading a rank's pieces and running its transform (1:
+      the reader); `transform_workers`: processes running only its transform (1: the
+      reader); at most one of the two above 1. `transform_resources`: Ray resources of each
+      worker (None: on the reader's node).
     - `reader_num_cpus`: CPUs each reader actor reserves.
     - `journal_path`: where the coordinator journals (None: a local temp file).
     """
@@ -149,6 +152,7 @@ class RuntimeConfig:
     straggler_timeout_s: float | None = None
     model_parallel_size: int = 1
     dp_groups: tuple[tuple[int, ...], ...] | None = None
+    reader_workers: int = 1
     transform_workers: int = 1
     transform_resources: tuple[tuple[str, float], ...] | None = None
     reader_num_cpus: float = 0.0
@@ -183,7 +187,20 @@ class RuntimeConfig:
         check_number(self.reader_num_cpus, "reader_num_cpus", positive=False)
         check_int(self.model_parallel_size, "model_parallel_size", minimum=1)
         set_(self, "dp_groups", as_tuple_groups(self.dp_groups))
+        check_int(
+            self.reader_workers,
+            "reader_workers",
+            minimum=1,
+            fix="processes reading a rank's data; 1, the default, reads in the reader",
+        )
         check_int(self.transform_workers, "transform_workers", minimum=1)
+        if self.reader_workers > 1 and self.transform_workers > 1:
+            raise ConfigError(
+                f"reader_workers={self.reader_workers} with transform_workers="
+                f"{self.transform_workers}: reader workers run the transform too; set "
+                f"reader_workers alone (reading and transform in those processes), or "
+                f"transform_workers alone (the transform only)"
+            )
         if self.transform_resources is not None:
             set_(self, "transform_resources", check_resources(self.transform_resources))
         self._check_straggler_timeout()

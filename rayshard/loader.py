@@ -44,8 +44,10 @@ class Loader:
     `transform=fn` runs `fn(batch, ctx)` on every batch in the reader processes (see
     `rayshard.transforms`); it must be callable and pickle with cloudpickle.
     `transform_workers=k` runs it in k processes per rank, in batch order;
-    `transform_resources={"CPU": 1, "preprocess": 1}` places those processes wherever Ray
-    finds the resources (CPU-only nodes) instead of on the reader's node.
+    `reader_workers=k` runs the reading too (and the transform, if any) in k processes per
+    rank, in the order one reader has; `transform_resources={"CPU": 1, "preprocess": 1}`
+    places those processes wherever Ray finds the resources (CPU-only nodes) instead of on
+    the reader's node.
     `packing=Packing(column=..., seq_len=...)` packs a token column into rows of `seq_len`
     tokens in the readers (see `rayshard.packing`); `batch_size` then counts packed rows."""
 
@@ -82,16 +84,7 @@ class Loader:
         check_transform(transform)
         if settings.packing is not None:
             check_packing_input(source, settings.packing, settings.columns, transform)
-        if transform is None and (settings.transform_workers > 1 or settings.transform_resources):
-            given = f"transform_workers={settings.transform_workers}" + (
-                ""
-                if settings.transform_resources is None
-                else f" with transform_resources={dict(settings.transform_resources)!r}"
-            )
-            raise ConfigError(
-                f"{given} needs a transform: pass transform=fn, or leave transform_workers "
-                f"at 1 and transform_resources unset"
-            )
+        _check_workers(settings, transform)
         self.transform = transform
         self.source = source
         self.layout = source.layout()
@@ -295,6 +288,25 @@ def _train_world(world_rank: int | None, world_size: int | None) -> tuple[int, i
     except Exception:  # noqa: BLE001 - not inside a Train worker
         rank, size = 0, 1
     return (rank if world_rank is None else world_rank, size if world_size is None else world_size)
+
+
+def _check_workers(settings: LoaderConfig, transform: Any) -> None:
+    """Transform workers need a transform; so do `transform_resources` unless reader
+    workers (which read, transform or not) are what they place."""
+    if transform is not None:
+        return
+    if settings.transform_workers > 1:
+        raise ConfigError(
+            f"transform_workers={settings.transform_workers} needs a transform: pass "
+            f"transform=fn, or leave transform_workers at 1 (reader_workers=k reads in k "
+            f"processes without one)"
+        )
+    if settings.transform_resources is not None and settings.reader_workers == 1:
+        raise ConfigError(
+            f"transform_resources={dict(settings.transform_resources)!r} places worker "
+            f"processes, and there are none: pass transform=fn with transform_workers, or set "
+            f"reader_workers > 1, or leave transform_resources unset"
+        )
 
 
 def _mapping(pairs: Any) -> Any:

@@ -57,6 +57,7 @@ EVERY_KEY = {
     "straggler_timeout_s": 5.0,
     "model_parallel_size": 2,
     "dp_groups": [[0, 1], [2, 3]],
+    "reader_workers": 1,  # the default: transform_workers=2 excludes it (its own test below)
     "transform_workers": 2,
     "transform_resources": {"CPU": 1.0, "preprocess": 1.0},
     "reader_num_cpus": 0.5,
@@ -78,6 +79,28 @@ def test_every_option_is_settable_from_yaml(tmp_path):
     assert pickle.loads(pickle.dumps(config)) == config
     packed = LoaderConfig(packing={"column": "tokens", "seq_len": 8})
     assert packed.to_dict()["packing"] == Packing(column="tokens", seq_len=8).to_dict()
+
+
+def test_reader_workers_from_yaml_and_keyword(tmp_path):
+    path = tmp_path / "loader.yaml"
+    path.write_text(yaml.safe_dump({"rayshard": {"reader_workers": 3, "reader_threads": 2}}))
+    config = LoaderConfig.from_yaml(path, environ=NO_ENV)
+    assert (config.reader_workers, config.reader_threads) == (3, 2)
+    assert config.to_dict()["reader_workers"] == 3 and LoaderConfig().reader_workers == 1
+    assert LoaderConfig.from_yaml(path, environ=NO_ENV, reader_workers=2).reader_workers == 2
+    path.write_text(yaml.safe_dump({"reader_workers": 0}))
+    with pytest.raises(ConfigError, match=r"reader_workers=0 is not in the range"):
+        LoaderConfig.from_yaml(path, environ=NO_ENV)
+
+
+def test_workers_without_work_are_refused_before_ray_starts():
+    source = TableSource(pa.table({"id": list(range(10))}))
+    with pytest.raises(ConfigError, match=r"transform_workers=2 needs a transform"):
+        Loader(source, transform_workers=2)
+    with pytest.raises(ConfigError, match=r"transform_resources=\{'CPU': 1.0\} places worker"):
+        Loader(source, transform_resources={"CPU": 1})
+    with pytest.raises(ConfigError, match=r"reader_workers=2 with transform_workers=2"):
+        Loader(source, reader_workers=2, transform_workers=2)
 
 
 def test_parts_and_flat_keys():
@@ -158,6 +181,7 @@ def test_readme_lists_every_key():
         ("lease_poll_s", "fast", r"lease_poll_s='fast' must be a number"),
         ("model_parallel_size", 0, r"model_parallel_size=0 is not in the range"),
         ("transform_workers", 1.5, r"transform_workers=1.5 must be an integer >= 1"),
+        ("reader_workers", -1, r"reader_workers=-1 is not in the range reader_workers>=1"),
         ("name", "", r"name='' must be a non-empty string"),
         ("shuffle", "maybe", r"shuffle='maybe' is not a yes/no value"),
         ("padding", {"tokens": {"max_len": 3}}, r"padding\['tokens'\]: unknown option"),

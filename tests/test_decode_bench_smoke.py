@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LOADERS = ("torch", "rayshard_k1", "rayshard_k2", "ray_data")
+LOADERS = ("torch", "rayshard_k1", "rayshard_k2", "rayshard_r2", "ray_data")
 
 
 @pytest.mark.slow
@@ -41,6 +41,7 @@ def test_decode_bench_tiny_run(tmp_path: Path) -> None:
         "rayshard_vs_torch",
         "rayshard_vs_ray_data",
         "rayshard_k2_vs_k1",
+        "rayshard_r2_vs_k1",
     }
     assert "rayshard_vs_torch" in report["targets"]
     assert "loader" in done.stdout and "rayshard_k1" in done.stdout  # the printed table

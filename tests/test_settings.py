@@ -33,6 +33,8 @@ def test_explicit_batches_per_object_wins(policy):
         ("batches_per_object", 0, r"batches_per_object=0 is not in the range"),
         ("batches_per_object", True, r"batches_per_object=True must be an integer"),
         ("reader_threads", 0, r"reader_threads=0 is not in the range reader_threads>=1"),
+        ("reader_workers", 0, r"reader_workers=0 is not in the range reader_workers>=1 \(proc"),
+        ("reader_workers", "2", r"reader_workers='2' must be an integer >= 1"),
         ("prefetch_depth", 0, r"prefetch_depth=0 is not in the range prefetch_depth>=1"),
         ("shuffle_buffer", -1, r"shuffle_buffer=-1 is not in the range shuffle_buffer>=0"),
     ],
@@ -61,3 +63,13 @@ def test_shuffle_buffer_under_dynamic_is_refused_with_the_alternative():
     with pytest.raises(ConfigError, match=r"shuffle_buffer=8 with policy='dynamic'.*shuffle=True"):
         LoaderSettings(plan=PlanConfig(batch_size=2), policy="dynamic", shuffle_buffer=8)
     assert LoaderSettings(plan=PlanConfig(batch_size=2), policy="dynamic", shuffle=True).shuffle
+
+
+def test_reader_workers_and_transform_workers_are_one_or_the_other():
+    with pytest.raises(
+        ConfigError, match=r"reader_workers=2 with transform_workers=3: .*set reader_workers alone"
+    ):
+        settings(reader_workers=2, transform_workers=3)
+    assert settings(reader_workers=3).worker_count == 3
+    assert settings(transform_workers=2).worker_count == 2
+    assert settings(reader_workers=2, reader_threads=4).reader_threads == 4  # threads per worker

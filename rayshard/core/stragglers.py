@@ -35,10 +35,10 @@ def late_rows_bound(settings: LoaderSettings) -> int:
     in the object store (`ceil(prefetch_depth / block_batches)`, at least 1), the block
     being filled, the two its consumer requested and the one it is going through; the
     rebatching remainder (one batch); the device feed's `prefetch_depth` batches (torch
-    format); batches in its transform workers. Counted each time a rank straggles."""
+    format); batches in its transform (or reader) workers. Counted each time a rank straggles."""
     per_block = settings.block_batches
     ahead = max(1, -(-settings.prefetch_depth // per_block))
-    workers = settings.transform_workers if settings.transform_workers > 1 else 0
+    workers = settings.worker_count if settings.worker_count > 1 else 0
     batches = (ahead + 4) * per_block + 1 + settings.prefetch_depth + TRANSFORM_AHEAD * workers
     return batches * settings.plan.batch_size
 

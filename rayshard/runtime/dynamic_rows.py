@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from rayshard.batching import FLUSH, iter_rows, pad_rows, reading_pieces
+from rayshard.batching import FLUSH, Reads, pad_rows, reading_pieces
 from rayshard.plan import intervals as iv
 from rayshard.settings import LoaderSettings
 from rayshard.sources import Source
@@ -37,9 +37,10 @@ def dynamic_rows(
     settings: LoaderSettings,
     key: tuple[int, int, int],
     cancel: Callable[[], threading.Event],
+    reads: Reads,
 ) -> Iterator[Any]:
-    """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
-    reader thread's stop event."""
+    """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`, each lease's pieces
+    read by `reads`; `cancel()` is the reader thread's stop event."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
@@ -62,7 +63,7 @@ def dynamic_rows(
             continue
         if leased.pieces:
             parts = reading_pieces(list(leased.pieces), splits, shuffle=False, rng_key="")
-            rows = iter_rows(source, parts, settings.columns)
+            rows = reads(parts, settings.columns)
             if settings.straggler_timeout_s is not None:
                 held = lambda: ray.get(coordinator.held.remote(generation, rank, epoch))  # noqa: E731
                 rows = drop_taken_back(rows, held, settings.straggler_timeout_s / 2)

@@ -24,17 +24,15 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from rayshard.batching import (
-    FLUSH,
-)
+from rayshard.batching import FLUSH, Reads, iter_rows, iter_rows_parallel
 from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, StaleClientError, TransformError, same_kind
 from rayshard.metrics import set_prefetch_depth
 from rayshard.runtime.dynamic_rows import dynamic_rows
 from rayshard.runtime.pipeline import reader_batches
+from rayshard.runtime.reader_workers import start_workers, worker_reads
 from rayshard.runtime.row_streams import packed_rows, static_rows
 from rayshard.runtime.transform_stage import column_bytes
-from rayshard.runtime.transform_workers import start_workers
 from rayshard.settings import LoaderSettings
 from rayshard.sharding import ShardingPolicy
 from rayshard.sources import Source
@@ -61,7 +59,7 @@ class ShardReader:
         self._splits = source.splits()
         self._loader_name = loader_id
         self._transform = transform  # fn(batch, ctx), run on the reader thread
-        self._workers: list | None = None  # transform workers, made on first use
+        self._workers: list | None = None  # reader workers, made on first use
         self._stopped = threading.Event()
         self._cond = threading.Condition()
         self._key: tuple[int, int] | None = None  # (generation, epoch) being read
@@ -115,23 +113,28 @@ class ShardReader:
         batches, plan = started["batches"], started["plan"]
         if self._settings.packing is not None:
             packed = packed_rows(
-                self._source,
                 self._settings,
                 self._splits,
                 plan,
                 epoch,
-                self._pool(),
+                self._reads(epoch),
                 started.get("partial") or {},
             )
             produce = None
         elif plan is None:  # dynamic
             key, cancel = (generation, epoch, self._dp_rank), lambda: self._cancel  # made below
             produce = dynamic_rows(
-                self._coordinator, self._source, self._splits, self._settings, key, cancel
+                self._coordinator,
+                self._source,
+                self._splits,
+                self._settings,
+                key,
+                cancel,
+                self._reads(epoch, threads=False),
             )
         else:
             produce = static_rows(
-                self._source, self._settings, self._splits, plan, epoch, self._pool()
+                self._source, self._settings, self._splits, plan, epoch, self._reads(epoch)
             )
         self._stop_thread()
         with self._cond:
@@ -197,6 +200,18 @@ class ShardReader:
         """End the reader thread and release the watch (graceful leave)."""
         self._stop_thread()
         self._stopped.set()
+
+    def _reads(self, epoch: int, *, threads: bool = True) -> Reads:
+        """How `epoch`'s pieces are read, in piece order: by the reader workers
+        (`reader_workers` > 1, `reader_threads` threads each), else here, by the reader
+        threads (`threads`) or on the reader thread itself (`dynamic`: one lease at a time)."""
+        if self._settings.reader_workers > 1:
+            return worker_reads(self._workers_(), epoch, self._settings.reader_threads)
+        source = self._source.for_epoch(epoch, self._settings.plan.seed)
+        if not threads:
+            return lambda pieces, columns: iter_rows(source, pieces, columns)
+        pool, ahead = self._pool(), self._settings.reader_threads
+        return lambda pieces, columns: iter_rows_parallel(source, pieces, columns, pool, ahead)
 
     def _pool(self) -> Any:
         """The reader threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`
@@ -269,18 +284,21 @@ class ShardReader:
     def _separate_workers(self) -> bool:
         """Whether the transform runs in worker processes rather than in this reader."""
         settings = self._settings
-        return settings.transform_workers > 1 or settings.transform_resources is not None
+        return settings.worker_count > 1 or settings.transform_resources is not None
 
     def _workers_(self) -> list:
-        """The transform workers, started on first use; they live as long as the reader."""
+        """The reader workers, started on first use; they live as long as the reader."""
         if self._workers is None:
+            settings = self._settings
             self._workers = start_workers(
-                self._settings.transform_workers,
+                settings.worker_count,
+                self._source,
                 self._transform,
                 self._loader_name,
-                self._settings.plan.seed,
+                settings.plan.seed,
                 self._dp_rank,
-                resources=self._settings.transform_resources,
+                resources=settings.transform_resources,
+                threads=settings.reader_threads if settings.reader_workers > 1 else 1,
             )
         return self._workers
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rayshard.batching import iter_padding, iter_rows_parallel, reading_pieces
+from rayshard.batching import Reads, iter_padding, reading_pieces
 from rayshard.core.planning import rank_pieces
 from rayshard.runtime.packing_stage import packed_batches
 from rayshard.runtime.pipeline import flush_before_error
@@ -20,10 +20,11 @@ from rayshard.sources import Source
 
 
 def static_rows(
-    source: Source, settings: LoaderSettings, splits: Any, plan: Any, epoch: int, pool: Any
+    source: Source, settings: LoaderSettings, splits: Any, plan: Any, epoch: int, reads: Reads
 ) -> Iterator[pa.RecordBatch]:
     """The rank's planned ranges of `epoch` in reading order (pieces shuffled by
-    `shuffle`), through the block and buffer shuffles when on, then the padding rows."""
+    `shuffle`; read by `reads`), through the block and buffer shuffles when on, then the
+    padding rows."""
     pieces = reading_pieces(
         plan.ranges,
         splits,
@@ -31,7 +32,7 @@ def static_rows(
         rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}",
     )
     source = source.for_epoch(epoch, settings.plan.seed)
-    real = iter_rows_parallel(source, pieces, settings.columns, pool, settings.reader_threads)
+    real = reads(pieces, settings.columns)
     if settings.shuffle_blocks:
         real = block_shuffle(real, settings.shuffle_blocks, settings.plan.seed, epoch, plan.rank)
     if settings.shuffle_buffer:
@@ -40,21 +41,19 @@ def static_rows(
 
 
 def packed_rows(
-    source: Source,
     settings: LoaderSettings,
     splits: Any,
     plan: Any,
     epoch: int,
-    pool: Any,
+    reads: Reads,
     offsets: dict,
 ) -> Iterator[Any]:
-    """The rank's documents packed into `plan.batches` batches of packed rows
-    (`rayshard.runtime.packing_stage`), skipping the `offsets` tokens already delivered of
+    """The rank's documents (read by `reads`) packed into `plan.batches` batches of packed
+    rows (`rayshard.runtime.packing_stage`), skipping the `offsets` tokens already delivered of
     split documents."""
     packing = settings.packing
     pieces = rank_pieces(settings, splits, plan, epoch)
-    source = source.for_epoch(epoch, settings.plan.seed)
-    real = iter_rows_parallel(source, pieces, [packing.column], pool, settings.reader_threads)
+    real = reads(pieces, [packing.column])
     return flush_before_error(
         packed_batches(real, packing, settings.plan.batch_size, offsets, plan.batches)
     )

@@ -383,6 +383,7 @@ def scenario_coordinator_sigkill() -> dict:
     back_s = time.time() - killed_at
     pid_after = coordinator_pid(loader)
     progress_at_restart = {r: ray.get(c.progress.remote()) for r, (_, c, _) in consumers.items()}
+
     # Let them read on through the restarted coordinator, then lose node n2. Any rank's
     # progress is the cue: under load one rank may have little work left by now (a rank
     # that failed instead shows up in `errors` below, and the test asserts on those).
@@ -796,6 +797,40 @@ def scenario_transform_on_cpu_node() -> dict:
     return result
 
 
+def scenario_readers_on_cpu_node() -> dict:
+    """`reader_workers=2` with `transform_resources`: the rank's 2 reader workers on node n1
+    (CPU-only, resource `n1`) read the pieces and run the transform; the consumer and its
+    reader stay on the head. One epoch, dynamic."""
+    from rayshard.loader import Loader
+    from tests.runtime.reading_fns import READ_NODE, NodeStampedSource
+
+    start_cluster(worker_nodes=1, head_cpus=1, node_cpus=2)
+    data = make_dataset([120, 80], row_group_size=20)
+    loader = Loader(
+        NodeStampedSource(data),
+        name="readers",
+        policy="dynamic",
+        equal_steps=False,
+        journal_path=os.path.join(tempfile.mkdtemp(prefix="rayshard-journal-"), "r.jsonl"),
+        batch_size=10,
+        transform=lambda batch, ctx: {**tag_node(batch, ctx), "read": batch[READ_NODE]},
+        reader_workers=2,
+        transform_resources={"CPU": 1, "n1": 1},
+    )
+    audit = head_audit(200)
+    consumer = NodeConsumerWithNodes.options(resources={"head": 1}).remote(loader, audit)
+    seen = ray.get(consumer.run.remote(), timeout=EVENT_TIMEOUT_S)
+    names = node_labels()
+    result = {
+        "transform_nodes": sorted({names.get(node, node) for node in seen["nodes"]}),
+        "read_nodes": sorted({names.get(node, node) for node in seen["read"]}),
+        "reader_node": names[ray.get(consumer.reader_node.remote())],
+        "audit": ray.get(audit.report.remote()),
+    }
+    loader.shutdown()
+    return result
+
+
 @ray.remote(num_cpus=0)
 class NodeConsumerWithNodes:
     """One rank's epoch on this node; returns the nodes its batches were transformed on."""
@@ -810,11 +845,13 @@ class NodeConsumerWithNodes:
 
     def run(self) -> dict:
         nodes: set[str] = set()
+        read: set[str] = set()  # where the rows were read, when a batch says ("read")
         for batch in self.iterator:
             real = ~batch["_padded"]
             ray.get(self.audit.add.remote(0, batch["id"][real]))
             nodes.update(node for node, keep in zip(batch["node"], real) if keep)
-        return {"nodes": sorted(nodes)}
+            read.update(node for node, keep in zip(batch.get("read", ()), real) if keep)
+        return {"nodes": sorted(nodes), "read": sorted(read)}
 
 
 SCENARIOS = {
@@ -823,6 +860,7 @@ SCENARIOS = {
     "elastic_trainer": scenario_elastic_trainer,
     "rank_rejoins_same_number": scenario_rank_rejoins_same_number,
     "transform_on_cpu_node": scenario_transform_on_cpu_node,
+    "readers_on_cpu_node": scenario_readers_on_cpu_node,
 }
 
 

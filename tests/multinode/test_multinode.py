@@ -195,3 +195,15 @@ def test_transform_workers_run_on_a_cpu_only_node_with_exact_coverage():
     check(r, r["reader_node"] == "head", f"reader on {r['reader_node']}")
     epoch = r["audit"]["0"]
     check(r, epoch["lost"] == 0 and epoch["duplicates"] == 0, f"coverage: {epoch}")
+
+
+def test_reader_workers_read_and_transform_on_a_cpu_only_node_with_exact_coverage():
+    """`reader_workers=2` with `transform_resources`: the pieces are read and transformed on
+    another node (CPU-only here) while the reader stays on the consumer's node; exact."""
+    r = run_scenario("readers_on_cpu_node")
+    check(r, not r.get("error"), f"scenario error: {r.get('error')}")
+    check(r, r["read_nodes"] == ["n1"], f"read on {r['read_nodes']}")
+    check(r, r["transform_nodes"] == ["n1"], f"transformed on {r['transform_nodes']}")
+    check(r, r["reader_node"] == "head", f"reader on {r['reader_node']}")
+    epoch = r["audit"]["0"]
+    check(r, epoch["lost"] == 0 and epoch["duplicates"] == 0, f"coverage: {epoch}")
