@@ -72,3 +72,17 @@ def strings(value: Any, name: str) -> tuple[str, ...] | None:
     if not items:
         raise ConfigError(f"{name}=[] is empty: leave it unset or name at least one")
     return items
+
+
+def load_yaml_file(path: str, what: str) -> Any:
+    """The document in YAML file `path` (None for an empty file); a missing file or bad
+    YAML is a `ConfigError` naming the file and `what` it should have been."""
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return yaml.safe_load(handle)
+    except FileNotFoundError as error:
+        raise ConfigError(f"{path}: no such {what}") from error
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path} is not valid YAML: {error}") from error

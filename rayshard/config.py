@@ -24,6 +24,7 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
+from rayshard.checks import load_yaml_file
 from rayshard.columns import ColumnRules
 from rayshard.config_parts import ReadConfig, RuntimeConfig
 from rayshard.env import plan_overrides
@@ -226,15 +227,7 @@ def canonical(values: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 def read_yaml(name: str) -> Mapping[str, Any]:
     """The mapping of settings in a YAML file (under `rayshard:` or at the top)."""
-    import yaml
-
-    try:
-        with open(name, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle)
-    except FileNotFoundError as error:
-        raise ConfigError(f"{name}: no such configuration file") from error
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{name} is not valid YAML: {error}") from error
+    document = load_yaml_file(name, "configuration file")
     if document is None:
         document = {}
     if isinstance(document, Mapping) and set(document) == {"rayshard"}:

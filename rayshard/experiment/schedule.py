@@ -30,6 +30,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from rayshard.checks import load_yaml_file
 from rayshard.errors import ConfigError
 
 ACTIONS = ("add_node", "kill_node", "remove_node")
@@ -66,15 +67,7 @@ class Schedule:
 
 def load_schedule(path: str) -> Schedule:
     """Read and validate a schedule file; errors name the file, the key and the fix."""
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as handle:
-            document = yaml.safe_load(handle)
-    except FileNotFoundError as error:
-        raise ConfigError(f"{path}: no such schedule file") from error
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path} is not valid YAML: {error}") from error
+    document = load_yaml_file(path, "schedule file")
     return parse_schedule(document if document is not None else {}, source=path)
 
 
