@@ -219,13 +219,14 @@ def head_audit(num_samples: int) -> Any:
     return ray.remote(CoverageAudit).options(num_cpus=0, resources={"head": 1}).remote(num_samples)
 
 
-def dynamic_loader(data: str, name: str, **options) -> Any:
+def dynamic_loader(data: str, name: str, source: Any = None, **options) -> Any:
+    """A `dynamic` loader over the Parquet files `data` (or over `source`, made from them)."""
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
     journal = os.path.join(tempfile.mkdtemp(prefix="rayshard-journal-"), f"{name}.jsonl")
     return Loader(
-        ParquetSource(data),
+        source if source is not None else ParquetSource(data),
         name=name,
         policy="dynamic",
         equal_steps=False,  # consumers are not in lockstep
@@ -784,40 +785,34 @@ def scenario_transform_on_cpu_node() -> dict:
         transform_workers=2,
         transform_resources={"CPU": 1, "n1": 1},
     )
-    audit = head_audit(200)
-    consumer = NodeConsumerWithNodes.options(resources={"head": 1}).remote(loader, audit)
-    seen = ray.get(consumer.run.remote(), timeout=EVENT_TIMEOUT_S)
-    names = node_labels()
-    result = {
-        "transform_nodes": sorted({names.get(node, node) for node in seen["nodes"]}),
-        "reader_node": names[ray.get(consumer.reader_node.remote())],
-        "audit": ray.get(audit.report.remote()),
-    }
-    loader.shutdown()
-    return result
+    return one_rank_on_head(loader, 200)
 
 
 def scenario_readers_on_cpu_node() -> dict:
     """`reader_workers=2` with `transform_resources`: the rank's 2 reader workers on node n1
     (CPU-only, resource `n1`) read the pieces and run the transform; the consumer and its
     reader stay on the head. One epoch, dynamic."""
-    from rayshard.loader import Loader
     from tests.runtime.reading_fns import READ_NODE, NodeStampedSource
 
     start_cluster(worker_nodes=1, head_cpus=1, node_cpus=2)
     data = make_dataset([120, 80], row_group_size=20)
-    loader = Loader(
-        NodeStampedSource(data),
-        name="readers",
-        policy="dynamic",
-        equal_steps=False,
-        journal_path=os.path.join(tempfile.mkdtemp(prefix="rayshard-journal-"), "r.jsonl"),
+    loader = dynamic_loader(
+        data,
+        "readers",
+        source=NodeStampedSource(data),
         batch_size=10,
         transform=lambda batch, ctx: {**tag_node(batch, ctx), "read": batch[READ_NODE]},
         reader_workers=2,
         transform_resources={"CPU": 1, "n1": 1},
     )
-    audit = head_audit(200)
+    return one_rank_on_head(loader, 200)
+
+
+def one_rank_on_head(loader: Any, rows: int) -> dict:
+    """One epoch of `loader` as rank 0 of 1, consumed (and audited) on the head: the nodes
+    its batches were transformed on and, where they say, read on; its reader's node; the
+    audit."""
+    audit = head_audit(rows)
     consumer = NodeConsumerWithNodes.options(resources={"head": 1}).remote(loader, audit)
     seen = ray.get(consumer.run.remote(), timeout=EVENT_TIMEOUT_S)
     names = node_labels()
