@@ -137,6 +137,9 @@ class RuntimeConfig:
       reader); at most one of the two above 1. `transform_resources`: Ray resources of each
       worker (None: on the reader's node).
     - `reader_num_cpus`: CPUs each reader actor reserves.
+    - `consumer_reads`: whether a rank reads on a thread of its consumer (the training
+      worker) rather than in its reader actor (None: when the rank has one consumer, no
+      worker processes and no transform; see `rayshard.runtime.local_reads`).
     - `journal_path`: where the coordinator journals (None: a local temp file).
     """
 
@@ -156,6 +159,7 @@ class RuntimeConfig:
     transform_workers: int = 1
     transform_resources: tuple[tuple[str, float], ...] | None = None
     reader_num_cpus: float = 0.0
+    consumer_reads: bool | None = None
     journal_path: str | None = None
 
     def __post_init__(self) -> None:
@@ -204,6 +208,30 @@ class RuntimeConfig:
         if self.transform_resources is not None:
             set_(self, "transform_resources", check_resources(self.transform_resources))
         self._check_straggler_timeout()
+        self._check_consumer_reads()
+
+    def _check_consumer_reads(self) -> None:
+        wanted = self.consumer_reads
+        if wanted is not None and not isinstance(wanted, bool):
+            raise ConfigError(
+                f"consumer_reads={wanted!r} must be True, False or None (the default: the "
+                "consumer reads when it is its rank's only one and no worker process or "
+                "transform is involved)"
+            )
+        shared = self.model_parallel_size > 1 or any(len(g) > 1 for g in self.dp_groups or ())
+        workers = self.reader_workers > 1 or self.transform_workers > 1
+        if wanted and (shared or workers or self.transform_resources is not None):
+            what = (
+                "model-parallel groups share a reader"
+                if shared
+                else ("worker processes are fed by the reader actor")
+            )
+            raise ConfigError(
+                f"consumer_reads=True: {what} (model_parallel_size="
+                f"{self.model_parallel_size}, dp_groups={self.dp_groups}, reader_workers="
+                f"{self.reader_workers}, transform_workers={self.transform_workers}, "
+                f"transform_resources={self.transform_resources}); leave consumer_reads unset"
+            )
 
     def _check_straggler_timeout(self) -> None:
         timeout = self.straggler_timeout_s

@@ -37,6 +37,7 @@ class ShardIterator:
         device: Any = None,
         collate_fn: Any = None,
         ack_interval_s: float = 0.1,
+        local_reads: Any = None,
         nested_columns: tuple[str, ...] = (),
     ) -> None:
         if batch_format not in FORMATS:
@@ -52,6 +53,7 @@ class ShardIterator:
         self._coordinator = coordinator
         self._generation = registration["generation"]
         self._reader = registration["reader"]
+        self._local = local_reads  # a `LocalReads`: this worker reads for itself
         self._placement = placement
         self._depth = prefetch_depth
         self._format = batch_format
@@ -202,6 +204,8 @@ class ShardIterator:
         rank's unfinished leases go back to the queue for the others. After
         `Loader.shutdown()` there is nothing left to leave: a no-op."""
         self._close_feed()
+        if self._local is not None:
+            self._local.close()
         try:
             self._acks.stop()
             ray.get(self._coordinator.leave.remote(self._generation, self._placement.dp_rank))
@@ -210,7 +214,10 @@ class ShardIterator:
         self._reader.stop.remote()
 
     def _begin(self) -> None:
-        started = ray.get(self._reader.start.remote(self._generation, self._epoch))
+        if self._local is not None:
+            started = self._local.start(self._generation, self._epoch)
+        else:
+            started = ray.get(self._reader.start.remote(self._generation, self._epoch))
         self._length, self._exact = started["batches"], started["exact"]
         self._dynamic_steps_checked = None if self._dynamic else self._epoch
         self._started, self._ended = True, False
@@ -218,13 +225,13 @@ class ShardIterator:
         # epoch's reader is released by that (see `ShardReader.next`).
         self._close_feed()
         self._received = 0
-        raw = fetch_batches(
-            self._reader,
-            self._generation,
-            self._epoch,
-            flush=self._acks.flush,
-            where=f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}",
-        )
+        where = f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
+        if self._local is not None:
+            raw = self._local.batches(self._epoch, flush=self._acks.flush, where=where)
+        else:
+            raw = fetch_batches(
+                self._reader, self._generation, self._epoch, flush=self._acks.flush, where=where
+            )
         if self._format == "torch":
             from rayshard.device import DeviceFeed
 

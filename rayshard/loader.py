@@ -29,6 +29,7 @@ from rayshard.plan import check_not_empty, data_parallel_rank
 from rayshard.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.journal import Journal
+from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
 from rayshard.runtime.reader import ShardReader
 from rayshard.sharding import assign
 from rayshard.sources import Source
@@ -196,6 +197,16 @@ class Loader:
             )
         )
         registration["reader"] = self._reader(registration, dp)
+        local = None
+        if reads_in_consumer(self.settings, len(dp.group), self.transform):
+            local = LocalReads(
+                self._coordinator,
+                self.source,
+                self.settings,
+                dp.dp_rank,
+                self.loader_id,
+                self.transform,
+            )
         return ShardIterator(
             self._coordinator,
             registration,
@@ -205,6 +216,7 @@ class Loader:
             device=device,
             collate_fn=collate_fn,
             ack_interval_s=self.settings.ack_interval_s,
+            local_reads=local,
             nested_columns=()
             if self.settings.packing is not None
             else self.settings.column_rules.nested_columns(self._read_schema()),

@@ -61,6 +61,7 @@ EVERY_KEY = {
     "transform_workers": 2,
     "transform_resources": {"CPU": 1.0, "preprocess": 1.0},
     "reader_num_cpus": 0.5,
+    "consumer_reads": False,
     "journal_path": "/tmp/journal.jsonl",
 }
 

@@ -64,12 +64,16 @@ def fetch_batches(
             more = False
             continue
         for batch in ray.get(ref):
-            dropped = batch.pop(DROPPED_KEY, None)  # a transform's filter: consumed too
-            # packing: documents finished in this batch, and split ones delivered so far
-            packed = None
-            if COMPLETED_KEY in batch:
-                packed = (batch.pop(COMPLETED_KEY), batch.pop(PARTIAL_KEY))
-            nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
-            yield Tagged(
-                BatchMeta(batch[INDEX_KEY], batch[PADDED_KEY], nbytes, dropped, packed), batch
-            )
+            yield tag_batch(batch)
+
+
+def tag_batch(batch: dict) -> Tagged:
+    """`batch` (a reader's numpy batch) tagged with its `BatchMeta`; the keys that only the
+    metadata needs are taken out of it."""
+    dropped = batch.pop(DROPPED_KEY, None)  # a transform's filter: consumed too
+    # packing: documents finished in this batch, and split ones delivered so far
+    packed = None
+    if COMPLETED_KEY in batch:
+        packed = (batch.pop(COMPLETED_KEY), batch.pop(PARTIAL_KEY))
+    nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
+    return Tagged(BatchMeta(batch[INDEX_KEY], batch[PADDED_KEY], nbytes, dropped, packed), batch)

@@ -24,17 +24,15 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from rayshard.batching import FLUSH, Reads, iter_rows, iter_rows_parallel
+from rayshard.batching import FLUSH, Reads
 from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, StaleClientError, TransformError, same_kind
 from rayshard.metrics import set_prefetch_depth
-from rayshard.runtime.dynamic_rows import dynamic_rows
 from rayshard.runtime.pipeline import reader_batches
 from rayshard.runtime.reader_workers import start_workers, worker_reads
-from rayshard.runtime.row_streams import packed_rows, static_rows
+from rayshard.runtime.row_streams import epoch_batches, length_is_exact, thread_reads
 from rayshard.runtime.transform_stage import column_bytes
 from rayshard.settings import LoaderSettings
-from rayshard.sharding import ShardingPolicy
 from rayshard.sources import Source
 
 
@@ -102,40 +100,22 @@ class ShardReader:
             return self._started_info()
 
     def _started_info(self) -> dict:
-        dynamic = self._settings.policy is ShardingPolicy.DYNAMIC
-        return {
-            "batches": self._batches,
-            "exact": not dynamic or self._settings.plan.equal_steps,
-        }
+        return {"batches": self._batches, "exact": length_is_exact(self._settings)}
 
     def _begin_epoch(self, generation: int, epoch: int) -> None:
         started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
-        batches, plan = started["batches"], started["plan"]
-        if self._settings.packing is not None:
-            packed = packed_rows(
-                self._settings,
-                self._splits,
-                plan,
-                epoch,
-                self._reads(epoch),
-                started.get("partial") or {},
-            )
-            produce = None
-        elif plan is None:  # dynamic
-            key, cancel = (generation, epoch, self._dp_rank), lambda: self._cancel  # made below
-            produce = dynamic_rows(
-                self._coordinator,
-                self._source,
-                self._splits,
-                self._settings,
-                key,
-                cancel,
-                self._reads(epoch, threads=False),
-            )
-        else:
-            produce = static_rows(
-                self._source, self._settings, self._splits, plan, epoch, self._reads(epoch)
-            )
+        batches = started["batches"]
+        stream = epoch_batches(
+            started,
+            (generation, epoch, self._dp_rank),
+            coordinator=self._coordinator,
+            source=self._source,
+            splits=self._splits,
+            settings=self._settings,
+            cancel=lambda: self._cancel,  # the event made below
+            reads=lambda threads: self._reads(epoch, threads=threads),
+            batches=lambda rows: self._batches_of(rows, epoch),
+        )
         self._stop_thread()
         with self._cond:
             self._key, self._batches, self._final = (generation, epoch), batches, None
@@ -146,10 +126,7 @@ class ShardReader:
             self._cancel = threading.Event()
             self._thread = threading.Thread(
                 target=self._read_loop,
-                args=(
-                    packed if produce is None else self._batches_of(produce, epoch),
-                    self._cancel,
-                ),
+                args=(stream, self._cancel),
                 daemon=True,
             )
             self._thread.start()
@@ -207,11 +184,7 @@ class ShardReader:
         threads (`threads`) or on the reader thread itself (`dynamic`: one lease at a time)."""
         if self._settings.reader_workers > 1:
             return worker_reads(self._workers_(), epoch, self._settings.reader_threads)
-        source = self._source.for_epoch(epoch, self._settings.plan.seed)
-        if not threads:
-            return lambda pieces, columns: iter_rows(source, pieces, columns)
-        pool, ahead = self._pool(), self._settings.reader_threads
-        return lambda pieces, columns: iter_rows_parallel(source, pieces, columns, pool, ahead)
+        return thread_reads(self._source, self._settings, epoch, self._pool() if threads else None)
 
     def _pool(self) -> Any:
         """The reader threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`

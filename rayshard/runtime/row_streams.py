@@ -1,19 +1,24 @@
 """The row streams a reader batches: a rank's planned rows (static policies, with the
-shuffles and the padding), or its documents packed into rows of tokens."""
+shuffles and the padding), its leased rows (`dynamic`), or its documents packed into rows
+of tokens; `epoch_batches` picks one for an epoch as the coordinator started it, the same
+in a reader actor and in a consumer that reads for itself (`rayshard.runtime.local_reads`)."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
 
-from rayshard.batching import Reads, iter_padding, reading_pieces
+from rayshard.batching import Reads, iter_padding, iter_rows, iter_rows_parallel, reading_pieces
 from rayshard.core.planning import rank_pieces
+from rayshard.runtime.dynamic_rows import dynamic_rows
 from rayshard.runtime.packing_stage import packed_batches
 from rayshard.runtime.pipeline import flush_before_error
 from rayshard.settings import LoaderSettings
+from rayshard.sharding import ShardingPolicy
 from rayshard.shuffle import shuffle_batches
 from rayshard.shuffle_blocks import block_shuffle
 from rayshard.sources import Source
@@ -57,3 +62,47 @@ def packed_rows(
     return flush_before_error(
         packed_batches(real, packing, settings.plan.batch_size, offsets, plan.batches)
     )
+
+
+def epoch_batches(
+    started: dict,
+    key: tuple[int, int, int],
+    *,
+    coordinator: Any,
+    source: Source,
+    splits: Any,
+    settings: LoaderSettings,
+    cancel: Callable[[], threading.Event],
+    reads: Callable[[bool], Reads],
+    batches: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]],
+) -> Iterator[Any]:
+    """The batches (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`, as the
+    coordinator's `start_epoch` answered (`started`): packed documents, leased rows under
+    `dynamic`, or the static plan's rows. `reads(threads)` reads pieces (`threads`: with
+    the reading threads; `dynamic` reads one lease at a time), `batches(rows)` rebatches
+    (and transforms) rows; `cancel()` stops a `dynamic` stream."""
+    _, epoch, _ = key
+    plan = started["plan"]
+    if settings.packing is not None:
+        partial = started.get("partial") or {}
+        return packed_rows(settings, splits, plan, epoch, reads(True), partial)
+    if plan is None:
+        rows = dynamic_rows(coordinator, source, splits, settings, key, cancel, reads(False))
+        return batches(rows)
+    return batches(static_rows(source, settings, splits, plan, epoch, reads(True)))
+
+
+def thread_reads(source: Source, settings: LoaderSettings, epoch: int, pool: Any) -> Reads:
+    """Pieces of `epoch` read in this process: by `pool`'s `reader_threads` threads,
+    `reader_threads` pieces ahead, in piece order; or, `pool` None, on the calling thread."""
+    source = source.for_epoch(epoch, settings.plan.seed)
+    if pool is None:
+        return lambda pieces, columns: iter_rows(source, pieces, columns)
+    ahead = settings.reader_threads
+    return lambda pieces, columns: iter_rows_parallel(source, pieces, columns, pool, ahead)
+
+
+def length_is_exact(settings: LoaderSettings) -> bool:
+    """Whether an epoch's batch count is final when it starts: static policies, and
+    `dynamic` with equal steps."""
+    return settings.policy is not ShardingPolicy.DYNAMIC or settings.plan.equal_steps

@@ -67,6 +67,7 @@ def test_frozen_rank_work_goes_to_the_others_and_its_late_rows_are_bounded(
         batches_per_object=1,
         ack_interval_s=0,  # every batch acknowledged on receipt
         straggler_timeout_s=2.0,
+        consumer_reads=False,  # the reader actor holds the leases: its process is frozen
     )
     its = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
     consumers = [Consumer(it, hold_after=1 if r == 1 else None) for r, it in enumerate(its)]

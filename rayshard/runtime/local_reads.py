@@ -1,0 +1,196 @@
+"""Reading in the consumer's own process: a rank whose only consumer is the training
+worker, with no worker processes to feed, reads its batches on a background thread of
+that worker instead of in its reader actor.
+
+The batches are the ones the reader actor would make: the same coordinator answer
+(`start_epoch`), the same row streams and batching (`rayshard.runtime.row_streams`), so
+order, shuffles, padding, leases and acknowledgements are unchanged. What goes away is
+the way between two processes: no `ray.put` of each block into the object store, no
+fetch through an actor call, and no wait for the reader actor to start before the first
+batch. The reader actor is still made: the coordinator watches it, and it dies with the
+worker that owns it. `prefetch_depth` batches wait in a bounded channel.
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ray
+
+from rayshard.batching import FLUSH, Tagged
+from rayshard.device._channel import CLOSED, EMPTY, Channel
+from rayshard.device.affinity import reader_pool
+from rayshard.errors import RayshardError, TransformError, same_kind
+from rayshard.runtime.fetch import STALL_FLUSH_S, tag_batch
+from rayshard.runtime.pipeline import reader_batches
+from rayshard.runtime.row_streams import epoch_batches, length_is_exact, thread_reads
+from rayshard.settings import LoaderSettings
+from rayshard.sources import Source
+
+_END = object()  # the epoch's last batch was put
+
+
+class _Failure:
+    """What the reading thread raised, with its traceback, delivered after the batches
+    made before it."""
+
+    def __init__(self, error: BaseException, trace: str) -> None:
+        self.error, self.trace = error, trace
+
+    def raised(self, where: str, epoch: int) -> BaseException:
+        """The error the consumer raises: a transform's as is (it names loader, rank,
+        epoch and samples); otherwise its rayshard type (else `RayshardError`), naming
+        where and carrying the reading thread's traceback."""
+        if isinstance(self.error, TransformError):
+            return self.error
+        kind = (
+            self.error if isinstance(self.error, RayshardError) else RayshardError(repr(self.error))
+        )
+        return same_kind(
+            kind,
+            f"{where}, epoch {epoch}: reader failed: {kind}\n--- reader traceback ---\n"
+            f"{self.trace}",
+        )
+
+
+def reads_in_consumer(settings: LoaderSettings, consumers: int, transform: Any) -> bool:
+    """Whether a rank with `consumers` members reads in its consumer (`consumer_reads`):
+    when asked (True), or by default (None) when it is the rank's only consumer and no
+    worker process or transform is involved (a transform stays out of the training
+    process unless asked). False: always in the reader actor."""
+    wanted = settings.consumer_reads
+    if wanted is not None:
+        return wanted
+    return (
+        consumers == 1
+        and settings.worker_count == 1
+        and settings.transform_resources is None
+        and transform is None
+    )
+
+
+class LocalReads:
+    """One rank's reading in this process, one epoch at a time."""
+
+    def __init__(
+        self,
+        coordinator: Any,
+        source: Source,
+        settings: LoaderSettings,
+        dp_rank: int,
+        loader_id: str = "",
+        transform: Any = None,
+    ) -> None:
+        self._coordinator = coordinator
+        self._source = source
+        self._settings = settings
+        self._dp_rank = dp_rank
+        self._loader_name = loader_id
+        self._transform = transform
+        self._splits: Any = None  # the source's splits, read on first use
+        self._pool: Any = None  # the reading threads, made on first use
+        self._cancel = threading.Event()
+        self._channel: Channel | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, generation: int, epoch: int) -> dict:
+        """Begin reading `epoch` (ending any epoch being read). Returns `batches`, the
+        batches the epoch yields, and `exact`, whether that count is final."""
+        self.stop()
+        started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
+        settings = self._settings
+        if self._splits is None:
+            self._splits = self._source.splits()
+        cancel = self._cancel = threading.Event()
+        stream = epoch_batches(
+            started,
+            (generation, epoch, self._dp_rank),
+            coordinator=self._coordinator,
+            source=self._source,
+            splits=self._splits,
+            settings=settings,
+            cancel=lambda: cancel,
+            reads=lambda threads: thread_reads(
+                self._source, settings, epoch, self._threads() if threads else None
+            ),
+            batches=lambda rows: reader_batches(
+                rows,
+                batch_size=settings.plan.batch_size,
+                rules=settings.column_rules,
+                transform=self._transform,
+                workers=None,
+                loader=self._loader_name,
+                seed=settings.plan.seed,
+                epoch=epoch,
+                rank=self._dp_rank,
+            ),
+        )
+        self._channel = Channel(settings.prefetch_depth)
+        self._thread = threading.Thread(
+            target=_produce, args=(stream, self._channel, cancel), daemon=True
+        )
+        self._thread.start()
+        return {"batches": started["batches"], "exact": length_is_exact(settings)}
+
+    def batches(self, epoch: int, *, flush: Callable[[], None], where: str) -> Iterator[Tagged]:
+        """The started epoch's batches in order, each tagged with its `BatchMeta`. While
+        waiting for one, `flush()` sends the acknowledgements so far (under `dynamic` the
+        other ranks may wait for exactly those). An error of the reading thread is raised
+        after the batches made before it, `where` naming loader and rank."""
+        channel = self._channel
+        if channel is None:
+            return
+        while True:
+            item = channel.get(timeout=STALL_FLUSH_S)
+            if item is EMPTY:
+                flush()
+                item = channel.get()
+            if item is CLOSED or item is _END:
+                return
+            if isinstance(item, _Failure):
+                raise item.raised(where, epoch) from item.error
+            yield tag_batch(item)
+
+    def stop(self) -> None:
+        """End the epoch being read: the thread stops at its next batch."""
+        self._cancel.set()
+        if self._channel is not None:
+            self._channel.close()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self._channel = self._thread = None
+
+    def close(self) -> None:
+        """Stop reading and release the reading threads."""
+        self.stop()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def _threads(self) -> Any:
+        if self._pool is None:
+            self._pool = reader_pool(self._settings.reader_threads)
+        return self._pool
+
+
+def _produce(stream: Iterator[Any], channel: Channel, cancel: threading.Event) -> None:
+    """Move `stream`'s batches into `channel` until it ends, fails, or is cancelled."""
+    try:
+        for batch in stream:
+            if batch is FLUSH:  # a reader actor's cue to publish a block: nothing to do here
+                continue
+            if cancel.is_set() or not channel.put(batch):
+                return
+        channel.put(_END)
+    except BaseException as error:  # noqa: BLE001 - delivered to the consumer in order
+        channel.put(_Failure(error, traceback.format_exc()))
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+
+
+__all__ = ["LocalReads", "reads_in_consumer"]
