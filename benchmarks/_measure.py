@@ -98,6 +98,7 @@ class PeakPss:
         self.top: dict[str, int] = {}  # PSS by process name at the peak
         self.kinds: dict[str, int] = {}  # PSS by kind (anon, file, shmem) at the peak
         self.samples = 0
+        self.series: list[tuple[float, int]] = []  # (time.time(), total PSS) per sample
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
 
@@ -124,6 +125,7 @@ class PeakPss:
     def _sample(self) -> None:
         total, by_name, by_kind = tree_pss()
         self.samples += 1
+        self.series.append((time.time(), total))
         if total > self.peak:
             self.peak, self.top, self.kinds = total, by_name, by_kind
 
@@ -140,6 +142,7 @@ class EpochRecord:
     rows: int
     batches: int
     ids: np.ndarray  # ids of the real (not padded) rows received
+    first_rows: int = 0  # real rows of its first batch
 
 
 class EpochTimer:
@@ -164,8 +167,17 @@ class EpochTimer:
             count += 1
         end = time.time()
         ids = np.concatenate(parts) if parts else np.empty(0, np.int64)
+        first_rows = int(parts[0].size) if parts else 0
         return EpochRecord(
-            self.rank, self.epoch, self.start, first or end, end, int(ids.size), count, ids
+            self.rank,
+            self.epoch,
+            self.start,
+            first or end,
+            end,
+            int(ids.size),
+            count,
+            ids,
+            first_rows,
         )
 
 
@@ -192,17 +204,28 @@ def summarize_epoch(records: Sequence[EpochRecord], num_rows: int, row_bytes: in
     end = max(r.end for r in records)
     elapsed = max(end - start, 1e-9)
     rows = sum(r.rows for r in records)
+    # Steady state: the rows after each rank's first batch, from the last rank's first
+    # batch to the last rank's end (start-up and first reads left out).
+    after_first = max(end - max(r.first for r in records), 1e-9)
     return {
         "epoch": records[0].epoch,
+        "start": start,
+        "end": end,
         "seconds": elapsed,
         "rows": rows,
         "rows_per_s": rows / elapsed,
+        "steady_rows_per_s": (rows - sum(r.first_rows for r in records)) / after_first,
         "mb_per_s": rows * row_bytes / elapsed / MB,
         "time_to_first_batch_s": max(r.first - r.start for r in records),
         "batches": sum(r.batches for r in records),
         "rank_rows": [r.rows for r in sorted(records, key=lambda r: r.rank)],
         "coverage": coverage(records, num_rows),
     }
+
+
+def peak_between(series: Sequence[tuple[float, int]], start: float, end: float) -> int:
+    """The largest sample of `series` taken between `start` and `end` (0 if none)."""
+    return max((total for t, total in series if start <= t <= end), default=0)
 
 
 def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:

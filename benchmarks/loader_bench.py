@@ -1,11 +1,18 @@
-"""Benchmark rayshard against the other ways to feed 2 data-parallel ranks from Parquet.
+"""Benchmark rayshard against the other ways to feed data-parallel ranks from Parquet.
 
-    python -m benchmarks [--rows N] [--quick] [--loaders rayshard,raw,...] [--json PATH]
+    python -m benchmarks [--rows N] [--quick] [--loaders rayshard,raw,...] [--ranks 2]
+                         [--json PATH]
 
 One dataset (generated Parquet: `x` fixed_size_list<float32>[128], `label` int64, `id`
-int64; 8 files) read with the same columns and batch size (1024) by 2 ranks through:
+int64; 8 files) read with the same columns and batch size (1024) by 2 ranks (`--ranks`)
+through:
 
-  rayshard   `Loader(ParquetSource)`, one Ray task per rank, batch_format="numpy"
+  rayshard   `Loader(ParquetSource)`, one Ray task per rank, batch_format="numpy" (each
+             rank reads in its consumer, the default)
+  rayshard_dynamic  the same under `policy="dynamic"` (leases from the coordinator)
+  rayshard_actor    the same with `consumer_reads=False`: read in the reader actors,
+             handed over in object-store blocks
+  rayshard_train    `rayshard.train.iterator` inside a `TorchTrainer` (2 workers)
   ray_data   `read_parquet(...).streaming_split(2, equal=True)`, one Ray task per split
   ray_train  `TorchTrainer` (2 workers, datasets={"train": ds}), `get_dataset_shard`
   torch      `DataLoader` over a map-style Dataset of row-group slices, each of 2 spawned
@@ -17,8 +24,11 @@ Each loader runs once to warm up (Ray workers, imports, page cache), then is mea
 over `--epochs` epochs (default 4) with a fresh loader. The first measured epoch gives
 the cold-loader time to first batch (iterator creation and reader start-up included);
 rows/s, MB/s, the warm time to first batch and the ratios are the median over the warm
-epochs after it (one epoch lasts about a second here, on a shared machine). Coverage is
-checked on every measured epoch.
+epochs after it (one epoch lasts about a second here, on a shared machine). Steady
+rows/s leave out each epoch's start: the rows after every rank's first batch, over the
+time from the last rank's first batch to the end (median warm epoch). `launch s` is from
+the measured run's start (for the Train loaders, `fit()`) to the last rank's first batch.
+Coverage is checked on every measured epoch.
 
 Memory: peak PSS summed over the benchmark process and all its descendants, sampled
 every 0.1 s, or less often when a sample is costly so that sampling takes at most 20%
@@ -26,12 +36,14 @@ of one core (`benchmarks/_measure.py`). torch and raw run before Ray starts, so 
 tree is the driver and its 2 child processes; for the Ray loaders it is the driver plus
 everything the local Ray cluster runs (gcs_server, raylet, Ray's agents, every worker
 process: idle pool workers, tasks, actors, Ray Data and Train actors). `pss_delta` is
-the peak minus the tree's PSS just before the measured run.
+the peak minus the tree's PSS just before the measured run; `pss_by_epoch_mb` the peak
+within each epoch, and `PSS growth` the last epoch's peak minus the first warm one's.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import multiprocessing as mp
 import os
@@ -47,6 +59,7 @@ from benchmarks._measure import (
     MB,
     PeakPss,
     format_table,
+    peak_between,
     process_tree,
     summarize_epoch,
 )
@@ -60,21 +73,47 @@ from benchmarks.loaders.data import (
     parquet_files,
 )
 from benchmarks.loaders.local import run_raw, run_torch
-from benchmarks.loaders.on_ray import run_ray_data, run_ray_train, run_rayshard
+from benchmarks.loaders.on_ray import (
+    run_ray_data,
+    run_ray_train,
+    run_rayshard,
+    run_rayshard_actor,
+    run_rayshard_dynamic,
+    run_rayshard_train,
+)
 
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "loader_bench.json"
-LOADERS = ("rayshard", "ray_data", "ray_train", "torch", "raw")
-RAY_LOADERS = ("rayshard", "ray_data", "ray_train")
+LOADERS = (
+    "rayshard",
+    "rayshard_dynamic",
+    "rayshard_actor",
+    "rayshard_train",
+    "ray_data",
+    "ray_train",
+    "torch",
+    "raw",
+)
+RAY_LOADERS = tuple(n for n in LOADERS if n not in ("torch", "raw"))
 TARGETS = {
     "rows_vs_raw": 0.8,  # rayshard rows/s >= 0.8 x raw scan
     "rows_vs_ray_data": 4.0,  # rayshard rows/s >= 4 x Ray Data streaming_split
+    "steady_vs_ray_data": 2.0,  # steady-state rows/s >= 2 x Ray Data's
     "time_to_first_batch_s": 0.5,  # on a warm Ray
     "pss_vs_raw": 1.5,  # peak PSS <= 1.5 x raw scan
 }
+# Other rayshard loaders: (loader, ratio key, target).
+VARIANT_TARGETS = (
+    ("rayshard_dynamic", "rows_vs_rayshard", 0.8),  # dynamic >= 0.8 x static
+    ("rayshard_train", "rows_vs_raw", 0.7),  # inside Ray Train >= 0.7 x raw scan
+    ("rayshard_train", "launch_to_first_batch_s", 3.0),  # TorchTrainer start to first batch
+)
 
 
 RUNNERS = {
     "rayshard": run_rayshard,
+    "rayshard_dynamic": run_rayshard_dynamic,
+    "rayshard_actor": run_rayshard_actor,
+    "rayshard_train": run_rayshard_train,
     "ray_data": run_ray_data,
     "ray_train": run_ray_train,
     "torch": run_torch,
@@ -110,9 +149,11 @@ def _wait_for_exit(names: tuple[str, ...], timeout_s: float) -> None:
         time.sleep(0.2)
 
 
-def measure(name: str, paths: list[str], num_rows: int, epochs: int, warmup: bool) -> dict:
+def measure(
+    name: str, paths: list[str], num_rows: int, epochs: int, warmup: bool, world: int = WORLD
+) -> dict:
     """Warm up once, then measure a fresh loader over `epochs` epochs."""
-    run = RUNNERS[name]
+    run = functools.partial(RUNNERS[name], world=world)
     if warmup:
         run(paths, 1)
         gc.collect()
@@ -129,9 +170,15 @@ def measure(name: str, paths: list[str], num_rows: int, epochs: int, warmup: boo
     cold = epochs_out[0]
     warm_epochs = sorted(epochs_out[1:], key=lambda e: e["rows_per_s"])
     warm = warm_epochs[len(warm_epochs) // 2]  # the median warm epoch (the upper one of two)
+    steady = sorted(e["steady_rows_per_s"] for e in epochs_out[1:])
+    pss_by_epoch = [peak_between(memory.series, e["start"], e["end"]) / MB for e in epochs_out]
     return {
         "loader": name,
         "rows_per_s": warm["rows_per_s"],
+        "steady_rows_per_s": steady[len(steady) // 2],
+        "pss_by_epoch_mb": [round(p, 1) for p in pss_by_epoch],
+        # growth of the epochs' peaks from the first warm epoch to the last one
+        "pss_growth_mb": pss_by_epoch[-1] - pss_by_epoch[1],
         "mb_per_s": warm["mb_per_s"],
         "epoch_s": warm["seconds"],
         "time_to_first_batch_s": warm["time_to_first_batch_s"],
@@ -155,6 +202,7 @@ def measure(name: str, paths: list[str], num_rows: int, epochs: int, warmup: boo
 def add_ratios(results: dict[str, dict]) -> dict:
     """Ratios against raw and Ray Data from this same run, and the targets for rayshard."""
     raw, ray_data = results.get("raw"), results.get("ray_data")
+    shard = results.get("rayshard")
     for result in results.values():
         if raw:
             result["rows_vs_raw"] = result["rows_per_s"] / raw["rows_per_s"]
@@ -162,10 +210,19 @@ def add_ratios(results: dict[str, dict]) -> dict:
             result["pss_delta_vs_raw"] = result["pss_delta_mb"] / max(raw["pss_delta_mb"], 1e-9)
         if ray_data:
             result["rows_vs_ray_data"] = result["rows_per_s"] / ray_data["rows_per_s"]
-    shard = results.get("rayshard")
-    if shard is None:
-        return {}
+            result["steady_vs_ray_data"] = (
+                result["steady_rows_per_s"] / ray_data["steady_rows_per_s"]
+            )
+        if shard:
+            result["rows_vs_rayshard"] = result["rows_per_s"] / shard["rows_per_s"]
     checks = {}
+    for name, key, target in VARIANT_TARGETS:
+        value = results.get(name, {}).get(key)
+        if value is not None:
+            ok = value <= target if key.endswith("_s") else value >= target
+            checks[f"{name} {key}"] = {"value": value, "target": target, "met": bool(ok)}
+    if shard is None:
+        return checks
     for key, target in TARGETS.items():
         value = shard.get(key)
         if value is None:
@@ -189,15 +246,18 @@ def add_ratios(results: dict[str, dict]) -> dict:
 TABLE = (
     ("loader", "loader", "s"),
     ("rows/s", "rows_per_s", ",.0f"),
+    ("steady rows/s", "steady_rows_per_s", ",.0f"),
     ("MB/s", "mb_per_s", ".0f"),
     ("epoch s", "epoch_s", ".2f"),
     ("vs raw", "rows_vs_raw", ".2f"),
     ("vs ray_data", "rows_vs_ray_data", ".2f"),
     ("TTFB warm s", "time_to_first_batch_s", ".3f"),
     ("TTFB cold s", "cold_time_to_first_batch_s", ".3f"),
+    ("launch s", "launch_to_first_batch_s", ".2f"),
     ("setup s", "setup_s", ".2f"),
     ("peak PSS MB", "peak_pss_mb", ".0f"),
     ("PSS delta MB", "pss_delta_mb", ".0f"),
+    ("PSS growth MB", "pss_growth_mb", ".0f"),
     ("coverage", "coverage", "s"),
 )
 
@@ -213,6 +273,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--epochs", type=int, default=4, help="measured epochs (the first is cold; >= 2)"
     )
     parser.add_argument("--no-warmup", action="store_true", help="skip the warm-up run")
+    parser.add_argument("--ranks", type=int, default=WORLD, help="data-parallel ranks")
     parser.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs for ray.init")
     parser.add_argument("--data", type=Path, help="dataset folder (default: a temp folder)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write JSON")
@@ -226,7 +287,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             f"argument --loaders: invalid choice {','.join(unknown) or args.loaders!r} "
             f"(choose from {', '.join(LOADERS)})"
         )
-    for option, value, low in (("--rows", args.rows, 1), ("--epochs", args.epochs, 2)):
+    for option, value, low in (
+        ("--rows", args.rows, 1),
+        ("--epochs", args.epochs, 2),
+        ("--ranks", args.ranks, 1),
+    ):
         if value < low:
             parser.error(f"Invalid value for '{option}': {value} is not in the range x>={low}.")
     # Non-Ray loaders first, before Ray starts, so their process tree holds no Ray.
@@ -248,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
     num_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
     print(
         f"loader bench: {num_rows:,} rows ({num_rows * ROW_BYTES / MB:,.0f} MB as numpy) in "
-        f"{len(paths)} Parquet files, batch {BATCH_SIZE}, {WORLD} ranks, "
+        f"{len(paths)} Parquet files, batch {BATCH_SIZE}, {args.ranks} ranks, "
         f"loaders {', '.join(args.names)}",
         flush=True,
     )
@@ -258,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         bar.set_postfix_str(name)
         if name in RAY_LOADERS:
             start_ray(args.ray_cpus)
-        results[name] = measure(name, paths, num_rows, args.epochs, not args.no_warmup)
+        results[name] = measure(name, paths, num_rows, args.epochs, not args.no_warmup, args.ranks)
         gc.collect()
     bar.close()
     checks = add_ratios(results)
@@ -266,8 +331,8 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows, TABLE))
     for key, check in checks.items():
         print(
-            f"rayshard {key}: {check['value']:.3f} (target "
-            f"{'<=' if key.startswith(('time', 'cold', 'pss')) else '>='} {check['target']}) "
+            f"{key if ' ' in key else 'rayshard ' + key}: {check['value']:.3f} (target "
+            f"{'<=' if key.endswith('_s') or 'pss' in key else '>='} {check['target']}) "
             f"{'met' if check['met'] else 'MISSED'}"
         )
     report = {
@@ -275,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows": num_rows,
             "files": len(paths),
             "batch_size": BATCH_SIZE,
-            "world_size": WORLD,
+            "world_size": args.ranks,
             "columns": COLUMNS,
             "row_bytes": ROW_BYTES,
             "epochs": args.epochs,

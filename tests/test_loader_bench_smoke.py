@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-LOADERS = ("rayshard", "raw")
+LOADERS = ("rayshard", "rayshard_dynamic", "raw")
 
 
 @pytest.mark.slow
@@ -43,7 +43,10 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         assert result["coverage_ok"], (name, result["epochs"][-1]["coverage"])
         assert result["epochs"][-1]["coverage"]["rows_received"] == 20000, name
         assert result["peak_pss_mb"] > 0, name
+        assert result["steady_rows_per_s"] > 0, name
+        assert len(result["pss_by_epoch_mb"]) == 2, name
     assert "rows_vs_raw" in report["targets"]
+    assert "rayshard_dynamic rows_vs_rayshard" in report["targets"]
     assert "loader" in done.stdout and "rayshard" in done.stdout  # the printed table
 
 

@@ -118,7 +118,7 @@ def _torch_collate(batch: dict) -> dict:
         return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
-def _torch_rank(paths, rank: int, epochs: int, barrier, queue) -> None:
+def _torch_rank(paths, world: int, rank: int, epochs: int, barrier, queue) -> None:
     """One torch DataLoader process (num_workers=0) over its contiguous half."""
     import torch.utils.data
 
@@ -131,7 +131,7 @@ def _torch_rank(paths, rank: int, epochs: int, barrier, queue) -> None:
         loader = torch.utils.data.DataLoader(
             dataset,
             batch_size=BATCH_SIZE,
-            sampler=ContiguousDistributedSampler(dataset, WORLD, rank),
+            sampler=ContiguousDistributedSampler(dataset, world, rank),
             num_workers=0,
             collate_fn=_torch_collate,
         )
@@ -143,13 +143,13 @@ def _torch_rank(paths, rank: int, epochs: int, barrier, queue) -> None:
     queue.put(pickle.dumps(records))
 
 
-def _run_processes(target: Callable, args_of_rank: Callable[[int], tuple], epochs: int):
+def _run_processes(target: Callable, args_of_rank: Callable[[int], tuple], epochs: int, world: int):
     """Spawn one process per rank; they start together after their imports."""
     context = mp.get_context("spawn")
-    barrier, queue = context.Barrier(WORLD + 1), context.Queue()
+    barrier, queue = context.Barrier(world + 1), context.Queue()
     procs = [
         context.Process(target=target, args=(*args_of_rank(r), r, epochs, barrier, queue))
-        for r in range(WORLD)
+        for r in range(world)
     ]
     for proc in procs:
         proc.start()
@@ -163,10 +163,10 @@ def _run_processes(target: Callable, args_of_rank: Callable[[int], tuple], epoch
     return [r for rank in records for r in rank], started
 
 
-def run_raw(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
-    halves = row_group_halves(paths, WORLD)
-    return _run_processes(_raw_rank, lambda r: (halves[r],), epochs)
+def run_raw(paths: list[str], epochs: int, world: int = WORLD) -> tuple[list[EpochRecord], float]:
+    parts = row_group_halves(paths, world)
+    return _run_processes(_raw_rank, lambda r: (parts[r],), epochs, world)
 
 
-def run_torch(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
-    return _run_processes(_torch_rank, lambda r: (paths,), epochs)
+def run_torch(paths: list[str], epochs: int, world: int = WORLD) -> tuple[list[EpochRecord], float]:
+    return _run_processes(_torch_rank, lambda r: (paths, world), epochs, world)

@@ -1,4 +1,5 @@
-"""The loaders on Ray: rayshard, Ray Data `streaming_split` and Ray Train `get_dataset_shard`."""
+"""The loaders on Ray: rayshard (static, `dynamic`, through its reader actors, inside Ray
+Train), Ray Data `streaming_split` and Ray Train `get_dataset_shard`."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ from benchmarks.loaders.data import (
 )
 
 
-def _rayshard_rank(loader, rank: int, epochs: int) -> list[EpochRecord]:
+def _rayshard_rank(loader, rank: int, world: int, epochs: int) -> list[EpochRecord]:
     started = time.time()
-    batches = loader.iterator(world_rank=rank, world_size=WORLD, batch_format="numpy")
+    batches = loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
     records = []
     for epoch in range(epochs):
         timer = EpochTimer(rank, epoch, started if epoch == 0 else None)
@@ -62,57 +63,111 @@ def _train_loop(config: dict) -> None:
         pickle.dump(records, handle)
 
 
-def run_rayshard(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
-    import ray
-
+def _rayshard_loader(paths: list[str], **options):
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
-    loader = Loader(
+    return Loader(
         ParquetSource(paths, columns=COLUMNS),
         batch_size=BATCH_SIZE,
         name=f"bench-{uuid.uuid4().hex[:8]}",
-        policy="data",
         shuffle=False,
         prefetch_depth=2,
         columns=COLUMNS,
+        **{"policy": "data", **options},
     )
+
+
+def run_rayshard(
+    paths: list[str], epochs: int, world: int = WORLD, **options
+) -> tuple[list[EpochRecord], float]:
+    """rayshard with one Ray task per rank consuming numpy batches; `options` go to the
+    `Loader` (default: the `data` policy, each rank reading in its consumer)."""
+    import ray
+
+    loader = _rayshard_loader(paths, **options)
     try:
         task = ray.remote(num_cpus=0)(_rayshard_rank)
         started = time.time()
-        refs = [task.remote(loader, rank, epochs) for rank in range(WORLD)]
+        refs = [task.remote(loader, rank, world, epochs) for rank in range(world)]
         return [r for rank in ray.get(refs) for r in rank], started
     finally:
         loader.shutdown()
 
 
-def run_ray_data(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
+def run_rayshard_dynamic(paths, epochs, world=WORLD):
+    """rayshard under `dynamic`: pieces leased from the coordinator as ranks ask."""
+    return run_rayshard(paths, epochs, world, policy="dynamic")
+
+
+def run_rayshard_actor(paths, epochs, world=WORLD):
+    """rayshard reading in its reader actors (object-store blocks), not in the consumers."""
+    return run_rayshard(paths, epochs, world, consumer_reads=False)
+
+
+def _rayshard_train_loop(config: dict) -> None:
+    import ray.train
+
+    import rayshard.train
+
+    rank = ray.train.get_context().get_world_rank()
+    started = time.time()
+    batches = rayshard.train.iterator(config["loader"], batch_format="numpy")
+    records = []
+    for epoch in range(config["epochs"]):
+        timer = EpochTimer(rank, epoch, started if epoch == 0 else None)
+        records.append(timer.consume(batches, lambda b: b["id"][~b["_padded"]], check_numpy))
+    with open(os.path.join(config["out"], f"rank-{rank}.pkl"), "wb") as handle:
+        pickle.dump(records, handle)
+
+
+def run_rayshard_train(paths, epochs, world=WORLD):
+    """rayshard inside a `TorchTrainer` (one Train worker per rank)."""
+    loader = _rayshard_loader(paths)
+    try:
+        return _fit(_rayshard_train_loop, {"loader": loader}, epochs, world)
+    finally:
+        loader.shutdown()
+
+
+def run_ray_data(
+    paths: list[str], epochs: int, world: int = WORLD
+) -> tuple[list[EpochRecord], float]:
     import ray
 
-    splits = ray.data.read_parquet(paths).select_columns(COLUMNS).streaming_split(WORLD, equal=True)
+    splits = ray.data.read_parquet(paths).select_columns(COLUMNS).streaming_split(world, equal=True)
     task = ray.remote(num_cpus=0)(_ray_data_rank)
     started = time.time()
     refs = [task.remote(split, rank, epochs) for rank, split in enumerate(splits)]
     return [r for rank in ray.get(refs) for r in rank], started
 
 
-def run_ray_train(paths: list[str], epochs: int) -> tuple[list[EpochRecord], float]:
+def run_ray_train(
+    paths: list[str], epochs: int, world: int = WORLD
+) -> tuple[list[EpochRecord], float]:
     import ray
+
+    dataset = ray.data.read_parquet(paths).select_columns(COLUMNS)
+    return _fit(_train_loop, {}, epochs, world, datasets={"train": dataset})
+
+
+def _fit(loop, config: dict, epochs: int, world: int, datasets=None):
+    """Run `loop` in a `TorchTrainer` of `world` CPU workers; each writes its records."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     with tempfile.TemporaryDirectory(prefix="rayshard-bench-train-") as out:
         trainer = TorchTrainer(
-            _train_loop,
-            train_loop_config={"epochs": epochs, "out": out},
-            scaling_config=ScalingConfig(num_workers=WORLD, use_gpu=False),
-            datasets={"train": ray.data.read_parquet(paths).select_columns(COLUMNS)},
+            loop,
+            train_loop_config={**config, "epochs": epochs, "out": out},
+            scaling_config=ScalingConfig(num_workers=world, use_gpu=False),
+            datasets=datasets,
             run_config=RunConfig(name=f"bench-{uuid.uuid4().hex[:8]}", storage_path=out),
         )
         started = time.time()
         trainer.fit()
         records = []
-        for rank in range(WORLD):
+        for rank in range(world):
             with open(os.path.join(out, f"rank-{rank}.pkl"), "rb") as handle:
                 records += pickle.load(handle)
     return records, started

@@ -247,12 +247,19 @@ def test_torch_map_fixed_shapes_and_tuples(ray_session):
         TorchMapSource(Pairs(), names=("x",))
 
 
+@pytest.mark.parametrize("consumer_reads", [None, False])  # in the loop's process, or the reader
 @pytest.mark.parametrize("damage", ["delete", "corrupt"])
-def test_data_error_is_catchable_in_the_loop(ray_session, tmp_path, damage):
+def test_data_error_is_catchable_in_the_loop(ray_session, tmp_path, damage, consumer_reads):
     write_polars(tmp_path / "a.parquet", range(30))
     write_polars(tmp_path / "b.parquet", range(30, 60))
     name = unique_name("damaged")
-    loader = Loader(ParquetSource(tmp_path), name=name, batch_size=10, batches_per_object=1)
+    loader = Loader(
+        ParquetSource(tmp_path),
+        name=name,
+        batch_size=10,
+        batches_per_object=1,
+        consumer_reads=consumer_reads,
+    )
     if damage == "delete":
         (tmp_path / "b.parquet").unlink()
     else:

@@ -1,0 +1,108 @@
+"""Consumer reads (`rayshard.runtime.local_reads`): a rank's only consumer reads its
+batches itself. The batches are the reader actor's, batch for batch (shuffles included);
+the reader actor reads nothing; what cannot share the consumer's reading is refused
+before any work starts."""
+
+from __future__ import annotations
+
+import pytest
+import ray
+
+from rayshard.config import LoaderConfig
+from rayshard.errors import ConfigError
+from rayshard.loader import Loader
+from rayshard.runtime.local_reads import reads_in_consumer
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import run_lockstep, unique_name, write_parquet
+
+ROWS = [40, 35, 26]  # 101 rows, row groups of 7
+
+
+def indices(loader: Loader, world: int, epochs: int) -> list[list[list[int]]]:
+    """Per epoch and rank, the `_index` of every batch, the ranks consumed in lockstep."""
+    its = [
+        loader.iterator(world_rank=r, world_size=world, batch_format="numpy") for r in range(world)
+    ]
+    out = []
+    for _ in range(epochs):
+        per_rank = run_lockstep(its)
+        out.append([[b["_index"].tolist() for b in batches] for batches in per_rank])
+    for it in its:
+        it.close()
+    return out
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("shuffle", ["pieces", "buffer", "none"])
+def test_consumer_reads_give_the_reader_actors_batches(ray_session, tmp_path, shuffle):
+    source = ParquetSource(write_parquet(tmp_path, ROWS))
+    options = {
+        "pieces": {"shuffle": True},
+        "buffer": {"shuffle": True, "shuffle_buffer": 16},
+        "none": {},
+    }[shuffle]
+    seen = {}
+    for consumer_reads in (True, False):
+        loader = Loader(
+            source,
+            name=unique_name("local"),
+            batch_size=8,
+            seed=3,
+            split_rows=10,
+            consumer_reads=consumer_reads,
+            **options,
+        )
+        try:
+            seen[consumer_reads] = indices(loader, world=2, epochs=2)
+        finally:
+            loader.shutdown()
+    assert seen[True] == seen[False]
+    for epoch in seen[True]:
+        real = sorted(i for rank in epoch for batch in rank for i in batch)
+        assert set(real) == set(range(101))  # padding repeats a sample, nothing is lost
+    if shuffle != "none":
+        assert seen[True][0] != seen[True][1]  # the order changes per epoch
+
+
+@pytest.mark.ray
+def test_the_reader_actor_reads_nothing_when_the_consumer_does(ray_session, tmp_path):
+    loader = Loader(
+        ParquetSource(write_parquet(tmp_path, ROWS)), name=unique_name("local"), batch_size=8
+    )
+    try:
+        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        assert it._local is not None
+        assert sum(len(b["_index"]) for b in it) == 101
+        # The reader actor lives (the coordinator watches it) but never started an epoch.
+        assert ray.get(it._reader.__ray_call__.remote(lambda self: self._key)) is None
+        it.close()
+    finally:
+        loader.shutdown()
+
+
+def test_who_reads_by_default_and_on_request():
+    plain = LoaderConfig(batch_size=4)
+    assert reads_in_consumer(plain, consumers=1, transform=None)
+    assert not reads_in_consumer(plain, consumers=2, transform=None)  # a model-parallel group
+    assert not reads_in_consumer(plain, consumers=1, transform=lambda b, c: b)
+    assert not reads_in_consumer(LoaderConfig(reader_workers=2), consumers=1, transform=None)
+    assert not reads_in_consumer(LoaderConfig(transform_workers=2), consumers=1, transform=None)
+    asked = LoaderConfig(consumer_reads=True)
+    assert reads_in_consumer(asked, consumers=1, transform=lambda b, c: b)
+    refused = LoaderConfig(consumer_reads=False)
+    assert not reads_in_consumer(refused, consumers=1, transform=None)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"consumer_reads": "yes"}, r"consumer_reads='yes' must be True, False or None"),
+        ({"consumer_reads": True, "model_parallel_size": 2}, r"model-parallel groups share"),
+        ({"consumer_reads": True, "dp_groups": [[0, 1]]}, r"model-parallel groups share"),
+        ({"consumer_reads": True, "reader_workers": 2}, r"worker processes are fed"),
+        ({"consumer_reads": True, "transform_workers": 2}, r"worker processes are fed"),
+    ],
+)
+def test_consumer_reads_that_cannot_work_are_refused(options, message):
+    with pytest.raises(ConfigError, match=message):
+        LoaderConfig(**options)
