@@ -31,6 +31,7 @@ from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
 from rayshard.runtime.reader import ShardReader
+from rayshard.runtime.watch import RankWatch
 from rayshard.sharding import assign
 from rayshard.sources import Source
 from rayshard.transforms import TransformFn, check_transform
@@ -196,7 +197,6 @@ class Loader:
                 {"dp_rank": dp.dp_rank, "dp_size": dp.dp_size, "group": list(dp.group)},
             )
         )
-        registration["reader"] = self._reader(registration, dp)
         local = None
         if reads_in_consumer(self.settings, len(dp.group), self.transform):
             local = LocalReads(
@@ -207,6 +207,7 @@ class Loader:
                 self.loader_id,
                 self.transform,
             )
+        registration["reader"] = self._reader(registration, dp, watch_only=local is not None)
         return ShardIterator(
             self._coordinator,
             registration,
@@ -228,32 +229,48 @@ class Loader:
         columns = self.settings.columns
         return schema if columns is None else pa.schema([schema.field(c) for c in columns])
 
-    def _reader(self, registration: dict, dp: Any) -> Any:
+    def _reader(self, registration: dict, dp: Any, *, watch_only: bool = False) -> Any:
         """Get or create this rank's reader on this worker's node (one per model-parallel
-        group: the first member creates it, the others find it by name)."""
+        group: the first member creates it, the others find it by name); `watch_only`: the
+        worker reads for itself, and a `RankWatch` stands in for the reader."""
         name = registration["reader"]
         node = ray.get_runtime_context().get_node_id()
-        reader = (
-            ray.remote(ShardReader)
-            .options(
-                name=name,
-                namespace=self.namespace,
-                get_if_exists=True,
-                num_cpus=self.settings.reader_num_cpus,
-                max_concurrency=4 + len(dp.group),
-                # Hard affinity: the reader must share the worker's object store (and its fate).
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        # Hard affinity: the reader must share the worker's object store (and its fate).
+        placement = NodeAffinitySchedulingStrategy(node, soft=False)
+        if watch_only:
+            reader = (
+                ray.remote(RankWatch)
+                .options(
+                    name=name,
+                    namespace=self.namespace,
+                    get_if_exists=True,
+                    num_cpus=0,
+                    max_concurrency=2,
+                    scheduling_strategy=placement,
+                )
+                .remote()
             )
-            .remote(
-                self._coordinator,
-                self.source,
-                self.settings,
-                dp.dp_rank,
-                len(dp.group),
-                self.loader_id,
-                self.transform,
+        else:
+            reader = (
+                ray.remote(ShardReader)
+                .options(
+                    name=name,
+                    namespace=self.namespace,
+                    get_if_exists=True,
+                    num_cpus=self.settings.reader_num_cpus,
+                    max_concurrency=4 + len(dp.group),
+                    scheduling_strategy=placement,
+                )
+                .remote(
+                    self._coordinator,
+                    self.source,
+                    self.settings,
+                    dp.dp_rank,
+                    len(dp.group),
+                    self.loader_id,
+                    self.transform,
+                )
             )
-        )
         ray.get(
             self._coordinator.attach_reader.remote(registration["generation"], dp.dp_rank, name)
         )

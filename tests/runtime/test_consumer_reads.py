@@ -1,7 +1,7 @@
 """Consumer reads (`rayshard.runtime.local_reads`): a rank's only consumer reads its
 batches itself. The batches are the reader actor's, batch for batch (shuffles included);
-the reader actor reads nothing; what cannot share the consumer's reading is refused
-before any work starts."""
+a `RankWatch` stands in for the reader; what cannot share the consumer's reading is
+refused before any work starts."""
 
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ def test_consumer_reads_give_the_reader_actors_batches(ray_session, tmp_path, sh
 
 
 @pytest.mark.ray
-def test_the_reader_actor_reads_nothing_when_the_consumer_does(ray_session, tmp_path):
+def test_a_watch_stands_in_for_the_reader_when_the_consumer_reads(ray_session, tmp_path):
     loader = Loader(
         ParquetSource(write_parquet(tmp_path, ROWS)), name=unique_name("local"), batch_size=8
     )
@@ -73,8 +73,10 @@ def test_the_reader_actor_reads_nothing_when_the_consumer_does(ray_session, tmp_
         it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
         assert it._local is not None
         assert sum(len(b["_index"]) for b in it) == 101
-        # The reader actor lives (the coordinator watches it) but never started an epoch.
-        assert ray.get(it._reader.__ray_call__.remote(lambda self: self._key)) is None
+        # No reader process: the coordinator watches a `RankWatch` made by this worker.
+        kind = ray.get(it._reader.__ray_call__.remote(lambda self: type(self).__name__))
+        assert kind == "RankWatch"
+        assert loader.stats()["readers"] == 1  # attached: its death releases the rank
         it.close()
     finally:
         loader.shutdown()
