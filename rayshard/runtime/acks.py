@@ -62,7 +62,12 @@ class AckSender:
                 entry[6][index] = max(entry[6].get(index, 0), tokens)
             entry[0] = batches
             entry[5] += 1
-            entry[1].extend(runs)
+            held = entry[1]
+            for run in runs:  # consecutive batches' runs join: one interval, not one each
+                if held and held[-1][1] == run[0]:
+                    held[-1] = [held[-1][0], run[1]]
+                else:
+                    held.append(run)
             entry[2] += samples
             entry[3] += nbytes
             entry[4] += stall

@@ -45,3 +45,13 @@ def test_stop_sends_and_waits_for_what_is_pending(ray_session):
     sender.add(2, 5, [[40, 50]], 10, 80, 0.1)
     sender.stop()
     assert ray.get(recorder.recorded.remote()) == [(2, 5, [[40, 50]], 10)]
+
+
+def test_consecutive_batches_are_acknowledged_as_one_run(ray_session):
+    recorder = SlowRecorder.remote()
+    sender = AckSender(recorder, generation=1, dp_rank=0, interval_s=60)
+    sender.add(0, 1, [[0, 8]], 8, 64, 0.0)
+    sender.add(0, 2, [[8, 16]], 8, 64, 0.0)
+    sender.add(0, 3, [[20, 24], [24, 30]], 10, 80, 0.0)  # a gap, then touching runs
+    sender.stop()
+    assert ray.get(recorder.recorded.remote()) == [(0, 3, [[0, 16], [20, 30]], 26)]

@@ -221,10 +221,10 @@ def test_object_store_blocks_close_at_the_batch_count_or_the_byte_cap(
     ray_session, dataset, options, blocks
 ):
     # 100 rows in batches of 8: 13 batches, all in one block of up to 16 by default; a
-    # 1-byte cap closes a block after every batch. Read straight from the reader.
+    # 1-byte cap closes a block after every batch. Read straight from the reader actor.
     import ray
 
-    loader = make_loader(dataset, **options)
+    loader = make_loader(dataset, consumer_reads=False, **options)
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
     reader, generation = it._reader, it._generation
     ray.get(reader.start.remote(generation, 0))
