@@ -135,6 +135,15 @@ def rebatch(
         pending.append(batch)
         rows += batch.num_rows
         while rows >= batch_size:
+            head = pending[0]
+            if head.num_rows >= batch_size:  # the rows lie in one record batch: slice it
+                yield convert(pa.Table.from_batches([head.slice(0, batch_size)]))
+                if head.num_rows > batch_size:
+                    pending[0] = head.slice(batch_size)
+                else:
+                    pending.pop(0)
+                rows -= batch_size
+                continue
             # Slice before combining: only the `batch_size` rows of this batch are
             # copied (and only when they span record batches); the rest stays as
             # zero-copy slices instead of being re-concatenated on every cut.

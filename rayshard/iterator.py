@@ -226,11 +226,15 @@ class ShardIterator:
         self._close_feed()
         self._received = 0
         where = f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
+        # Under `dynamic` a rank that waits for data sends its acknowledgements at once: at
+        # an epoch's end the other ranks wait for exactly those. Static ranks wait for no
+        # one's; their acknowledgements go out every `ack_interval_s`.
+        flush = self._acks.flush if self._dynamic else _no_flush
         if self._local is not None:
-            raw = self._local.batches(self._epoch, flush=self._acks.flush, where=where)
+            raw = self._local.batches(self._epoch, flush=flush, where=where)
         else:
             raw = fetch_batches(
-                self._reader, self._generation, self._epoch, flush=self._acks.flush, where=where
+                self._reader, self._generation, self._epoch, flush=flush, where=where
             )
         if self._format == "torch":
             from rayshard.device import DeviceFeed
@@ -241,7 +245,7 @@ class ShardIterator:
                 device=self._device,
                 prefetch_depth=self._depth,
                 collate_fn=self._collate_fn,
-                on_wait=self._acks.flush,
+                on_wait=flush,
                 on_wait_after_s=STALL_FLUSH_S,
             )
             self._stream = self._feed
@@ -261,9 +265,12 @@ class ShardIterator:
         not delivered); acknowledgements go out in groups (see `rayshard.runtime.acks`). A
         packed batch acknowledges the documents it finished and the split ones' progress."""
         packed = meta.packed
-        real_ids = meta.ids[~meta.padded] if packed is None else packed[0]
+        if packed is not None:
+            real_ids = packed[0]
+        else:
+            real_ids = meta.ids[~meta.padded] if meta.padded.any() else meta.ids
         partial = [] if packed is None else packed[1].tolist()
-        real = int((~meta.padded).sum()) if packed is None else int(real_ids.size)
+        real = int(real_ids.size)
         self.samples_received += real
         self.stall_seconds += stall
         if meta.dropped is not None and meta.dropped.size:
@@ -273,6 +280,10 @@ class ShardIterator:
         self._acks.add(
             epoch, self._received, sample_runs(real_ids), real, meta.nbytes, stall, partial
         )
+
+
+def _no_flush() -> None:
+    """A static rank's wait sends nothing early (see `ShardIterator._begin`)."""
 
 
 __all__ = ["FORMATS", "ShardIterator"]

@@ -6,6 +6,7 @@ Pure functions, testable without Ray; the readers run `convert_table` on every b
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -32,26 +33,26 @@ def convert_table(table: pa.Table, rules: ColumnRules | None = None) -> dict[str
     rules = rules or ColumnRules()
     index = table.column(INDEX_KEY) if INDEX_KEY in table.column_names else None
     out: dict[str, np.ndarray] = {}
-    for name in table.column_names:
+    for name, kind, shape in _column_kinds(table.schema):
         chunked = table.column(name)
         # One chunk (the usual case): use it as is; `combine_chunks` would copy it.
         column = chunked.chunk(0) if chunked.num_chunks == 1 else chunked.combine_chunks()
-        has_fill, fill = rules.fill_of(name)
-        if is_ragged(column.type):
+        if kind == "ragged":
+            has_fill, fill = rules.fill_of(name)
             out.update(pad_list(name, column, rules.padding_of(name), has_fill, fill, index))
             continue
         if column.null_count:
+            has_fill, fill = rules.fill_of(name)
             if not has_fill:
                 raise _null_error(name, column.is_null(), index)
             column = column.fill_null(pa.scalar(fill).cast(column.type))
-        if pa.types.is_fixed_size_list(column.type):
+        if kind == "fixed":
             # fixed_size_list<...<fixed_size_list<t, d_k>...>, d_1> -> (rows, d_1, ..., d_k)
-            shape, flat = [], column
-            while pa.types.is_fixed_size_list(flat.type):
-                shape.append(flat.type.list_size)
+            flat = column
+            for _ in shape:
                 flat = flat.flatten()
             out[name] = flat.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
-        elif _is_list(column.type):  # lists of strings, of lists: Python lists per row
+        elif kind == "list":  # lists of strings, of lists: Python lists per row
             rows = column.to_pylist()
             out[name] = np.empty(len(rows), dtype=object)
             for i, row in enumerate(rows):
@@ -59,6 +60,26 @@ def convert_table(table: pa.Table, rules: ColumnRules | None = None) -> dict[str
         else:
             out[name] = column.to_numpy(zero_copy_only=False)
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _column_kinds(schema: pa.Schema) -> tuple[tuple[str, str, tuple[int, ...]], ...]:
+    """How each column of `schema` converts: (name, "ragged" | "fixed" | "list" | "plain",
+    the fixed-size list widths); worked out once per schema, not once per batch."""
+    kinds = []
+    for field in schema:
+        type_, shape = field.type, []
+        if is_ragged(type_):
+            kind = "ragged"
+        elif pa.types.is_fixed_size_list(type_):
+            kind = "fixed"
+            while pa.types.is_fixed_size_list(type_):
+                shape.append(type_.list_size)
+                type_ = type_.value_type
+        else:
+            kind = "list" if _is_list(type_) else "plain"
+        kinds.append((field.name, kind, tuple(shape)))
+    return tuple(kinds)
 
 
 def _is_list(type_: pa.DataType) -> bool:

@@ -118,7 +118,10 @@ def sample_runs(sorted_ids: np.ndarray) -> list[list[int]]:
     """Sorted sample ids as merged half-open intervals."""
     if sorted_ids.size == 0:
         return []
-    breaks = np.flatnonzero(np.diff(sorted_ids) != 1) + 1
+    steps = np.diff(sorted_ids)
+    if (steps == 1).all():  # one run: the usual batch of consecutive ids
+        return [[int(sorted_ids[0]), int(sorted_ids[-1]) + 1]]
+    breaks = np.flatnonzero(steps != 1) + 1
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [sorted_ids.size]))
     return [[int(sorted_ids[s]), int(sorted_ids[e - 1]) + 1] for s, e in zip(starts, ends)]
