@@ -139,20 +139,10 @@ class LocalReads:
         """The started epoch's batches in order, each tagged with its `BatchMeta`. While
         waiting for one, `flush()` sends the acknowledgements so far (under `dynamic` the
         other ranks may wait for exactly those). An error of the reading thread is raised
-        after the batches made before it, `where` naming loader and rank."""
+        after the batches made before it, `where` naming loader and rank. Bound to this
+        epoch's channel now: a later `start()` ends it rather than feeding it."""
         channel = self._channel
-        if channel is None:
-            return
-        while True:
-            item = channel.get(timeout=STALL_FLUSH_S)
-            if item is EMPTY:
-                flush()
-                item = channel.get()
-            if item is CLOSED or item is _END:
-                return
-            if isinstance(item, _Failure):
-                raise item.raised(where, epoch) from item.error
-            yield tag_batch(item)
+        return iter(()) if channel is None else _drain(channel, epoch, flush, where)
 
     def stop(self) -> None:
         """End the epoch being read: the thread stops at its next batch."""
@@ -174,6 +164,20 @@ class LocalReads:
         if self._pool is None:
             self._pool = reader_pool(self._settings.reader_threads)
         return self._pool
+
+
+def _drain(channel: Channel, epoch: int, flush: Callable[[], None], where: str) -> Iterator[Tagged]:
+    """`LocalReads.batches` of one epoch's channel."""
+    while True:
+        item = channel.get(timeout=STALL_FLUSH_S)
+        if item is EMPTY:
+            flush()
+            item = channel.get()
+        if item is CLOSED or item is _END:
+            return
+        if isinstance(item, _Failure):
+            raise item.raised(where, epoch) from item.error
+        yield tag_batch(item)
 
 
 def _produce(stream: Iterator[Any], channel: Channel, cancel: threading.Event) -> None:
