@@ -139,7 +139,7 @@ class RuntimeConfig:
     - `reader_num_cpus`: CPUs each reader actor reserves.
     - `consumer_reads`: whether a rank reads on a thread of its consumer (the training
       worker) rather than in its reader actor (None: when the rank has one consumer, no
-      worker processes and no transform; see `rayshard.runtime.local_reads`).
+      worker processes, no transform and no packing; see `rayshard.runtime.local_reads`).
     - `journal_path`: where the coordinator journals (None: a local temp file).
     """
 

@@ -59,8 +59,8 @@ class _Failure:
 def reads_in_consumer(settings: LoaderSettings, consumers: int, transform: Any) -> bool:
     """Whether a rank with `consumers` members reads in its consumer (`consumer_reads`):
     when asked (True), or by default (None) when it is the rank's only consumer and no
-    worker process or transform is involved (a transform stays out of the training
-    process unless asked). False: always in the reader actor."""
+    worker process, transform or packing is involved (a transform or packing stays out of
+    the training process unless asked). False: always in the reader actor."""
     wanted = settings.consumer_reads
     if wanted is not None:
         return wanted
@@ -69,6 +69,7 @@ def reads_in_consumer(settings: LoaderSettings, consumers: int, transform: Any) 
         and settings.worker_count == 1
         and settings.transform_resources is None
         and transform is None
+        and settings.packing is None
     )
 
 

@@ -11,6 +11,7 @@ import ray
 from rayshard.config import LoaderConfig
 from rayshard.errors import ConfigError
 from rayshard.loader import Loader
+from rayshard.packing import Packing
 from rayshard.runtime.local_reads import reads_in_consumer
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import run_lockstep, unique_name, write_parquet
@@ -89,6 +90,8 @@ def test_who_reads_by_default_and_on_request():
     assert not reads_in_consumer(plain, consumers=1, transform=lambda b, c: b)
     assert not reads_in_consumer(LoaderConfig(reader_workers=2), consumers=1, transform=None)
     assert not reads_in_consumer(LoaderConfig(transform_workers=2), consumers=1, transform=None)
+    packing = LoaderConfig(packing=Packing(column="tokens", seq_len=8))
+    assert not reads_in_consumer(packing, consumers=1, transform=None)
     asked = LoaderConfig(consumer_reads=True)
     assert reads_in_consumer(asked, consumers=1, transform=lambda b, c: b)
     refused = LoaderConfig(consumer_reads=False)
