@@ -215,6 +215,11 @@ def summarize_epoch(records: Sequence[EpochRecord], num_rows: int, row_bytes: in
         "rows": rows,
         "rows_per_s": rows / elapsed,
         "steady_rows_per_s": (rows - sum(r.first_rows for r in records)) / after_first,
+        # Each rank timed from its own start: ranks that run unsynchronized drift apart
+        # over epochs, and the span above then holds the drift; a synchronized loop (DDP)
+        # goes at the slowest rank's pace, which this is.
+        "rank_seconds": [r.end - r.start for r in sorted(records, key=lambda r: r.rank)],
+        "slowest_rank_rows_per_s": rows / max(max(r.end - r.start for r in records), 1e-9),
         "mb_per_s": rows * row_bytes / elapsed / MB,
         "time_to_first_batch_s": max(r.first - r.start for r in records),
         "batches": sum(r.batches for r in records),

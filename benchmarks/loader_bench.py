@@ -176,6 +176,9 @@ def measure(
         "loader": name,
         "rows_per_s": warm["rows_per_s"],
         "steady_rows_per_s": steady[len(steady) // 2],
+        "slowest_rank_rows_per_s": sorted(e["slowest_rank_rows_per_s"] for e in epochs_out[1:])[
+            (len(epochs_out) - 1) // 2
+        ],
         "pss_by_epoch_mb": [round(p, 1) for p in pss_by_epoch],
         # growth of the epochs' peaks from the first warm epoch to the last one
         "pss_growth_mb": pss_by_epoch[-1] - pss_by_epoch[1],
@@ -206,6 +209,9 @@ def add_ratios(results: dict[str, dict]) -> dict:
     for result in results.values():
         if raw:
             result["rows_vs_raw"] = result["rows_per_s"] / raw["rows_per_s"]
+            result["slowest_rank_vs_raw"] = (
+                result["slowest_rank_rows_per_s"] / raw["slowest_rank_rows_per_s"]
+            )
             result["pss_vs_raw"] = result["peak_pss_mb"] / raw["peak_pss_mb"]
             result["pss_delta_vs_raw"] = result["pss_delta_mb"] / max(raw["pss_delta_mb"], 1e-9)
         if ray_data:
@@ -247,6 +253,7 @@ TABLE = (
     ("loader", "loader", "s"),
     ("rows/s", "rows_per_s", ",.0f"),
     ("steady rows/s", "steady_rows_per_s", ",.0f"),
+    ("by slowest rank", "slowest_rank_rows_per_s", ",.0f"),
     ("MB/s", "mb_per_s", ".0f"),
     ("epoch s", "epoch_s", ".2f"),
     ("vs raw", "rows_vs_raw", ".2f"),

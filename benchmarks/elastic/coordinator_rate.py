@@ -73,9 +73,7 @@ class _Caller:
         async def worker(first: int) -> None:
             nonlocal got
             for i in range(first, calls, inflight):
-                leased = await self.coordinator.lease.remote(
-                    generation, ranks[i % len(ranks)], 0
-                )
+                leased = await self.coordinator.lease.remote(generation, ranks[i % len(ranks)], 0)
                 got += bool(leased.pieces)
 
         began = time.time()
