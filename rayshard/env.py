@@ -8,6 +8,8 @@ Explicit arguments always win over a configuration file, and the file over these
 | `RAYSHARD_ROTATION` | shard rotation across epochs | `none`, `shift`, `stride`, `stride_shift` |
 | `RAYSHARD_LAST_BATCH` | what to do with the last short batch | `partial`, `drop`, `fill` |
 | `RAYSHARD_PAD_LAST_BATCH` | pad every shard to full, equal batches | `1`/`0`, `true`/`false` |
+| `RAYSHARD_EQUAL_STEPS` | every rank yields the same number of batches | `1`/`0`, `true`/`false` |
+| `RAYSHARD_SEED` | the seed of shuffles and rotations | an integer >= 0 |
 """
 
 from __future__ import annotations
@@ -20,17 +22,34 @@ PLAN_VARIABLES = {
     "rotation": "RAYSHARD_ROTATION",
     "last_batch": "RAYSHARD_LAST_BATCH",
     "pad_last_batch": "RAYSHARD_PAD_LAST_BATCH",
+    "equal_steps": "RAYSHARD_EQUAL_STEPS",
+    "seed": "RAYSHARD_SEED",
 }
 
 
-def plan_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The planner settings present in the environment, keyed by option name (raw strings)."""
+def plan_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str | int]:
+    """The planner settings present in the environment, keyed by option name (raw strings;
+    the seed as an integer)."""
     environ = os.environ if environ is None else environ
-    return {
+    found: dict[str, str | int] = {
         option: environ[variable]
         for option, variable in PLAN_VARIABLES.items()
         if environ.get(variable, "").strip()
     }
+    if "seed" in found:
+        found["seed"] = _parse_seed(str(found["seed"]))
+    return found
+
+
+def _parse_seed(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        from rayshard.errors import ConfigError
+
+        raise ConfigError(
+            f"RAYSHARD_SEED={text!r} is not an integer: set a non-negative integer, or unset it"
+        ) from None
 
 
 def parse_bool(value: str | bool, name: str) -> bool:

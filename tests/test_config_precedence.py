@@ -196,3 +196,21 @@ def test_runtime_and_reading_keys_are_validated_by_name(key, value, message):
 def test_zero_intervals_are_allowed():
     config = LoaderConfig(ack_interval_s=0, lease_poll_s=0)  # acknowledge on receipt
     assert config.ack_interval_s == 0 and config.lease_poll_s == 0
+
+
+def test_seed_and_equal_steps_from_the_environment_at_every_level(tmp_path):
+    env = {"RAYSHARD_SEED": "11", "RAYSHARD_EQUAL_STEPS": "0"}
+    unset = {"seed": None, "equal_steps": None}
+    got = loader_config(None, unset, environ=env)
+    assert (got.seed, got.equal_steps) == (11, False)  # environment over default
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"seed": 5}))
+    got = loader_config(path, unset, environ=env)
+    assert (got.seed, got.equal_steps) == (5, False)  # file over environment
+    got = loader_config(path, {"seed": 3, "equal_steps": True}, environ=env)
+    assert (got.seed, got.equal_steps) == (3, True)  # explicit over file
+    assert PlanConfig.resolve(environ=env).seed == 11  # the planner reads the same names
+    with pytest.raises(ConfigError, match=r"RAYSHARD_SEED='x1' is not an integer"):
+        loader_config(None, {}, environ={"RAYSHARD_SEED": "x1"})
+    with pytest.raises(ConfigError, match=r"equal_steps='maybe' is not a yes/no value"):
+        loader_config(None, {}, environ={"RAYSHARD_EQUAL_STEPS": "maybe"})

@@ -307,12 +307,16 @@ OPTION_VALUES = {
     "rotation": ["none", "shift", "stride", "stride_shift"],
     "last_batch": ["partial", "drop", "fill"],
     "pad_last_batch": ["1", "0", "true", "false"],
+    "equal_steps": ["1", "0", "true", "false"],
+    "seed": [0, 7, 123],  # integers in a file or an argument, their text in the environment
 }
 
 
 def parsed(option: str, raw):
-    if option == "pad_last_batch":
+    if option in ("pad_last_batch", "equal_steps"):
         return str(raw).lower() in {"1", "true"}
+    if option == "seed":
+        return int(raw)
     return raw
 
 
@@ -323,7 +327,7 @@ def test_explicit_beats_file_beats_environment_beats_default(data):
     for option, variable in PLAN_VARIABLES.items():
         values = st.sampled_from(OPTION_VALUES[option])
         if data.draw(st.booleans(), label=f"env {option}"):
-            environ[variable] = data.draw(values)
+            environ[variable] = str(data.draw(values))
         if data.draw(st.booleans(), label=f"file {option}"):
             file[option] = data.draw(values)
         if data.draw(st.sampled_from(["absent", "none", "set"]), label=f"arg {option}") == "set":
