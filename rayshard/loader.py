@@ -199,14 +199,8 @@ class Loader:
         )
         local = None
         if reads_in_consumer(self.settings, len(dp.group), self.transform):
-            local = LocalReads(
-                self._coordinator,
-                self.source,
-                self.settings,
-                dp.dp_rank,
-                self.loader_id,
-                self.transform,
-            )
+            parts = (self.source, self.settings, dp.dp_rank, self.loader_id, self.transform)
+            local = LocalReads(self._coordinator, *parts)
         registration["reader"] = self._reader(registration, dp, watch_only=local is not None)
         return ShardIterator(
             self._coordinator,
@@ -235,41 +229,30 @@ class Loader:
         worker reads for itself, and a `RankWatch` stands in for the reader."""
         name = registration["reader"]
         node = ray.get_runtime_context().get_node_id()
-        # Hard affinity: the reader must share the worker's object store (and its fate).
-        placement = NodeAffinitySchedulingStrategy(node, soft=False)
+        options = {
+            "name": name,
+            "namespace": self.namespace,
+            "get_if_exists": True,
+            # Hard affinity: the reader must share the worker's object store (and its fate).
+            "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False),
+        }
         if watch_only:
-            reader = (
-                ray.remote(RankWatch)
-                .options(
-                    name=name,
-                    namespace=self.namespace,
-                    get_if_exists=True,
-                    num_cpus=0,
-                    max_concurrency=2,
-                    scheduling_strategy=placement,
-                )
-                .remote()
-            )
+            reader = ray.remote(RankWatch).options(num_cpus=0, max_concurrency=2, **options)
+            reader = reader.remote()
         else:
-            reader = (
-                ray.remote(ShardReader)
-                .options(
-                    name=name,
-                    namespace=self.namespace,
-                    get_if_exists=True,
-                    num_cpus=self.settings.reader_num_cpus,
-                    max_concurrency=4 + len(dp.group),
-                    scheduling_strategy=placement,
-                )
-                .remote(
-                    self._coordinator,
-                    self.source,
-                    self.settings,
-                    dp.dp_rank,
-                    len(dp.group),
-                    self.loader_id,
-                    self.transform,
-                )
+            reader = ray.remote(ShardReader).options(
+                num_cpus=self.settings.reader_num_cpus,
+                max_concurrency=4 + len(dp.group),
+                **options,
+            )
+            reader = reader.remote(
+                self._coordinator,
+                self.source,
+                self.settings,
+                dp.dp_rank,
+                len(dp.group),
+                self.loader_id,
+                self.transform,
             )
         ray.get(
             self._coordinator.attach_reader.remote(registration["generation"], dp.dp_rank, name)
