@@ -181,7 +181,8 @@ class Loader:
 
         `batch_format="torch"` (default) yields dicts of tensors on `device` through the
         pinned-memory device feed (`collate_fn` runs on each host batch before the copy);
-        `"numpy"` yields the zero-copy arrays from the object store; `"arrow"` record batches
+        `"numpy"` yields zero-copy arrays (views of the decoded Arrow columns, or of the object
+        store when the reader actor reads); `"arrow"` record batches
         (`collate_fn` runs on each of those too).
         """
         if world_rank is None or world_size is None:

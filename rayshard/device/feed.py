@@ -8,8 +8,9 @@ dedicated stream and an event marks its end; the consumer's stream waits on that
 kernels still read it. A staging buffer goes back to the pool only once its copy event has
 completed. Packing uses torch's multi-threaded `copy_` from tensors viewing the host arrays.
 On the CPU the same thread and bounded channel run with no staging buffer at all: each
-column is handed out as a tensor viewing the host array's memory (the object store's,
-under the loader), not a copy; do not modify such tensors in place (`clone()` first).
+column is handed out as a tensor viewing the host array's memory (under the loader, the
+decoded Arrow columns or the object store's), not a copy; do not modify such tensors in
+place (`clone()` first).
 
 `batches_delivered` counts batches the consumer received, never those waiting in the
 channel, so an iterator's `state_dict()` can resume exactly after them.

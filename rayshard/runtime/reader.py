@@ -1,5 +1,6 @@
 """The shard reader: one Ray actor per data-parallel rank, created by (and placed on the
-node of) the worker it feeds, so it shares that worker's fate.
+node of) the worker it feeds, so it shares that worker's fate. (A rank whose worker reads
+for itself has a `RankWatch` instead: `rayshard.runtime.local_reads`.)
 
 It owns the rank's shard state (generation, epoch, cursor), reads and batches in its own
 process on a background thread, and keeps `prefetch_depth` batches ready in the object
