@@ -48,7 +48,7 @@ def start_local_ray(num_cpus: int, namespace: str) -> None:
     workers import `benchmarks.*` from the repository."""
     import ray
 
-    from rayshard.ray_tuning import apply_ray_env_defaults, export_pythonpath
+    from rayshard.runtime.ray_tuning import apply_ray_env_defaults, export_pythonpath
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     apply_ray_env_defaults()

@@ -7,7 +7,7 @@ The images are scikit-learn's 1,797 bundled digits (8x8), upscaled to 64x64 grey
 `id` int64; row groups of 1,000 rows, 4 files). Every loader runs the same function,
 `augment`, on batches of 256: decode each PNG (PIL), crop 56x56 at a random offset, flip
 left-right with probability 1/2, output float32 in [0, 1]. Its random state is
-`rayshard.transforms.sample_rng(seed, epoch, id)` in every loader (so the per-sample cost
+`rayshard.data.transforms.sample_rng(seed, epoch, id)` in every loader (so the per-sample cost
 is the same; Ray Data does not know the epoch and uses epoch 0).
 
   rayshard k=1  `Loader(ParquetSource, transform=rayshard_transform)`: the transform runs in
@@ -116,7 +116,7 @@ def augment(pngs, ids, seed: int, epoch: int) -> np.ndarray:
     `sample_rng(seed, epoch, ids[i])`."""
     from PIL import Image
 
-    from rayshard.transforms import sample_rng
+    from rayshard.data.transforms import sample_rng
 
     out = np.empty((len(pngs), CROP, CROP), dtype=np.float32)
     for row, png in enumerate(pngs):

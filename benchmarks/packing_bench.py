@@ -94,8 +94,8 @@ def raw_epoch(folder: Path) -> tuple[float, int]:
 
 def packed_epochs(folder: Path, lengths: np.ndarray, seq_len: int, split: bool, epochs: int):
     """Per epoch: seconds, real tokens, rows, padding tokens, exactness."""
+    from rayshard.data.packing import Packing
     from rayshard.loader import Loader
-    from rayshard.packing import Packing
     from rayshard.sources.parquet import ParquetSource
 
     packing = Packing(column="tokens", seq_len=seq_len, split_documents=split)

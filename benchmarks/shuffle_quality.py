@@ -36,12 +36,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rayshard.batching import iter_rows, reading_pieces
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.planning import epoch_plan
+from rayshard.core.shuffle import shuffle_batches
+from rayshard.core.shuffle_blocks import block_shuffle
+from rayshard.data.batching import iter_rows, reading_pieces
 from rayshard.plan import PlanConfig
-from rayshard.settings import LoaderSettings
-from rayshard.shuffle import shuffle_batches
-from rayshard.shuffle_blocks import block_shuffle
 from rayshard.sources.parquet import ParquetSource
 
 SEED, EPOCH = 7, 0
@@ -62,7 +62,7 @@ def _indices(batches) -> np.ndarray:
 
 
 def _rank0(source: ParquetSource, world: int, shuffle: bool, buffer: int) -> np.ndarray:
-    settings = LoaderSettings(plan=PlanConfig(batch_size=1024, seed=SEED), shuffle=shuffle)
+    settings = LoaderConfig(plan=PlanConfig(batch_size=1024, seed=SEED), shuffle=shuffle)
     ranges = epoch_plan(settings, source, world, EPOCH).ranks[0].ranges
     pieces = reading_pieces(
         ranges, source.splits(), shuffle=shuffle, rng_key=f"rayshard:{SEED}:{EPOCH}:0"
@@ -76,9 +76,7 @@ def _rank0(source: ParquetSource, world: int, shuffle: bool, buffer: int) -> np.
 def _blocks_rank0(source: ParquetSource, world: int, block_rows: int) -> np.ndarray:
     """`shuffle_blocks=block_rows`: rank 0's share of the global split sequence, its rows
     permuted in blocks (the reader's own pieces)."""
-    settings = LoaderSettings(
-        plan=PlanConfig(batch_size=1024, seed=SEED), shuffle_blocks=block_rows
-    )
+    settings = LoaderConfig(plan=PlanConfig(batch_size=1024, seed=SEED), shuffle_blocks=block_rows)
     ranges = epoch_plan(settings, source, world, EPOCH).ranks[0].ranges
     pieces = reading_pieces(ranges, source.splits(), shuffle=False, rng_key="")
     return _indices(block_shuffle(iter_rows(source, pieces, None), block_rows, SEED, EPOCH, 0))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from rayshard.cli.experiment_cmd import experiment_command
+from rayshard_experiments.cli import experiment_command
 
 if __name__ == "__main__":
     default = os.path.join(os.path.dirname(os.path.abspath(__file__)), "elastic_schedule.yaml")

@@ -36,10 +36,10 @@ from ray.train import Checkpoint, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import rayshard.train
-from rayshard.columns import Padding
+from rayshard.data.columns import Padding
+from rayshard.data.packing import Packing
 from rayshard.loader import Loader
-from rayshard.packing import Packing
-from rayshard.ray_tuning import apply_ray_env_defaults
+from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.sources.mixed import MixedSource
 from rayshard.sources.parquet import ParquetSource
 

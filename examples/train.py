@@ -25,9 +25,9 @@ from ray.train.torch import TorchTrainer
 from tqdm import tqdm
 
 import rayshard.train
-from rayshard.audit import start_audit
 from rayshard.loader import Loader
-from rayshard.ray_tuning import apply_ray_env_defaults
+from rayshard.runtime.audit import start_audit
+from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.sources.parquet import ParquetSource
 
 FEATURES = 16
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--storage", default=os.path.abspath("rayshard-output/ray-results"))
     args = parser.parse_args(argv)
 
-    apply_ray_env_defaults()  # for the local Ray this may start (see rayshard.ray_tuning)
+    apply_ray_env_defaults()  # for the local Ray this may start (see rayshard.runtime.ray_tuning)
     ray.init(address=os.environ.get("RAY_ADDRESS"), include_dashboard=False, log_to_driver=False)
     data = args.data or make_dataset(os.path.abspath("rayshard-output/demo-data"), args.rows)
     source = ParquetSource(data, columns=["id", "x", "label"])

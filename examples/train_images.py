@@ -31,11 +31,11 @@ from ray.train import Checkpoint, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import rayshard.train
-from rayshard.audit import format_report, start_audit
+from rayshard.data.transforms import per_sample
 from rayshard.loader import Loader
-from rayshard.ray_tuning import apply_ray_env_defaults
+from rayshard.runtime.audit import format_report, start_audit
+from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.sources.parquet import ParquetSource
-from rayshard.transforms import per_sample
 
 SIZE, CROP, SEED = 32, 28, 7
 
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    apply_ray_env_defaults()  # for the local Ray this may start (see rayshard.ray_tuning)
+    apply_ray_env_defaults()  # for the local Ray this may start (see rayshard.runtime.ray_tuning)
     ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
     data = args.data or make_dataset(os.path.abspath("rayshard-output/digits-png"), args.samples)
     loader = make_loader(data, "images")

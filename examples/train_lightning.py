@@ -33,10 +33,10 @@ from ray.train.lightning import (
 from ray.train.torch import TorchTrainer
 
 import rayshard.train
-from rayshard.audit import start_audit
 from rayshard.frameworks.lightning import LightningBatches, RayshardCheckpoint
 from rayshard.loader import Loader
-from rayshard.ray_tuning import apply_ray_env_defaults
+from rayshard.runtime.audit import start_audit
+from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.sources.parquet import ParquetSource
 
 FEATURES = 16

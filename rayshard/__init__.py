@@ -14,8 +14,8 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "Loader": "rayshard.loader",
-    "LoaderConfig": "rayshard.config",
-    "Packing": "rayshard.packing",
+    "LoaderConfig": "rayshard.config.loader_config",
+    "Packing": "rayshard.data.packing",
     "Source": "rayshard.sources.base",
     "TableSource": "rayshard.sources.base",
     "ParquetSource": "rayshard.sources.parquet",

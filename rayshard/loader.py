@@ -20,21 +20,21 @@ import pyarrow as pa
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rayshard.columns import check_loader_columns
-from rayshard.config import LoaderConfig, loader_config
+from rayshard.config.loader_config import LoaderConfig, loader_config
+from rayshard.core.sharding import assign
+from rayshard.data.columns import check_loader_columns
+from rayshard.data.packing import check_packing_input
+from rayshard.data.transforms import TransformFn, check_transform
 from rayshard.errors import ConfigError
-from rayshard.iterator import ShardIterator
-from rayshard.packing import check_packing_input
 from rayshard.plan import check_not_empty, data_parallel_rank
-from rayshard.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.coordinator import Coordinator
+from rayshard.runtime.iterator import ShardIterator
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
+from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.reader import ShardReader
 from rayshard.runtime.watch import RankWatch
-from rayshard.sharding import assign
 from rayshard.sources import Source
-from rayshard.transforms import TransformFn, check_transform
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +44,14 @@ class Loader:
     and keyword options (every `LoaderConfig` key; see `rayshard.config` and the README).
 
     `transform=fn` runs `fn(batch, ctx)` on every batch in the reader processes (see
-    `rayshard.transforms`); it must be callable and pickle with cloudpickle.
+    `rayshard.data.transforms`); it must be callable and pickle with cloudpickle.
     `transform_workers=k` runs it in k processes per rank, in batch order;
     `reader_workers=k` runs the reading too (and the transform, if any) in k processes per
     rank, in the order one reader has; `transform_resources={"CPU": 1, "preprocess": 1}`
     places those processes wherever Ray finds the resources (CPU-only nodes) instead of on
     the reader's node.
     `packing=Packing(column=..., seq_len=...)` packs a token column into rows of `seq_len`
-    tokens in the readers (see `rayshard.packing`); `batch_size` then counts packed rows."""
+    tokens in the readers (see `rayshard.data.packing`); `batch_size` then counts packed rows."""
 
     def __init__(
         self,
@@ -323,5 +323,5 @@ def _check_workers(settings: LoaderConfig, transform: Any) -> None:
 
 
 def _mapping(pairs: Any) -> Any:
-    """`padding`/`fill_null` pairs as the {column: option} mapping `rayshard.columns` takes."""
+    """`padding`/`fill_null` pairs as the {column: option} mapping `rayshard.data.columns` takes."""
     return dict(pairs) if isinstance(pairs, tuple) else pairs

@@ -16,7 +16,7 @@ import json
 import os
 from typing import Any
 
-from rayshard.iterator import ShardIterator
+from rayshard.runtime.iterator import ShardIterator
 
 STATE_FILE = "rayshard_state.json"
 

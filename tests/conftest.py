@@ -26,7 +26,7 @@ def ray_session():
     """A real local Ray with a few CPUs and no dashboard, shared by every Ray test."""
     import ray
 
-    from rayshard.ray_tuning import apply_ray_env_defaults, export_pythonpath
+    from rayshard.runtime.ray_tuning import apply_ray_env_defaults, export_pythonpath
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     apply_ray_env_defaults()

@@ -9,7 +9,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayshard.batching import FLUSH, rebatch, to_numpy
+from rayshard.data.batching import FLUSH, rebatch, to_numpy
 from rayshard.runtime.acks import sample_runs
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from rayshard.ray_tuning import RAY_ENV_DEFAULTS
+from rayshard.runtime.ray_tuning import RAY_ENV_DEFAULTS
 
 yaml = pytest.importorskip("yaml")
 jsonschema = pytest.importorskip("jsonschema")

@@ -9,14 +9,13 @@ import pyarrow as pa
 import pytest
 import yaml
 
-from rayshard.columns import Padding
-from rayshard.config import OWNER, LoaderConfig, loader_config
+from rayshard.config.loader_config import OWNER, LoaderConfig, loader_config
+from rayshard.core.sharding import ShardingPolicy
+from rayshard.data.columns import Padding
+from rayshard.data.packing import Packing
 from rayshard.errors import ConfigError
 from rayshard.loader import Loader
-from rayshard.packing import Packing
 from rayshard.plan import PlanConfig, Rotation
-from rayshard.settings import LoaderSettings
-from rayshard.sharding import ShardingPolicy
 from rayshard.sources.base import TableSource
 
 NO_ENV: dict[str, str] = {}
@@ -109,7 +108,7 @@ def test_parts_and_flat_keys():
     assert config.plan == PlanConfig(batch_size=8, seed=5) and config.batch_size == 8
     assert config.read.policy is ShardingPolicy.FILE is config.policy
     assert config.runtime.ack_interval_s == 0.1 == config.ack_interval_s
-    assert LoaderSettings is LoaderConfig
+    assert LoaderConfig is LoaderConfig
     assert config.replace(seed=None, prefetch_depth=4).seed == 5  # None: not given
     with pytest.raises(ConfigError, match="unknown loader option 'seeed' in arguments"):
         LoaderConfig(seeed=1)

@@ -14,11 +14,11 @@ import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
 from rayshard.core.coordination import CoordinatorCore
 from rayshard.plan import PlanConfig
 from rayshard.plan import intervals as iv
-from rayshard.settings import LoaderSettings
 from rayshard.sources import TableSource
 
 ROWS = 120
@@ -31,7 +31,7 @@ def _source() -> TableSource:
 
 def _core(policy: str, equal_steps: bool) -> CoordinatorCore:
     plan = PlanConfig(batch_size=8, equal_steps=equal_steps)
-    return CoordinatorCore("core-test", _source(), LoaderSettings(plan=plan, policy=policy))
+    return CoordinatorCore("core-test", _source(), LoaderConfig(plan=plan, policy=policy))
 
 
 def _journal_round_trip(command: cmd.Command) -> cmd.Command:
@@ -175,7 +175,7 @@ def test_dynamic_epoch_leases_each_sample_once_and_lost_work_comes_back():
 
 def _lease_order(shuffle: bool, seed: int, epoch: int) -> list:
     plan = PlanConfig(batch_size=8, equal_steps=False, seed=seed)
-    settings = LoaderSettings(plan=plan, policy="dynamic", shuffle=shuffle)
+    settings = LoaderConfig(plan=plan, policy="dynamic", shuffle=shuffle)
     core = CoordinatorCore("core-test", _source(), settings)
     core.apply(cmd.Register(0, 1, 0, 1, 0.0))
     core.apply(cmd.StartEpoch(0, epoch))

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
 from rayshard.core.coordination import CoordinatorCore
 from rayshard.core.leases import LeaseBook
@@ -20,7 +21,6 @@ from rayshard.core.stragglers import late_rows_bound
 from rayshard.errors import ConfigError
 from rayshard.plan import PlanConfig
 from rayshard.plan import intervals as iv
-from rayshard.settings import LoaderSettings
 from rayshard.sources import TableSource
 
 ROWS = 120
@@ -31,7 +31,7 @@ def _core(equal_steps: bool, timeout: float | None = TIMEOUT) -> CoordinatorCore
     table = pa.table({"id": pa.array(range(ROWS), pa.int64())})
     source = TableSource(pa.Table.from_batches(table.to_batches(max_chunksize=20)))
     plan = PlanConfig(batch_size=8, equal_steps=equal_steps)
-    settings_ = LoaderSettings(plan=plan, policy="dynamic", straggler_timeout_s=timeout)
+    settings_ = LoaderConfig(plan=plan, policy="dynamic", straggler_timeout_s=timeout)
     return CoordinatorCore("straggler-test", source, settings_)
 
 
@@ -260,9 +260,9 @@ def test_book_round_trip_keeps_the_straggler_state():
 
 def test_late_rows_bound_follows_the_settings():
     plan = PlanConfig(batch_size=8)
-    base = LoaderSettings(plan=plan, policy="dynamic", straggler_timeout_s=2.0)
+    base = LoaderConfig(plan=plan, policy="dynamic", straggler_timeout_s=2.0)
     assert late_rows_bound(base) == ((1 + 4) * 4 + 1 + 2) * 8  # defaults: blocks of 4 batches
-    deeper = LoaderSettings(plan=plan, policy="dynamic", straggler_timeout_s=2.0, prefetch_depth=9)
+    deeper = LoaderConfig(plan=plan, policy="dynamic", straggler_timeout_s=2.0, prefetch_depth=9)
     assert late_rows_bound(deeper) == ((3 + 4) * 4 + 1 + 9) * 8
 
 
@@ -278,6 +278,6 @@ def test_late_rows_bound_follows_the_settings():
 def test_straggler_timeout_is_validated(options, match):
     options = {"policy": "dynamic", **options}
     with pytest.raises(ConfigError, match=match):
-        LoaderSettings(plan=PlanConfig(batch_size=8), **options)
+        LoaderConfig(plan=PlanConfig(batch_size=8), **options)
     with pytest.raises(TypeError, match="number of seconds"):
-        LoaderSettings(plan=PlanConfig(batch_size=8), policy="dynamic", straggler_timeout_s="5")
+        LoaderConfig(plan=PlanConfig(batch_size=8), policy="dynamic", straggler_timeout_s="5")

@@ -13,15 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayshard.batching import iter_rows
-from rayshard.config import LoaderConfig
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.packing import PackSpec, count_rows, plan_rows, resume_point, unpack
+from rayshard.core.state import LoaderState
+from rayshard.data.batching import iter_rows
+from rayshard.data.packing import Packing
 from rayshard.errors import ConfigError, DataError
 from rayshard.loader import Loader
-from rayshard.packing import Packing
 from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY, packed_batches
 from rayshard.sources import TableSource
-from rayshard.state import LoaderState
 
 
 def table(lengths):
@@ -232,14 +232,14 @@ def test_numpy_split_path_equals_the_per_document_path(case):
 
 
 def test_coordinator_core_counts_packed_steps_and_keeps_partial_through_a_journal():
+    from rayshard.config.loader_config import LoaderConfig
     from rayshard.core import commands as cmd
     from rayshard.core.coordination import CoordinatorCore
     from rayshard.plan import PlanConfig
-    from rayshard.settings import LoaderSettings
 
     lengths = [5, 7, 3, 9, 4, 6]  # 34 tokens
     packing = Packing(column="tokens", seq_len=4)
-    settings = LoaderSettings(plan=PlanConfig(batch_size=2), packing=packing)
+    settings = LoaderConfig(plan=PlanConfig(batch_size=2), packing=packing)
     core = CoordinatorCore("pack-core", TableSource(table(lengths)), settings)
     core.apply(cmd.Register(0, 2, 0, 2))
     core.apply(cmd.Register(1, 2, 1, 2))
@@ -247,9 +247,9 @@ def test_coordinator_core_counts_packed_steps_and_keeps_partial_through_a_journa
     # ranks read samples [0, 3) (15 tokens: 4 rows) and [3, 6) (19 tokens: 5 rows)
     assert [r.batches for r in core.plan(0).ranks] == [3, 3] and plan.batches == 3
     journal = [
-            cmd.Ack(0, 0, 1, ((0, 1),), partial=((1, 3),)),
-            cmd.Ack(1, 0, 1, (), partial=((3, 8),)),
-        ]
+        cmd.Ack(0, 0, 1, ((0, 1),), partial=((1, 3),)),
+        cmd.Ack(1, 0, 1, (), partial=((3, 8),)),
+    ]
     for command in journal:
         replayed = cmd.command_from_entry(json.loads(json.dumps(command.to_entry())))
         assert replayed == command

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from rayshard.ray_tuning import RAY_ENV_DEFAULTS, apply_ray_env_defaults, export_pythonpath
+from rayshard.runtime.ray_tuning import RAY_ENV_DEFAULTS, apply_ray_env_defaults, export_pythonpath
 
 FREE_PERIOD = "RAY_free_objects_period_milliseconds"  # Ray's own spelling
 

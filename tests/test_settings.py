@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.errors import ConfigError
 from rayshard.plan import PlanConfig
-from rayshard.settings import LoaderSettings
 
 
-def settings(**options) -> LoaderSettings:
-    return LoaderSettings(plan=PlanConfig(batch_size=8), **options)
+def settings(**options) -> LoaderConfig:
+    return LoaderConfig(plan=PlanConfig(batch_size=8), **options)
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ def test_bad_reading_knobs_are_refused_by_name(option, value, message):
 
 
 def test_transform_resources_are_normalized_to_sorted_pairs():
-    settings = LoaderSettings(
+    settings = LoaderConfig(
         plan=PlanConfig(batch_size=2), transform_resources={"preprocess": 1, "CPU": 2}
     )
     assert settings.transform_resources == (("CPU", 2.0), ("preprocess", 1.0))
@@ -56,13 +56,13 @@ def test_transform_resources_are_normalized_to_sorted_pairs():
 )
 def test_bad_transform_resources_are_refused_naming_the_value(resources):
     with pytest.raises(ConfigError, match="transform_resources="):
-        LoaderSettings(plan=PlanConfig(batch_size=2), transform_resources=resources)
+        LoaderConfig(plan=PlanConfig(batch_size=2), transform_resources=resources)
 
 
 def test_shuffle_buffer_under_dynamic_is_refused_with_the_alternative():
     with pytest.raises(ConfigError, match=r"shuffle_buffer=8 with policy='dynamic'.*shuffle=True"):
-        LoaderSettings(plan=PlanConfig(batch_size=2), policy="dynamic", shuffle_buffer=8)
-    assert LoaderSettings(plan=PlanConfig(batch_size=2), policy="dynamic", shuffle=True).shuffle
+        LoaderConfig(plan=PlanConfig(batch_size=2), policy="dynamic", shuffle_buffer=8)
+    assert LoaderConfig(plan=PlanConfig(batch_size=2), policy="dynamic", shuffle=True).shuffle
 
 
 def test_reader_workers_and_transform_workers_are_one_or_the_other():

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.planning import epoch_plan
+from rayshard.core.shuffle_blocks import block_shuffle, global_sequence
+from rayshard.core.state import LoaderState
 from rayshard.errors import ConfigError
 from rayshard.plan import PlanConfig
 from rayshard.plan import intervals as iv
-from rayshard.settings import LoaderSettings
-from rayshard.shuffle_blocks import block_shuffle, global_sequence
 from rayshard.sources import TableSource
-from rayshard.state import LoaderState
 
 
 def _source(rows: int, split: int) -> TableSource:
@@ -26,9 +26,9 @@ def _source(rows: int, split: int) -> TableSource:
     return TableSource(pa.Table.from_batches(table.to_batches(max_chunksize=split)))
 
 
-def _settings(blocks: int, last_batch: str = "partial", seed: int = 3) -> LoaderSettings:
+def _settings(blocks: int, last_batch: str = "partial", seed: int = 3) -> LoaderConfig:
     plan = PlanConfig(batch_size=4, last_batch=last_batch, seed=seed)
-    return LoaderSettings(plan=plan, shuffle_blocks=blocks)
+    return LoaderConfig(plan=plan, shuffle_blocks=blocks)
 
 
 def _check_partition(plan, expected: iv.Intervals) -> None:
@@ -111,6 +111,6 @@ def test_blocks_are_permutations_of_consecutive_rows_whatever_the_batches(sizes,
 
 def test_shuffle_blocks_is_validated():
     with pytest.raises(ConfigError, match="shuffle_blocks=-1"):
-        LoaderSettings(plan=PlanConfig(batch_size=4), shuffle_blocks=-1)
+        LoaderConfig(plan=PlanConfig(batch_size=4), shuffle_blocks=-1)
     with pytest.raises(ConfigError, match="needs policy='data'"):
-        LoaderSettings(plan=PlanConfig(batch_size=4), shuffle_blocks=8, policy="dynamic")
+        LoaderConfig(plan=PlanConfig(batch_size=4), shuffle_blocks=8, policy="dynamic")

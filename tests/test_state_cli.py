@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from rayshard.cli import main
 from rayshard.cli.state_cmd import STATE_FILE
-from rayshard.state import LoaderState
+from rayshard.core.state import LoaderState
 
 LOADER = "train:3f2a"
 STATE = {

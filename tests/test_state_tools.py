@@ -1,4 +1,5 @@
-"""`rayshard.state_tools`: summaries add up, and every rewrite is a state the loader accepts."""
+"""`rayshard.core.state_tools`: summaries add up, and every rewrite is a state the loader
+accepts."""
 
 from __future__ import annotations
 
@@ -6,11 +7,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from rayshard import state_tools
+from rayshard.core import state_tools
+from rayshard.core.state import LoaderState
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout
 from rayshard.plan import intervals as iv
-from rayshard.state import LoaderState
 
 
 @st.composite

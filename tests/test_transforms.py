@@ -12,19 +12,19 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from rayshard.data.transforms import (
+    TransformContext,
+    check_transform,
+    keep_rows,
+    per_sample,
+    sample_rng,
+)
 from rayshard.errors import DataError, TransformError
 from rayshard.runtime.transform_stage import (
     DROPPED_KEY,
     apply_transform,
     transform_input,
     transform_stream,
-)
-from rayshard.transforms import (
-    TransformContext,
-    check_transform,
-    keep_rows,
-    per_sample,
-    sample_rng,
 )
 
 
@@ -157,7 +157,7 @@ def test_transform_input_gives_strings_and_bytes_as_lists():
 
 
 def test_stream_passes_flush_markers_and_builds_contexts():
-    from rayshard.batching import FLUSH
+    from rayshard.data.batching import FLUSH
 
     seen = []
 

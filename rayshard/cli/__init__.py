@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 
-from rayshard.cli.experiment_cmd import experiment_command
 from rayshard.cli.plan_cmd import plan_command
 from rayshard.cli.state_cmd import state_group
 
@@ -17,6 +16,5 @@ def main() -> None:
 
 main.add_command(plan_command)
 main.add_command(state_group)
-main.add_command(experiment_command)
 
 __all__ = ["main"]

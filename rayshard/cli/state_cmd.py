@@ -16,10 +16,10 @@ from pathlib import Path
 
 import click
 
-from rayshard import state_tools
+from rayshard.core import state_tools
+from rayshard.core.state import STATE_VERSION, LoaderState
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout
-from rayshard.state import STATE_VERSION, LoaderState
 
 STATE_FILE = "rayshard_state.json"  # as `rayshard.train.STATE_FILE`, without importing Ray
 _SHOWN = 8  # consumed intervals the table lists

@@ -16,23 +16,23 @@ import dataclasses
 import random
 from typing import Any
 
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
 from rayshard.core.leases import LeaseBook
 from rayshard.core.membership import Membership
 from rayshard.core.queries import CoreQueries
+from rayshard.core.sharding import ShardingPolicy, assign
+from rayshard.core.state import LoaderState
 from rayshard.core.stragglers import reoffer
 from rayshard.plan import EpochPlan, RankPlan
 from rayshard.plan import intervals as iv
-from rayshard.settings import LoaderSettings
-from rayshard.sharding import ShardingPolicy, assign
 from rayshard.sources.base import Source
-from rayshard.state import LoaderState
 
 
 class CoordinatorCore(CoreQueries):
     """Epoch, membership, plan and progress of one loader (see module docstring)."""
 
-    def __init__(self, loader_id: str, source: Source, settings: LoaderSettings) -> None:
+    def __init__(self, loader_id: str, source: Source, settings: LoaderConfig) -> None:
         self.loader_id = loader_id
         self.source = source
         self.settings = settings

@@ -8,18 +8,18 @@ from typing import Any
 
 import numpy as np
 
-from rayshard.batching import reading_pieces
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.packing import count_rows, count_split_rows
+from rayshard.core.sharding import ShardingPolicy, assign
+from rayshard.core.shuffle_blocks import along_sequence, global_sequence
+from rayshard.core.state import LoaderState
+from rayshard.data.batching import reading_pieces
 from rayshard.plan import EpochPlan, RankPlan, plan_remaining
-from rayshard.settings import LoaderSettings
-from rayshard.sharding import ShardingPolicy, assign
-from rayshard.shuffle_blocks import along_sequence, global_sequence
 from rayshard.sources import Source
-from rayshard.state import LoaderState
 
 
 def epoch_plan(
-    settings: LoaderSettings,
+    settings: LoaderConfig,
     source: Source,
     dp_size: int,
     epoch: int,
@@ -39,7 +39,7 @@ def epoch_plan(
 
 
 def _epoch_plan(
-    settings: LoaderSettings,
+    settings: LoaderConfig,
     source: Source,
     dp_size: int,
     epoch: int,
@@ -66,7 +66,7 @@ def _epoch_plan(
     )
 
 
-def rank_pieces(settings: LoaderSettings, splits: Any, rank: RankPlan, epoch: int) -> list:
+def rank_pieces(settings: LoaderConfig, splits: Any, rank: RankPlan, epoch: int) -> list:
     """A static rank's reading pieces in reading order (the reader reads them so)."""
     return reading_pieces(
         rank.ranges,
@@ -78,7 +78,7 @@ def rank_pieces(settings: LoaderSettings, splits: Any, rank: RankPlan, epoch: in
 
 def packed_plan(
     plan: EpochPlan,
-    settings: LoaderSettings,
+    settings: LoaderConfig,
     splits: Any,
     lengths: np.ndarray,
     offsets: Mapping[int, int],

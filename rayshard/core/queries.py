@@ -7,15 +7,15 @@ from __future__ import annotations
 import bisect
 from typing import Any
 
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.leases import LeaseBook
 from rayshard.core.membership import Membership
 from rayshard.core.planning import epoch_plan, packed_plan
+from rayshard.core.state import LoaderState
 from rayshard.errors import StaleClientError
 from rayshard.plan import EpochPlan
 from rayshard.plan import intervals as iv
-from rayshard.settings import LoaderSettings
 from rayshard.sources.base import Source
-from rayshard.state import LoaderState
 
 
 class CoreQueries:
@@ -23,7 +23,7 @@ class CoreQueries:
 
     loader_id: str
     source: Source
-    settings: LoaderSettings
+    settings: LoaderConfig
     num_samples: int
     dynamic: bool
     members: Membership | None
@@ -81,7 +81,7 @@ class CoreQueries:
         """Tokens per sample of the packing column in `epoch`, from the Arrow offsets: read
         once, or once per epoch for a source whose samples change by epoch (a
         `MixedSource`); the last two epochs' are kept."""
-        from rayshard.packing import token_lengths
+        from rayshard.data.packing import token_lengths
         from rayshard.sources.base import Source
 
         changes = type(self.source).for_epoch is not Source.for_epoch

@@ -9,9 +9,9 @@ and what it delivers of the work taken from it counts as duplicates, within
 
 from __future__ import annotations
 
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.leases import LeaseBook
 from rayshard.plan import intervals as iv
-from rayshard.settings import LoaderSettings
 
 TRANSFORM_AHEAD = 2  # batches per transform worker in flight (`parallel_transform_stream`)
 
@@ -29,7 +29,7 @@ def reoffer(
     ]
 
 
-def late_rows_bound(settings: LoaderSettings) -> int:
+def late_rows_bound(settings: LoaderConfig) -> int:
     """Rows of revoked work a straggler may still deliver once it wakes: what had already
     passed its reader's check when it went silent. Blocks (of `block_batches` batches) ready
     in the object store (`ceil(prefetch_depth / block_batches)`, at least 1), the block

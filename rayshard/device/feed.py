@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from rayshard.batching import Tagged
+from rayshard.data.batching import Tagged
 from rayshard.device._channel import CLOSED, EMPTY, Channel
 from rayshard.device._stager import Stager
 from rayshard.device.pinned_pool import HostBufferPool
@@ -109,7 +109,7 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
     source array), so keeping one column alive keeps that memory alive. `on_wait` is
     called whenever `next()` has waited `on_wait_after_s` for a batch and goes on
     waiting (the loader sends its pending acknowledgements then). A source item that is a
-    `rayshard.batching.Tagged(tag, batch)` comes out as `Tagged(tag, staged batch)`: the
+    `rayshard.data.batching.Tagged(tag, batch)` comes out as `Tagged(tag, staged batch)`: the
     tag travels with its batch through the staging thread.
     """
 

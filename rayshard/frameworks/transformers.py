@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from rayshard.batching import PADDED_KEY
+from rayshard.data.batching import PADDED_KEY
 from rayshard.frameworks.torch import IterableAdapter, dataloader
 
 IGNORE_INDEX = -100  # the label transformers' losses ignore

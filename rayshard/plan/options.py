@@ -1,7 +1,7 @@
 """The named choices of the planner and its frozen configuration.
 
 Resolution order for every option: explicit argument, then configuration file, then the
-environment (`rayshard.env`), then the default.
+environment (`rayshard.config.env`), then the default.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any, TypeVar
 
-from rayshard.checks import check_int
-from rayshard.env import parse_bool, plan_overrides
+from rayshard.config.checks import check_int
+from rayshard.config.env import parse_bool, plan_overrides
 from rayshard.errors import ConfigError
 
 

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rayshard.batching import FLUSH, INDEX_KEY, PADDED_KEY
 from rayshard.core.packing import PackSpec
+from rayshard.data.batching import FLUSH, INDEX_KEY, PADDED_KEY
 
 
 class _Buffer:

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from rayshard.metrics import record_batches
+from rayshard.runtime.metrics import record_batches
 
 
 class AckSender:

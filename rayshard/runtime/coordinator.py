@@ -24,14 +24,14 @@ from typing import Any
 
 import ray
 
-from rayshard import metrics
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
 from rayshard.core.coordination import CoordinatorCore
+from rayshard.core.state import LoaderState
 from rayshard.errors import RayshardError
+from rayshard.runtime import metrics
 from rayshard.runtime.journal import Journal
-from rayshard.settings import LoaderSettings
 from rayshard.sources import Source
-from rayshard.state import LoaderState
 
 COMPACT_EVERY = 20_000  # commands between two snapshots, at the latest
 
@@ -43,7 +43,7 @@ class Coordinator:
         self,
         loader_id: str,
         source: Source,
-        settings: LoaderSettings,
+        settings: LoaderConfig,
         namespace: str,
         journal_path: str,
         journal_is_default: bool = False,

@@ -24,9 +24,9 @@ import numpy as np
 import pyarrow as pa
 import ray
 
-from rayshard.batching import FLUSH, Reads, pad_rows, reading_pieces
+from rayshard.config.loader_config import LoaderConfig
+from rayshard.data.batching import FLUSH, Reads, pad_rows, reading_pieces
 from rayshard.plan import intervals as iv
-from rayshard.settings import LoaderSettings
 from rayshard.sources import Source
 
 
@@ -34,7 +34,7 @@ def dynamic_rows(
     coordinator: Any,
     source: Source,
     splits: list,
-    settings: LoaderSettings,
+    settings: LoaderConfig,
     key: tuple[int, int, int],
     cancel: Callable[[], threading.Event],
     reads: Reads,

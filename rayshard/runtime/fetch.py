@@ -11,7 +11,7 @@ from typing import NamedTuple
 import numpy as np
 import ray
 
-from rayshard.batching import INDEX_KEY, PADDED_KEY, Tagged
+from rayshard.data.batching import INDEX_KEY, PADDED_KEY, Tagged
 from rayshard.errors import unwrap_task_error
 from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY
 from rayshard.runtime.transform_stage import DROPPED_KEY

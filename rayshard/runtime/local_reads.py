@@ -20,14 +20,14 @@ from typing import Any
 
 import ray
 
-from rayshard.batching import FLUSH, Tagged
+from rayshard.config.loader_config import LoaderConfig
+from rayshard.data.batching import FLUSH, Tagged
 from rayshard.device._channel import CLOSED, EMPTY, Channel
 from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, TransformError, same_kind
 from rayshard.runtime.fetch import STALL_FLUSH_S, tag_batch
 from rayshard.runtime.pipeline import reader_batches
 from rayshard.runtime.row_streams import epoch_batches, length_is_exact, thread_reads
-from rayshard.settings import LoaderSettings
 from rayshard.sources import Source
 
 _END = object()  # the epoch's last batch was put
@@ -56,7 +56,7 @@ class _Failure:
         )
 
 
-def reads_in_consumer(settings: LoaderSettings, consumers: int, transform: Any) -> bool:
+def reads_in_consumer(settings: LoaderConfig, consumers: int, transform: Any) -> bool:
     """Whether a rank with `consumers` members reads in its consumer (`consumer_reads`):
     when asked (True), or by default (None) when it is the rank's only consumer and no
     worker process, transform or packing is involved (a transform or packing stays out of
@@ -80,7 +80,7 @@ class LocalReads:
         self,
         coordinator: Any,
         source: Source,
-        settings: LoaderSettings,
+        settings: LoaderConfig,
         dp_rank: int,
         loader_id: str = "",
         transform: Any = None,

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rayshard.batching import FLUSH, INDEX_KEY, PADDED_KEY
 from rayshard.core.packing import Row, materialize, plan_rows
+from rayshard.data.batching import FLUSH, INDEX_KEY, PADDED_KEY
+from rayshard.data.packing import Packing
 from rayshard.errors import RayshardError
-from rayshard.packing import Packing
 from rayshard.runtime._packing_split import split_batches
 
 COMPLETED_KEY = "_completed"  # int64 sample indices finished in this batch

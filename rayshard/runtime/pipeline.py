@@ -8,8 +8,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from rayshard.batching import FLUSH, rebatch, to_numpy
-from rayshard.columns import ColumnRules
+from rayshard.data.batching import FLUSH, rebatch, to_numpy
+from rayshard.data.columns import ColumnRules
 from rayshard.runtime.transform_stage import transform_input, transform_stream
 from rayshard.runtime.transform_workers import parallel_transform_stream
 

@@ -25,15 +25,15 @@ from typing import Any
 import pyarrow as pa
 import ray
 
-from rayshard.batching import FLUSH, Reads
+from rayshard.config.loader_config import LoaderConfig
+from rayshard.data.batching import FLUSH, Reads
 from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, StaleClientError, TransformError, same_kind
-from rayshard.metrics import set_prefetch_depth
+from rayshard.runtime.metrics import set_prefetch_depth
 from rayshard.runtime.pipeline import reader_batches
 from rayshard.runtime.reader_workers import start_workers, worker_reads
 from rayshard.runtime.row_streams import epoch_batches, length_is_exact, thread_reads
 from rayshard.runtime.transform_stage import column_bytes
-from rayshard.settings import LoaderSettings
 from rayshard.sources import Source
 
 
@@ -44,7 +44,7 @@ class ShardReader:
         self,
         coordinator: Any,
         source: Source,
-        settings: LoaderSettings,
+        settings: LoaderConfig,
         dp_rank: int,
         consumers: int,
         loader_id: str = "",

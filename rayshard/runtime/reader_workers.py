@@ -30,11 +30,11 @@ import pyarrow as pa
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rayshard.batching import Reads, in_piece_order, iter_rows
+from rayshard.data.batching import Reads, in_piece_order, iter_rows
+from rayshard.data.transforms import INDEX_KEY, PADDED_KEY, TransformContext
 from rayshard.errors import RayshardError
 from rayshard.runtime.transform_stage import apply_transform
 from rayshard.sources import Source
-from rayshard.transforms import INDEX_KEY, PADDED_KEY, TransformContext
 
 
 class ReaderWorker:

@@ -12,20 +12,26 @@ from typing import Any
 
 import pyarrow as pa
 
-from rayshard.batching import Reads, iter_padding, iter_rows, iter_rows_parallel, reading_pieces
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.planning import rank_pieces
+from rayshard.core.sharding import ShardingPolicy
+from rayshard.core.shuffle import shuffle_batches
+from rayshard.core.shuffle_blocks import block_shuffle
+from rayshard.data.batching import (
+    Reads,
+    iter_padding,
+    iter_rows,
+    iter_rows_parallel,
+    reading_pieces,
+)
 from rayshard.runtime.dynamic_rows import dynamic_rows
 from rayshard.runtime.packing_stage import packed_batches
 from rayshard.runtime.pipeline import flush_before_error
-from rayshard.settings import LoaderSettings
-from rayshard.sharding import ShardingPolicy
-from rayshard.shuffle import shuffle_batches
-from rayshard.shuffle_blocks import block_shuffle
 from rayshard.sources import Source
 
 
 def static_rows(
-    source: Source, settings: LoaderSettings, splits: Any, plan: Any, epoch: int, reads: Reads
+    source: Source, settings: LoaderConfig, splits: Any, plan: Any, epoch: int, reads: Reads
 ) -> Iterator[pa.RecordBatch]:
     """The rank's planned ranges of `epoch` in reading order (pieces shuffled by
     `shuffle`; read by `reads`), through the block and buffer shuffles when on, then the
@@ -46,7 +52,7 @@ def static_rows(
 
 
 def packed_rows(
-    settings: LoaderSettings,
+    settings: LoaderConfig,
     splits: Any,
     plan: Any,
     epoch: int,
@@ -71,7 +77,7 @@ def epoch_batches(
     coordinator: Any,
     source: Source,
     splits: Any,
-    settings: LoaderSettings,
+    settings: LoaderConfig,
     cancel: Callable[[], threading.Event],
     reads: Callable[[bool], Reads],
     batches: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]],
@@ -92,7 +98,7 @@ def epoch_batches(
     return batches(static_rows(source, settings, splits, plan, epoch, reads(True)))
 
 
-def thread_reads(source: Source, settings: LoaderSettings, epoch: int, pool: Any) -> Reads:
+def thread_reads(source: Source, settings: LoaderConfig, epoch: int, pool: Any) -> Reads:
     """Pieces of `epoch` read in this process: by `pool`'s `reader_threads` threads,
     `reader_threads` pieces ahead, in piece order; or, `pool` None, on the calling thread."""
     source = source.for_epoch(epoch, settings.plan.seed)
@@ -102,7 +108,7 @@ def thread_reads(source: Source, settings: LoaderSettings, epoch: int, pool: Any
     return lambda pieces, columns: iter_rows_parallel(source, pieces, columns, pool, ahead)
 
 
-def length_is_exact(settings: LoaderSettings) -> bool:
+def length_is_exact(settings: LoaderConfig) -> bool:
     """Whether an epoch's batch count is final when it starts: static policies, and
     `dynamic` with equal steps."""
     return settings.policy is not ShardingPolicy.DYNAMIC or settings.plan.equal_steps

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rayshard.batching import FLUSH, to_numpy
+from rayshard.data.batching import FLUSH, to_numpy
+from rayshard.data.transforms import INDEX_KEY, PADDED_KEY, TransformContext
 from rayshard.errors import TransformError
-from rayshard.transforms import INDEX_KEY, PADDED_KEY, TransformContext
 
 DROPPED_KEY = "_dropped"  # real samples a transform dropped from this batch (int64)
 
@@ -93,7 +93,7 @@ def _checked(out: Any, ctx: TransformContext) -> dict[str, Any]:
                 ctx,
                 f"returned {count} rows of {n} without {INDEX_KEY!r}: to drop rows, keep "
                 f"{INDEX_KEY!r} and {PADDED_KEY!r} for the rows kept "
-                f"(rayshard.transforms.keep_rows(batch, mask) does)",
+                f"(rayshard.data.transforms.keep_rows(batch, mask) does)",
             )
         out[INDEX_KEY], out[PADDED_KEY] = ctx.indices, ctx.padded
     elif PADDED_KEY not in out:

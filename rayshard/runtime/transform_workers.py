@@ -14,7 +14,7 @@ import collections
 from collections.abc import Iterator
 from typing import Any
 
-from rayshard.batching import FLUSH
+from rayshard.data.batching import FLUSH
 from rayshard.runtime.reader_workers import worker_result
 
 

@@ -317,7 +317,7 @@ def test_default_device_is_the_cpu_outside_ray_train():
 def test_tags_travel_with_their_batches_through_the_staging_thread():
     """A `Tagged(tag, batch)` source item comes out as `Tagged(tag, staged batch)`, in order,
     with `collate_fn` applied to the batch alone (the loader's metadata rides this way)."""
-    from rayshard.batching import Tagged
+    from rayshard.data.batching import Tagged
 
     source = [Tagged(("meta", i), {"x": np.full(3, i, dtype=np.int64)}) for i in range(6)]
 

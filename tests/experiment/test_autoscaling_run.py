@@ -12,7 +12,7 @@ import os
 import pytest
 
 from rayshard.errors import ConfigError
-from rayshard.experiment.schedule import parse_schedule
+from rayshard_experiments.schedule import parse_schedule
 from tests.experiment.runner import run_experiment
 
 IDLE_TIMEOUT_S = 4

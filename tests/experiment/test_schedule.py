@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rayshard.errors import ConfigError
-from rayshard.experiment.schedule import Event, load_schedule, parse_schedule
+from rayshard_experiments.schedule import Event, load_schedule, parse_schedule
 
 
 def test_valid_schedule_is_sorted_and_typed(tmp_path):

@@ -17,8 +17,8 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from examples.train_lightning import Classifier, make_dataset, make_loaders, train_loop_per_worker
-from rayshard.audit import start_audit
 from rayshard.frameworks.lightning import CHECKPOINT_KEY
+from rayshard.runtime.audit import start_audit
 from tests.frameworks.lightning_loops import CKPT_FILE, ledger_loop
 from tests.multinode.scenarios import TrainLedger
 from tests.runtime.helpers import unique_name

@@ -10,8 +10,8 @@ import ray
 from ray.train import RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from rayshard.audit import start_audit
 from rayshard.loader import Loader
+from rayshard.runtime.audit import start_audit
 from rayshard.sources.parquet import ParquetSource
 from tests.frameworks.hf_loops import hf_loop, write_tokens
 from tests.runtime.helpers import unique_name

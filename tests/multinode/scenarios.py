@@ -214,7 +214,7 @@ def start_consumer(
 
 def head_audit(num_samples: int) -> Any:
     """The coverage audit, pinned to the head (it must outlive every worker node)."""
-    from rayshard.audit import CoverageAudit
+    from rayshard.runtime.audit import CoverageAudit
 
     return ray.remote(CoverageAudit).options(num_cpus=0, resources={"head": 1}).remote(num_samples)
 

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rayshard.cli import main
-from rayshard.env import PLAN_VARIABLES
+from rayshard.config.env import PLAN_VARIABLES
 from rayshard.plan import DataLayout, PlanConfig, plan_epoch
 
 CLEAN_ENV = {variable: None for variable in PLAN_VARIABLES.values()}  # None: unset

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rayshard.env import PLAN_VARIABLES
+from rayshard.config.env import PLAN_VARIABLES
 from rayshard.plan import (
     DataLayout,
     LastBatch,
@@ -300,7 +300,7 @@ def test_everything_in_one_rank_when_world_is_one():
     assert (rank.ranges, rank.batches, rank.padded) == (((0, 10),), 4, 0)
 
 
-# --- Options: environment, file, explicit (rayshard.env) ------------------------
+# --- Options: environment, file, explicit (rayshard.config.env) ------------------------
 
 OPTION_VALUES = {
     "uneven": ["replicate", "unbalanced", "drop"],

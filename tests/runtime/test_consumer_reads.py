@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import ray
 
-from rayshard.config import LoaderConfig
+from rayshard.config.loader_config import LoaderConfig
+from rayshard.data.packing import Packing
 from rayshard.errors import ConfigError
 from rayshard.loader import Loader
-from rayshard.packing import Packing
 from rayshard.runtime.local_reads import reads_in_consumer
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import run_lockstep, unique_name, write_parquet

@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
+from rayshard.data.packing import Packing
 from rayshard.loader import Loader
-from rayshard.packing import Packing
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import run_lockstep, unique_name
 

@@ -12,8 +12,8 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 import rayshard.train
-from rayshard.audit import start_audit
 from rayshard.loader import Loader
+from rayshard.runtime.audit import start_audit
 from rayshard.sources.parquet import ParquetSource
 from tests.multinode.scenarios import TrainLedger, elastic_loop
 from tests.runtime.helpers import unique_name, write_parquet

@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
+from rayshard.data.transforms import sample_rng
 from rayshard.errors import TransformError
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
-from rayshard.transforms import sample_rng
 from tests.runtime.helpers import run_lockstep, unique_name
 from tests.runtime.transform_fns import drop_below_16, drop_thirds, noisy, slow_noisy
 

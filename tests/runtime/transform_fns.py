@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from rayshard.transforms import keep_rows
+from rayshard.data.transforms import keep_rows
 
 
 def noisy(batch, ctx):

@@ -12,11 +12,11 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from rayshard.columns import ColumnRules, Padding, check_loader_columns
+from rayshard.data.columns import ColumnRules, Padding, check_loader_columns
+from rayshard.data.formats import arrow_batch, torch_host_batch
+from rayshard.data.ragged import convert_table, pad_list
 from rayshard.device import DeviceFeed
 from rayshard.errors import ConfigError, DataError, unwrap_task_error
-from rayshard.formats import arrow_batch, torch_host_batch
-from rayshard.ragged import convert_table, pad_list
 from rayshard.sources._select import check_filter, hive_values, partition_schema, select_rows
 from rayshard.sources.schema import merge_schemas, promote_type
 
@@ -105,7 +105,7 @@ def test_rules_are_validated_on_the_driver():
         ColumnRules.build({"text": Padding()}, None, schema)
     with pytest.raises(ConfigError, match=r"padding\['nope'\].*the columns are"):
         ColumnRules.build({"nope": Padding()}, None, schema)
-    with pytest.raises(TypeError, match="rayshard.columns.Padding"):
+    with pytest.raises(TypeError, match="rayshard.data.columns.Padding"):
         ColumnRules.build({"tokens": {"pad_value": 0}}, None, schema)
     with pytest.raises(ConfigError, match=r"fill_null\['tokens'\]='x'.*int32"):
         ColumnRules.build(None, {"tokens": "x"}, schema)

@@ -8,10 +8,10 @@ import pytest
 import yaml
 from parquet_fixtures import ids_of, write_dataset
 
-from rayshard.config import LoaderConfig
+from rayshard.config.loader_config import LoaderConfig
+from rayshard.core.sharding import ShardingPolicy
 from rayshard.errors import ConfigError
 from rayshard.plan import LastBatch, PlanConfig, Rotation
-from rayshard.sharding import ShardingPolicy
 from rayshard.sources.parquet import ParquetSource
 
 NO_ENV: dict[str, str] = {}

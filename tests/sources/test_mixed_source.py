@@ -8,9 +8,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from rayshard.core.sharding import assign
 from rayshard.errors import ConfigError
 from rayshard.plan import PlanConfig
-from rayshard.sharding import assign
 from rayshard.sources import TableSource
 from rayshard.sources.mixed import MixedSource
 from rayshard.sources.parquet import ParquetSource

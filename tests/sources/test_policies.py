@@ -12,10 +12,10 @@ from click.testing import CliRunner
 from parquet_fixtures import ids_of, uneven_dataset, write_dataset
 
 from rayshard.cli import main
+from rayshard.core.sharding import SHARD_HINT, ShardingPolicy, assign, bind_hints, hinted
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout, PlanConfig, balanced_range, padding_indices
 from rayshard.plan import intervals as iv
-from rayshard.sharding import SHARD_HINT, ShardingPolicy, assign, bind_hints, hinted
 from rayshard.sources.parquet import ParquetSource
 
 WORLDS = [1, 2, 3, 5]

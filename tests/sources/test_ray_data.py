@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from parquet_fixtures import ids_of
 
+from rayshard.core.sharding import assign
 from rayshard.errors import ConfigError
 from rayshard.plan import PlanConfig
-from rayshard.sharding import assign
 from rayshard.sources.ray_data import RayDataSource
 
 pytestmark = pytest.mark.ray

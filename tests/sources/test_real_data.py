@@ -13,7 +13,7 @@ import pyarrow.feather as feather
 import pytest
 import torch
 
-from rayshard.columns import Padding
+from rayshard.data.columns import Padding
 from rayshard.errors import ConfigError, DataError
 from rayshard.loader import Loader
 from rayshard.sources.arrow_files import ArrowFileSource

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rayshard.core.shuffle import shuffle_batches, split_order
 from rayshard.errors import ConfigError
-from rayshard.shuffle import shuffle_batches, split_order
 
 
 def batches_of(ids, sizes):

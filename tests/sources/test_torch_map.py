@@ -10,10 +10,10 @@ import pytest
 import torch
 from torch.utils.data import Dataset, Subset
 
+from rayshard.core.sharding import assign
 from rayshard.errors import ConfigError, DataError
 from rayshard.plan import PlanConfig
 from rayshard.plan import intervals as iv
-from rayshard.sharding import assign
 from rayshard.sources.torch_map import CombinedDataset, ShardedDataset, TorchMapSource
 
 

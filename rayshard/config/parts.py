@@ -2,7 +2,7 @@
 
 `ReadConfig` says what is read and in which order, `RuntimeConfig` how the actors run.
 Each is frozen and keyword-only and checks its own fields in `__post_init__`; checks that
-need two parts live in `rayshard.config.LoaderConfig`. Every field here is plain data, so
+need two parts live in `LoaderConfig` (`loader_config`). Every field here is plain data, so
 every one of them can be set from YAML under its own name.
 """
 
@@ -13,12 +13,18 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from rayshard.checks import as_tuple_groups, check_int, check_number, check_resources, strings
-from rayshard.columns import Padding
-from rayshard.env import parse_bool
+from rayshard.config.checks import (
+    as_tuple_groups,
+    check_int,
+    check_number,
+    check_resources,
+    strings,
+)
+from rayshard.config.env import parse_bool
+from rayshard.core.sharding import ShardingPolicy
+from rayshard.data.columns import Padding
+from rayshard.data.packing import Packing
 from rayshard.errors import ConfigError
-from rayshard.packing import Packing
-from rayshard.sharding import ShardingPolicy
 
 FORMATS = ("auto", "parquet", "arrow")
 
@@ -31,7 +37,7 @@ class ReadConfig:
     - `paths`, `source_format`, `split_rows`: the files `LoaderConfig.make_source` opens
       (`auto` picks Arrow for `.arrow`/`.feather`/`.ipc` paths, Parquet otherwise).
     - `columns`: the columns read (None: all); `padding`, `fill_null`: per-column rules
-      (`rayshard.columns`), as {column: option} mappings.
+      (`rayshard.data.columns`), as {column: option} mappings.
     - `shuffle`: shuffle pieces (static policies) or leases (`dynamic`) per epoch;
       `shuffle_buffer`: rows of the in-rank shuffle buffer (0: off);
       `shuffle_blocks`: rows per block of the streaming global shuffle (0: off; `data`).
@@ -60,7 +66,7 @@ class ReadConfig:
         if policy is ShardingPolicy.HINT:
             raise ConfigError(
                 "policy='hint' is for pipelines you build yourself: shard them with "
-                "rayshard.sharding.bind_hints; the loader serves 'data', 'file', "
+                "rayshard.core.sharding.bind_hints; the loader serves 'data', 'file', "
                 "'file_or_data', 'off' and 'dynamic'"
             )
         set_(self, "policy", policy)
@@ -262,7 +268,7 @@ class RuntimeConfig:
 
 def _pairs(value: Any, name: str, convert: Any) -> tuple[tuple[str, Any], ...] | None:
     """A {column: option} mapping as sorted (column, option) pairs; other values stay for
-    `rayshard.columns` to refuse with its own message."""
+    `rayshard.data.columns` to refuse with its own message."""
     if value is None or not isinstance(value, Mapping):
         return value
     return tuple(sorted((str(k), convert(k, v)) for k, v in value.items()))
@@ -270,7 +276,7 @@ def _pairs(value: Any, name: str, convert: Any) -> tuple[tuple[str, Any], ...] |
 
 def _padding(column: str, value: Any) -> Any:
     if not isinstance(value, Mapping):
-        return value  # a Padding, or something `rayshard.columns` refuses by name
+        return value  # a Padding, or something `rayshard.data.columns` refuses by name
     known = [f.name for f in dataclasses.fields(Padding)]
     unknown = sorted(set(value) - set(known))
     if unknown:
@@ -285,7 +291,7 @@ def _packing(value: Any) -> Packing | None:
         return value
     if not isinstance(value, Mapping):
         raise TypeError(
-            f"packing={value!r} must be a rayshard.packing.Packing, e.g. "
+            f"packing={value!r} must be a rayshard.data.packing.Packing, e.g. "
             f"Packing(column='tokens', seq_len=2048), or a mapping of packing options, e.g. "
             f"{{column: tokens, seq_len: 2048}}"
         )

@@ -151,7 +151,7 @@ def check_transform(transform: Any, name: str = "transform") -> None:
     if not callable(transform):
         raise TypeError(
             f"{name}={transform!r} is not callable: pass a function fn(batch, ctx) -> batch, "
-            f"or rayshard.transforms.per_sample(fn) for a function of one sample"
+            f"or rayshard.data.transforms.per_sample(fn) for a function of one sample"
         )
     from ray import cloudpickle
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
 
+from rayshard.core.shuffle import split_order
 from rayshard.errors import ConfigError
 from rayshard.plan import (
     DataLayout,
@@ -28,7 +29,6 @@ from rayshard.plan import (
     validate,
 )
 from rayshard.plan import intervals as iv
-from rayshard.shuffle import split_order
 from rayshard.sources.base import Source
 
 

@@ -14,12 +14,12 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from tqdm import tqdm
 
-from rayshard.experiment.actors import Consumer, Recorder
-from rayshard.experiment.cluster import HEALTH_CHECK, LocalCluster
-from rayshard.experiment.schedule import Event, Schedule
 from rayshard.loader import Loader
-from rayshard.ray_tuning import apply_ray_env_defaults, export_pythonpath
+from rayshard.runtime.ray_tuning import apply_ray_env_defaults, export_pythonpath
 from rayshard.sources.parquet import ParquetSource
+from rayshard_experiments.actors import Consumer, Recorder
+from rayshard_experiments.cluster import HEALTH_CHECK, LocalCluster
+from rayshard_experiments.schedule import Event, Schedule
 
 
 def make_data(folder: str, rows: int, batch_size: int, seed: int = 0) -> str:
@@ -135,7 +135,7 @@ def run_experiment(
     `address`) and return the recorder's summary, the loader's stats and the timeline."""
     os.makedirs(out_dir, exist_ok=True)
     if schedule.autoscaler:
-        from rayshard.experiment.autoscaling_run import run_autoscaling_experiment
+        from rayshard_experiments.autoscaling_run import run_autoscaling_experiment
 
         return run_autoscaling_experiment(schedule, out_dir, address=address, progress=progress)
     run = ExperimentRun(schedule, out_dir, address)

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from rayshard.columns import OFFSETS_SUFFIX
+from rayshard.data.columns import OFFSETS_SUFFIX
 
 FORMATS = ("torch", "numpy", "arrow")
 

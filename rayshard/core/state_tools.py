@@ -11,10 +11,10 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from rayshard.core.state import STATE_VERSION, LoaderState
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout
 from rayshard.plan import intervals as iv
-from rayshard.state import STATE_VERSION, LoaderState
 
 
 def check(state: LoaderState) -> LoaderState:

@@ -16,7 +16,7 @@ events:
 `node` is the index of a worker node in order of creation (default: the oldest alive).
 
 With `autoscaler: true` (optional `max_workers`, default 4, and `idle_timeout_s`, default
-5) Ray's fake-multinode autoscaler owns the nodes (`rayshard.experiment.autoscaling`):
+5) Ray's fake-multinode autoscaler owns the nodes (`rayshard_experiments.autoscaling`):
 `initial_nodes` and `add_node` demand consumer ranks that need a worker-only resource,
 so the autoscaler adds a node for each; `remove_node` makes a rank (`node`: its index in
 order of demand) leave, once it has started, and its node is scaled down once idle: the run
@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from rayshard.checks import load_yaml_file
+from rayshard.config.checks import load_yaml_file
 from rayshard.errors import ConfigError
 
 ACTIONS = ("add_node", "kill_node", "remove_node")

@@ -9,10 +9,10 @@ from typing import Any
 import ray
 from tqdm import tqdm
 
-from rayshard.experiment.actors import Consumer
-from rayshard.experiment.runner import ExperimentRun
-from rayshard.experiment.schedule import Event, Schedule
-from rayshard.ray_tuning import apply_ray_env_defaults
+from rayshard.runtime.ray_tuning import apply_ray_env_defaults
+from rayshard_experiments.actors import Consumer
+from rayshard_experiments.runner import ExperimentRun
+from rayshard_experiments.schedule import Event, Schedule
 
 
 class _AutoscalingRun(ExperimentRun):
@@ -21,7 +21,7 @@ class _AutoscalingRun(ExperimentRun):
     which the autoscaler removes once idle. Node changes are observed through `ray.nodes()`."""
 
     def __init__(self, schedule: Schedule, out_dir: str) -> None:
-        from rayshard.experiment.autoscaling import FakeAutoscalingCluster
+        from rayshard_experiments.autoscaling import FakeAutoscalingCluster
 
         apply_ray_env_defaults()
         cluster = FakeAutoscalingCluster(
@@ -52,7 +52,7 @@ class _AutoscalingRun(ExperimentRun):
         return time.time() - self.start
 
     def demand_rank(self) -> int:
-        from rayshard.experiment.autoscaling import WORKER_RESOURCE
+        from rayshard_experiments.autoscaling import WORKER_RESOURCE
 
         index, rank = len(self.demanded_at), self.next_rank
         self.next_rank += 1

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rayshard.columns import (
+from rayshard.data.columns import (
     LENGTHS_SUFFIX,
     MASK_SUFFIX,
     OFFSETS_SUFFIX,

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import ray
 
-from rayshard.batching import Tagged
-from rayshard.formats import FORMATS, convert_batch, torch_host_batch
+from rayshard.data.batching import Tagged
+from rayshard.data.formats import FORMATS, convert_batch, torch_host_batch
 from rayshard.plan import DataParallelRank
 from rayshard.runtime.acks import AckSender, sample_runs
 from rayshard.runtime.fetch import STALL_FLUSH_S, BatchMeta, fetch_batches

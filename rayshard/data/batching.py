@@ -16,10 +16,10 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from rayshard.columns import ColumnRules
+from rayshard.data.columns import ColumnRules
+from rayshard.data.ragged import convert_table
 from rayshard.plan import RankPlan, padding_indices
 from rayshard.plan import intervals as iv
-from rayshard.ragged import convert_table
 from rayshard.sources import Source
 
 INDEX_KEY = "_index"
@@ -158,7 +158,7 @@ def rebatch(
 
 def to_numpy(table: pa.Table, rules: ColumnRules | None = None) -> Batch:
     """Columns as numpy arrays: fixed-size lists become 2-D arrays (rows x width),
-    variable-length numeric lists padded arrays plus lengths and mask (`rayshard.ragged`);
+    variable-length numeric lists padded arrays plus lengths and mask (`rayshard.data.ragged`);
     a null is a `DataError` unless `rules` give a fill value."""
     return convert_table(table, rules)
 

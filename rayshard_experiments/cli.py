@@ -1,4 +1,4 @@
-"""`rayshard experiment`: run an elastic autoscaling experiment from a YAML schedule."""
+"""`rayshard-experiment`: run an elastic autoscaling experiment from a YAML schedule."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import click
 from rayshard.errors import ConfigError
 
 
-@click.command("experiment")
+@click.command("rayshard-experiment")
 @click.argument("schedule", type=click.Path(dir_okay=False))
 @click.option(
     "--out",
@@ -23,9 +23,9 @@ from rayshard.errors import ConfigError
 )
 def experiment_command(schedule: str, out: str, address: str | None) -> None:
     """Train-shaped consumers over a dynamic loader while nodes join and leave."""
-    from rayshard.experiment.report import summary_table, write_report
-    from rayshard.experiment.runner import run_experiment
-    from rayshard.experiment.schedule import load_schedule
+    from rayshard_experiments.report import summary_table, write_report
+    from rayshard_experiments.runner import run_experiment
+    from rayshard_experiments.schedule import load_schedule
 
     try:
         parsed = load_schedule(schedule)

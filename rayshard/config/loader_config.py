@@ -2,16 +2,15 @@
 
 It is made of three parts, each listing its fields and defaults once and checking them in
 its own `__post_init__`: `PlanConfig` (the planner, `rayshard.plan`), `ReadConfig` and
-`RuntimeConfig` (`rayshard.config_parts`). `LoaderConfig` adds the checks that need two
-parts. The actors receive the `LoaderConfig` itself (`rayshard.settings.LoaderSettings` is
-the same class), with the column rules the loader derived from the source's schema.
+`RuntimeConfig` (`rayshard.config.parts`). `LoaderConfig` adds the checks that need two
+parts. The actors receive the `LoaderConfig` itself, with the column rules the loader derived from the source's schema.
 
 Every field of every part is also a flat keyword and attribute: `LoaderConfig(seed=7,
 policy="dynamic")`, `config.seed`. A YAML file is a flat mapping of these keys, optionally
 under a top-level `rayshard:` key so it can live inside a larger training configuration;
 ESPnet3's `dist_world_size` is another name for `expected_world_size`. Resolution order:
 explicit value, then the file (or a given `LoaderConfig`), then the `RAYSHARD_*` environment
-variables (`rayshard.env`), then the default. Unknown keys are refused with the known ones.
+variables (`rayshard.config.env`), then the default. Unknown keys are refused with the known ones.
 """
 
 from __future__ import annotations
@@ -24,14 +23,14 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from rayshard.checks import load_yaml_file
-from rayshard.columns import ColumnRules
-from rayshard.config_parts import ReadConfig, RuntimeConfig
-from rayshard.env import plan_overrides
+from rayshard.config.checks import load_yaml_file
+from rayshard.config.env import plan_overrides
+from rayshard.config.parts import ReadConfig, RuntimeConfig
+from rayshard.core.sharding import ShardingPolicy
+from rayshard.data.columns import ColumnRules
+from rayshard.data.packing import Packing
 from rayshard.errors import ConfigError
-from rayshard.packing import Packing
 from rayshard.plan import LastBatch, PlanConfig
-from rayshard.sharding import ShardingPolicy
 
 PARTS: dict[str, type] = {"plan": PlanConfig, "read": ReadConfig, "runtime": RuntimeConfig}
 # flat option name -> the part that holds it (each name is in exactly one part)

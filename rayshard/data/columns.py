@@ -2,7 +2,7 @@
 
 `Padding` holds one list column's options; `ColumnRules` holds every column's, checked
 against the source's schema on the driver (`ColumnRules.build`), and travels to the
-readers inside `LoaderSettings`. The conversion itself is `rayshard.ragged`.
+readers inside `LoaderConfig`. The conversion itself is `rayshard.data.ragged`.
 
 A variable-length list column `name` of numbers or booleans (`list`, `large_list`)
 becomes, per batch:
@@ -107,7 +107,7 @@ class ColumnRules:
             if not isinstance(options, Padding):
                 raise TypeError(
                     f"padding[{name!r}] is a {type(options).__name__}: pass "
-                    f"rayshard.columns.Padding(...), e.g. Padding(pad_value=0, max_length=512)"
+                    f"rayshard.data.columns.Padding(...), e.g. Padding(pad_value=0, max_length=512)"
                 )
             field = _field(schema, name, "padding", where)
             if not is_ragged(field.type):

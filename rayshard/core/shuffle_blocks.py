@@ -20,9 +20,9 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from rayshard.core.shuffle import epoch_rng
 from rayshard.plan import EpochPlan
 from rayshard.plan import intervals as iv
-from rayshard.shuffle import epoch_rng
 
 _SEQUENCE = 3
 _BLOCKS = 4
