@@ -9,7 +9,6 @@ The loader pickles into `train_loop_config` (it carries the coordinator's handle
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import tempfile
@@ -20,13 +19,12 @@ import pyarrow as pa
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from rayshard.config.loader_config import LoaderConfig, loader_config
+from rayshard.config.checked import checked_config
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.sharding import assign
-from rayshard.data.columns import check_loader_columns
-from rayshard.data.packing import check_packing_input
-from rayshard.data.transforms import TransformFn, check_transform
+from rayshard.data.transforms import TransformFn
 from rayshard.errors import ConfigError
-from rayshard.plan import check_not_empty, data_parallel_rank
+from rayshard.plan import data_parallel_rank
 from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.iterator import ShardIterator
 from rayshard.runtime.journal import Journal
@@ -74,23 +72,12 @@ class Loader:
             )
         if config is not None and config_file is not None:
             raise ConfigError("give config= or config_file= (its older name), not both")
-        settings = loader_config(config if config is not None else config_file, options)
-        rules = check_loader_columns(
-            source.schema(),
-            settings.columns,
-            _mapping(settings.padding),
-            _mapping(settings.fill_null),
-            source.describe(),
+        self.settings = settings = checked_config(
+            source, config if config is not None else config_file, options, transform
         )
-        self.settings = dataclasses.replace(settings, column_rules=rules)
-        check_transform(transform)
-        if settings.packing is not None:
-            check_packing_input(source, settings.packing, settings.columns, transform)
-        _check_workers(settings, transform)
         self.transform = transform
         self.source = source
         self.layout = source.layout()
-        check_not_empty(self.layout, source.describe())
         if settings.expected_world_size is not None:
             self.check_world(settings.expected_world_size * settings.model_parallel_size)
         if not ray.is_initialized():
@@ -301,27 +288,3 @@ def _train_world(world_rank: int | None, world_size: int | None) -> tuple[int, i
     except Exception:  # noqa: BLE001 - not inside a Train worker
         rank, size = 0, 1
     return (rank if world_rank is None else world_rank, size if world_size is None else world_size)
-
-
-def _check_workers(settings: LoaderConfig, transform: Any) -> None:
-    """Transform workers need a transform; so do `transform_resources` unless reader
-    workers (which read, transform or not) are what they place."""
-    if transform is not None:
-        return
-    if settings.transform_workers > 1:
-        raise ConfigError(
-            f"transform_workers={settings.transform_workers} needs a transform: pass "
-            f"transform=fn, or leave transform_workers at 1 (reader_workers=k reads in k "
-            f"processes without one)"
-        )
-    if settings.transform_resources is not None and settings.reader_workers == 1:
-        raise ConfigError(
-            f"transform_resources={dict(settings.transform_resources)!r} places worker "
-            f"processes, and there are none: pass transform=fn with transform_workers, or set "
-            f"reader_workers > 1, or leave transform_resources unset"
-        )
-
-
-def _mapping(pairs: Any) -> Any:
-    """`padding`/`fill_null` pairs as the {column: option} mapping `rayshard.data.columns` takes."""
-    return dict(pairs) if isinstance(pairs, tuple) else pairs

@@ -7,8 +7,6 @@ nor torch."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
@@ -196,17 +194,6 @@ def test_shuffled_leases_cover_each_sample_once_in_a_seeded_order():
         assert order != plain
     assert orders[3, 0] == _lease_order(True, 3, 0)
     assert len({tuple(order) for order in orders.values()}) == 4
-
-
-def test_core_imports_neither_ray_nor_torch():
-    code = (
-        "import sys\n"
-        "import rayshard.core.commands, rayshard.core.coordination, rayshard.core.leases\n"
-        "import rayshard.core.planning\n"
-        "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
 
 
 def test_a_retried_lease_call_gets_the_same_answer_across_a_restart():

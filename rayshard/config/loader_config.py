@@ -3,7 +3,8 @@
 It is made of three parts, each listing its fields and defaults once and checking them in
 its own `__post_init__`: `PlanConfig` (the planner, `rayshard.plan`), `ReadConfig` and
 `RuntimeConfig` (`rayshard.config.parts`). `LoaderConfig` adds the checks that need two
-parts. The actors receive the `LoaderConfig` itself, with the column rules the loader derived from the source's schema.
+parts. The actors receive the `LoaderConfig` itself, with the column rules the loader
+derived from the source's schema.
 
 Every field of every part is also a flat keyword and attribute: `LoaderConfig(seed=7,
 policy="dynamic")`, `config.seed`. A YAML file is a flat mapping of these keys, optionally

@@ -15,7 +15,7 @@ from rayshard.core.shuffle_blocks import along_sequence, global_sequence
 from rayshard.core.state import LoaderState
 from rayshard.data.batching import reading_pieces
 from rayshard.plan import EpochPlan, RankPlan, plan_remaining
-from rayshard.sources import Source
+from rayshard.sources.base import Source
 
 
 def epoch_plan(

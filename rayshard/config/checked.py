@@ -1,0 +1,59 @@
+"""Everything the driver checks before any actor starts: the configuration against the
+source (columns, packing, workers) and the transform. `checked_config` returns the
+`LoaderConfig` the actors receive, with the column rules derived from the schema."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rayshard.config.loader_config import LoaderConfig, loader_config
+from rayshard.data.columns import check_loader_columns
+from rayshard.data.packing import check_packing_input
+from rayshard.data.transforms import check_transform
+from rayshard.errors import ConfigError
+from rayshard.plan import check_not_empty
+from rayshard.sources.base import Source
+
+
+def checked_config(source: Source, config: Any, options: dict, transform: Any) -> LoaderConfig:
+    """The resolved configuration for `source`; a `ConfigError` (or the source's
+    `DataError`) for anything that cannot work, before Ray is touched."""
+    settings = loader_config(config, options)
+    rules = check_loader_columns(
+        source.schema(),
+        settings.columns,
+        _mapping(settings.padding),
+        _mapping(settings.fill_null),
+        source.describe(),
+    )
+    check_transform(transform)
+    if settings.packing is not None:
+        check_packing_input(source, settings.packing, settings.columns, transform)
+    _check_workers(settings, transform)
+    check_not_empty(source.layout(), source.describe())
+    return dataclasses.replace(settings, column_rules=rules)
+
+
+def _check_workers(settings: LoaderConfig, transform: Any) -> None:
+    """Transform workers need a transform; so do `transform_resources` unless reader
+    workers (which read, transform or not) are what they place."""
+    if transform is not None:
+        return
+    if settings.transform_workers > 1:
+        raise ConfigError(
+            f"transform_workers={settings.transform_workers} needs a transform: pass "
+            f"transform=fn, or leave transform_workers at 1 (reader_workers=k reads in k "
+            f"processes without one)"
+        )
+    if settings.transform_resources is not None and settings.reader_workers == 1:
+        raise ConfigError(
+            f"transform_resources={dict(settings.transform_resources)!r} places worker "
+            f"processes, and there are none: pass transform=fn with transform_workers, or set "
+            f"reader_workers > 1, or leave transform_resources unset"
+        )
+
+
+def _mapping(pairs: Any) -> Any:
+    """`padding`/`fill_null` pairs as the {column: option} mapping `rayshard.data.columns` takes."""
+    return dict(pairs) if isinstance(pairs, tuple) else pairs
