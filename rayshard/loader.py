@@ -195,6 +195,7 @@ class Loader:
             registration,
             dp,
             prefetch_depth=self.settings.prefetch_depth,
+            blocks_ahead=self.settings.blocks_ahead,
             batch_format=batch_format,
             device=device,
             collate_fn=collate_fn,

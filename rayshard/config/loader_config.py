@@ -168,6 +168,14 @@ class LoaderConfig:
         return 4 if self.policy is ShardingPolicy.DYNAMIC else 16
 
     @property
+    def blocks_ahead(self) -> int:
+        """The one read-ahead budget, `prefetch_depth` batches, in whole object-store blocks:
+        a reader actor keeps this many blocks ready beyond those its consumers took, and a
+        consumer keeps this many block requests in flight beyond the block it is using. (The
+        device feed and a consumer's own reads hold `prefetch_depth` batches.)"""
+        return max(1, -(-self.prefetch_depth // self.block_batches))
+
+    @property
     def worker_count(self) -> int:
         """Worker processes per reader: `reader_workers` or `transform_workers`, whichever
         is above 1 (1: the reader does everything itself)."""

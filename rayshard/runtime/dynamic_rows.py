@@ -25,7 +25,7 @@ import pyarrow as pa
 import ray
 
 from rayshard.config.loader_config import LoaderConfig
-from rayshard.data.batching import FLUSH, Reads, pad_rows, reading_pieces
+from rayshard.data.batching import FLUSH, INDEX_KEY, Reads, pad_rows, reading_pieces
 from rayshard.plan import intervals as iv
 from rayshard.sources import Source
 
@@ -69,7 +69,7 @@ def dynamic_rows(
                 rows = drop_taken_back(rows, held, settings.straggler_timeout_s / 2)
             for batch in rows:
                 rows_out += batch.num_rows
-                last_index = int(np.asarray(batch.column(-2))[-1])
+                last_index = int(np.asarray(batch.column(INDEX_KEY))[-1])
                 yield batch
             continue
         if finishing:
@@ -110,8 +110,8 @@ def drop_taken_back(
 
 
 def keep_rows(batch: pa.RecordBatch, kept: iv.Intervals) -> pa.RecordBatch:
-    """The rows of `batch` whose `_index` (the column before the last) lies in `kept`."""
-    index = np.asarray(batch.column(-2))
+    """The rows of `batch` whose `_index` lies in `kept`."""
+    index = np.asarray(batch.column(INDEX_KEY))
     mask = np.zeros(index.shape, dtype=bool)
     for start, end in kept:
         mask |= (index >= start) & (index < end)

@@ -13,14 +13,14 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import ray
 
 from rayshard.data.batching import Tagged
 from rayshard.data.formats import FORMATS, convert_batch, torch_host_batch
 from rayshard.plan import DataParallelRank
-from rayshard.runtime.acks import AckSender, sample_runs
-from rayshard.runtime.fetch import STALL_FLUSH_S, BatchMeta, fetch_batches
+from rayshard.runtime.acks import AckSender
+from rayshard.runtime.block import BatchMeta
+from rayshard.runtime.fetch import STALL_FLUSH_S, fetch_batches
 
 
 class ShardIterator:
@@ -33,6 +33,7 @@ class ShardIterator:
         placement: DataParallelRank,
         *,
         prefetch_depth: int,
+        blocks_ahead: int = 1,
         batch_format: str = "torch",
         device: Any = None,
         collate_fn: Any = None,
@@ -56,12 +57,12 @@ class ShardIterator:
         self._local = local_reads  # a `LocalReads`: this worker reads for itself
         self._placement = placement
         self._depth = prefetch_depth
+        self._blocks_ahead = blocks_ahead
         self._format = batch_format
         self._device = device
         self._collate_fn = collate_fn
         self._feed: Any = None  # the DeviceFeed of the current epoch (torch format)
         self._stream: Iterator[Any] = iter(())
-        # (ids, padded, bytes, samples a transform dropped) per batch, in order
         self._epoch = 0
         self._started = False  # whether `_epoch` has begun on this worker
         self._ended = False  # whether this worker received all of `_epoch`
@@ -234,7 +235,12 @@ class ShardIterator:
             raw = self._local.batches(self._epoch, flush=flush, where=where)
         else:
             raw = fetch_batches(
-                self._reader, self._generation, self._epoch, flush=flush, where=where
+                self._reader,
+                self._generation,
+                self._epoch,
+                flush=flush,
+                where=where,
+                blocks_ahead=self._blocks_ahead,
             )
         if self._format == "torch":
             from rayshard.device import DeviceFeed
@@ -261,24 +267,14 @@ class ShardIterator:
             self._feed = None
 
     def _acknowledge(self, epoch: int, meta: BatchMeta, stall: float) -> None:
-        """Record a received batch, with the samples a transform dropped from it (consumed,
-        not delivered); acknowledgements go out in groups (see `rayshard.runtime.acks`). A
-        packed batch acknowledges the documents it finished and the split ones' progress."""
-        packed = meta.packed
-        if packed is not None:
-            real_ids = packed[0]
-        else:
-            real_ids = meta.ids[~meta.padded] if meta.padded.any() else meta.ids
-        partial = [] if packed is None else packed[1].tolist()
-        real = int(real_ids.size)
-        self.samples_received += real
+        """Record a received batch; acknowledgements go out in groups (see
+        `rayshard.runtime.acks`). The tag says which samples the batch consumes, with those
+        a transform dropped, or under packing the documents it finished and the split
+        ones' progress (`rayshard.runtime.block.tag_batch`)."""
+        self.samples_received += meta.real
         self.stall_seconds += stall
-        if meta.dropped is not None and meta.dropped.size:
-            real_ids = np.concatenate((real_ids, meta.dropped))
-        if real_ids.size > 1 and not (real_ids[1:] > real_ids[:-1]).all():
-            real_ids = np.sort(real_ids)  # shuffled: `sample_runs` needs them in order
         self._acks.add(
-            epoch, self._received, sample_runs(real_ids), real, meta.nbytes, stall, partial
+            epoch, self._received, meta.runs, meta.real, meta.nbytes, stall, meta.partial
         )
 
 

@@ -25,7 +25,8 @@ from rayshard.data.batching import FLUSH, Tagged
 from rayshard.device._channel import CLOSED, EMPTY, Channel
 from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, TransformError, same_kind
-from rayshard.runtime.fetch import STALL_FLUSH_S, tag_batch
+from rayshard.runtime.block import tag_batch
+from rayshard.runtime.fetch import STALL_FLUSH_S
 from rayshard.runtime.pipeline import reader_batches
 from rayshard.runtime.row_streams import epoch_batches, length_is_exact, thread_reads
 from rayshard.sources import Source
@@ -178,7 +179,7 @@ def _drain(channel: Channel, epoch: int, flush: Callable[[], None], where: str) 
             return
         if isinstance(item, _Failure):
             raise item.raised(where, epoch) from item.error
-        yield tag_batch(item)
+        yield item
 
 
 def _produce(stream: Iterator[Any], channel: Channel, cancel: threading.Event) -> None:
@@ -187,7 +188,7 @@ def _produce(stream: Iterator[Any], channel: Channel, cancel: threading.Event) -
         for batch in stream:
             if batch is FLUSH:  # a reader actor's cue to publish a block: nothing to do here
                 continue
-            if cancel.is_set() or not channel.put(batch):
+            if cancel.is_set() or not channel.put(tag_batch(batch)):
                 return
         channel.put(_END)
     except BaseException as error:  # noqa: BLE001 - delivered to the consumer in order

@@ -26,9 +26,10 @@ import pyarrow as pa
 import ray
 
 from rayshard.config.loader_config import LoaderConfig
-from rayshard.data.batching import FLUSH, Reads
+from rayshard.data.batching import FLUSH, Reads, Tagged
 from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, StaleClientError, TransformError, same_kind
+from rayshard.runtime.block import Block, tag_batch
 from rayshard.runtime.metrics import set_prefetch_depth
 from rayshard.runtime.pipeline import reader_batches
 from rayshard.runtime.reader_workers import start_workers, worker_reads
@@ -127,7 +128,7 @@ class ShardReader:
             self._cancel = threading.Event()
             self._thread = threading.Thread(
                 target=self._read_loop,
-                args=(stream, self._cancel),
+                args=(stream, self._cancel, (generation, epoch)),
                 daemon=True,
             )
             self._thread.start()
@@ -194,21 +195,22 @@ class ShardReader:
             self._threads = reader_pool(self._settings.reader_threads)
         return self._threads
 
-    def _read_loop(self, batches: Iterator[Any], cancel: threading.Event) -> None:
-        """Batches go to the object store in blocks (one `ray.put` and one fetch per block,
-        not per batch): a block closes at `block_batches` batches or `object_bytes` bytes,
-        whichever comes first. Index `i` of `next()` is block `i`."""
+    def _read_loop(
+        self, batches: Iterator[Any], cancel: threading.Event, key: tuple[int, int]
+    ) -> None:
+        """Batches go to the object store as `Block`s (one `ray.put` and one fetch per
+        block, not per batch): a block closes at `block_batches` batches or `object_bytes`
+        bytes, whichever comes first. Index `i` of `next()` is block `i`."""
         settings = self._settings
         per_object = settings.block_batches
-        # Blocks ready ahead of the consumers: at least `prefetch_depth` batches.
-        ahead = max(1, -(-settings.prefetch_depth // per_object))
-        block: list[dict] = []
+        ahead = settings.blocks_ahead  # the read-ahead budget, in whole blocks
+        block: list[Tagged] = []
         block_bytes = 0
         try:
             for batch in itertools.chain(batches, [FLUSH]):
                 if batch is not FLUSH:
-                    block.append(batch)
                     block_bytes += sum(column_bytes(column) for column in batch.values())
+                    block.append(tag_batch(batch))
                 full = len(block) >= per_object or block_bytes >= settings.object_bytes
                 if not block or (batch is not FLUSH and not full):
                     continue
@@ -218,10 +220,12 @@ class ShardReader:
                     )
                     if cancel.is_set():
                         return
-                ref = ray.put(block)
+                with self._cond:
+                    index = self._next_to_read
+                ref = ray.put(Block.of(key, index, block))
                 block, block_bytes = [], 0
                 with self._cond:
-                    self._ready[self._next_to_read] = ref
+                    self._ready[index] = ref
                     self._next_to_read += 1
                     self._cond.notify_all()
             with self._cond:

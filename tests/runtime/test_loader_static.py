@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from rayshard.cli import main as cli
 from rayshard.errors import ConfigError, StaleClientError
 from rayshard.loader import Loader
+from rayshard.plan import intervals as iv
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import real_ids, run_lockstep, unique_name, write_parquet
 
@@ -228,13 +229,19 @@ def test_object_store_blocks_close_at_the_batch_count_or_the_byte_cap(
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
     reader, generation = it._reader, it._generation
     ray.get(reader.start.remote(generation, 0))
-    sizes, ids = [], []
+    sizes, ids, runs = [], [], []
     while (ref := ray.get(reader.next.remote(generation, 0, len(sizes)))) is not None:
-        block = ray.get(ref)
-        sizes.append(len(block))
-        ids += real_ids(block)
+        block = ray.get(ref)  # a `Block`: its place in the stream, tagged batches, runs
+        assert (block.generation, block.epoch, block.index) == (generation, 0, len(sizes))
+        sizes.append(len(block.batches))
+        batches = [batch for _, batch in block.batches]
+        ids += real_ids(batches)
+        assert sum(meta.real for meta, _ in block.batches) == len(real_ids(batches))
+        runs += block.runs
     assert sizes == blocks
     assert Counter(ids) == Counter(range(100))
+    # the blocks' sample-id runs (dataset indices, here equal to `id`) cover it once
+    assert iv.normalize(runs) == ((0, 100),) and iv.total(runs) == 100
     loader.shutdown()
 
 

@@ -1,0 +1,65 @@
+"""The unit a reader hands its consumers: a `Block` of one epoch's batches, each batch
+tagged with the `BatchMeta` its consumer acknowledges. A reader actor puts one `Block` per
+object-store object; a consumer that reads for itself tags its batches the same way, so
+every path delivers `Tagged(BatchMeta, batch)` and acknowledges from the tag alone."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import numpy as np
+
+from rayshard.data.batching import INDEX_KEY, PADDED_KEY, Tagged
+from rayshard.plan import intervals as iv
+from rayshard.runtime.acks import sample_runs
+from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY
+from rayshard.runtime.transform_stage import DROPPED_KEY
+
+
+class BatchMeta(NamedTuple):
+    """What a consumer acknowledges for one batch, worked out where the batch was made:
+    `runs`, the sample-id runs it consumes (its real samples, those a transform dropped,
+    or under packing the documents it finished); `real`, the samples it delivers (padding
+    and dropped ones excluded); its `nbytes`; and `partial`, (document, tokens delivered)
+    of the split documents it carries (packing; else empty)."""
+
+    runs: list[list[int]]
+    real: int
+    nbytes: int
+    partial: list
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """Batches `index` of `epoch`'s stream in membership `generation`, in order, with the
+    sample-id runs they consume together (`runs`, merged)."""
+
+    generation: int
+    epoch: int
+    index: int
+    batches: tuple[Tagged, ...]
+    runs: tuple[tuple[int, int], ...]
+
+    @classmethod
+    def of(cls, key: tuple[int, int], index: int, batches: list[Tagged]) -> Block:
+        runs = iv.normalize([tuple(run) for tagged in batches for run in tagged.tag.runs])
+        return cls(key[0], key[1], index, tuple(batches), tuple(runs))
+
+
+def tag_batch(batch: dict) -> Tagged:
+    """`batch` (a reader's numpy batch) tagged with its `BatchMeta`; the keys only the
+    metadata needs are taken out of it (`_index` and `_padded` stay: users see them)."""
+    dropped = batch.pop(DROPPED_KEY, None)  # a transform's filter: consumed too
+    if COMPLETED_KEY in batch:  # packing: documents finished here, split ones' progress
+        consumed, partial = batch.pop(COMPLETED_KEY), batch.pop(PARTIAL_KEY).tolist()
+    else:
+        ids, padded = batch[INDEX_KEY], batch[PADDED_KEY]
+        consumed, partial = (ids[~padded] if padded.any() else ids), []
+    real = int(consumed.size)
+    if dropped is not None and dropped.size:
+        consumed = np.concatenate((consumed, dropped))
+    if consumed.size > 1 and not (consumed[1:] > consumed[:-1]).all():
+        consumed = np.sort(consumed)  # shuffled: runs need them in order
+    nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
+    return Tagged(BatchMeta(sample_runs(consumed), real, nbytes, partial), batch)
