@@ -23,12 +23,10 @@ import ray
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.data.batching import FLUSH, Tagged
 from rayshard.device._channel import CLOSED, EMPTY, Channel
-from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, TransformError, same_kind
 from rayshard.runtime.block import tag_batch
 from rayshard.runtime.fetch import STALL_FLUSH_S
-from rayshard.runtime.pipeline import reader_batches
-from rayshard.runtime.row_streams import epoch_batches, length_is_exact, thread_reads
+from rayshard.runtime.row_streams import RankReading, length_is_exact
 from rayshard.sources import Source
 
 _END = object()  # the epoch's last batch was put
@@ -86,14 +84,7 @@ class LocalReads:
         loader_id: str = "",
         transform: Any = None,
     ) -> None:
-        self._coordinator = coordinator
-        self._source = source
-        self._settings = settings
-        self._dp_rank = dp_rank
-        self._loader_name = loader_id
-        self._transform = transform
-        self._splits: Any = None  # the source's splits, read on first use
-        self._pool: Any = None  # the reading threads, made on first use
+        self._reading = RankReading(coordinator, source, settings, dp_rank, loader_id, transform)
         self._cancel = threading.Event()
         self._channel: Channel | None = None
         self._thread: threading.Thread | None = None
@@ -102,40 +93,18 @@ class LocalReads:
         """Begin reading `epoch` (ending any epoch being read). Returns `batches`, the
         batches the epoch yields, and `exact`, whether that count is final."""
         self.stop()
-        started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
-        settings = self._settings
-        if self._splits is None:
-            self._splits = self._source.splits()
-        cancel = self._cancel = threading.Event()
-        stream = epoch_batches(
-            started,
-            (generation, epoch, self._dp_rank),
-            coordinator=self._coordinator,
-            source=self._source,
-            splits=self._splits,
-            settings=settings,
-            cancel=lambda: cancel,
-            reads=lambda threads: thread_reads(
-                self._source, settings, epoch, self._threads() if threads else None
-            ),
-            batches=lambda rows: reader_batches(
-                rows,
-                batch_size=settings.plan.batch_size,
-                rules=settings.column_rules,
-                transform=self._transform,
-                workers=None,
-                loader=self._loader_name,
-                seed=settings.plan.seed,
-                epoch=epoch,
-                rank=self._dp_rank,
-            ),
+        reading = self._reading
+        started = ray.get(
+            reading.coordinator.start_epoch.remote(generation, reading.dp_rank, epoch)
         )
-        self._channel = Channel(settings.prefetch_depth)
+        cancel = self._cancel = threading.Event()
+        stream = reading.epoch(started, generation, epoch, cancel=lambda: cancel)
+        self._channel = Channel(reading.settings.prefetch_depth)
         self._thread = threading.Thread(
             target=_produce, args=(stream, self._channel, cancel), daemon=True
         )
         self._thread.start()
-        return {"batches": started["batches"], "exact": length_is_exact(settings)}
+        return {"batches": started["batches"], "exact": length_is_exact(reading.settings)}
 
     def batches(self, epoch: int, *, flush: Callable[[], None], where: str) -> Iterator[Tagged]:
         """The started epoch's batches in order, each tagged with its `BatchMeta`. While
@@ -158,14 +127,7 @@ class LocalReads:
     def close(self) -> None:
         """Stop reading and release the reading threads."""
         self.stop()
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
-
-    def _threads(self) -> Any:
-        if self._pool is None:
-            self._pool = reader_pool(self._settings.reader_threads)
-        return self._pool
+        self._reading.close()
 
 
 def _drain(channel: Channel, epoch: int, flush: Callable[[], None], where: str) -> Iterator[Tagged]:

@@ -22,18 +22,15 @@ import traceback
 from collections.abc import Iterator
 from typing import Any
 
-import pyarrow as pa
 import ray
 
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.data.batching import FLUSH, Reads, Tagged
-from rayshard.device.affinity import reader_pool
 from rayshard.errors import RayshardError, StaleClientError, TransformError, same_kind
 from rayshard.runtime.block import Block, tag_batch
 from rayshard.runtime.metrics import set_prefetch_depth
-from rayshard.runtime.pipeline import reader_batches
 from rayshard.runtime.reader_workers import start_workers, worker_reads
-from rayshard.runtime.row_streams import epoch_batches, length_is_exact, thread_reads
+from rayshard.runtime.row_streams import RankReading, length_is_exact
 from rayshard.runtime.transform_stage import column_bytes
 from rayshard.sources import Source
 
@@ -56,7 +53,6 @@ class ShardReader:
         self._settings = settings
         self._dp_rank = dp_rank
         self._consumers = consumers
-        self._splits = source.splits()
         self._loader_name = loader_id
         self._transform = transform  # fn(batch, ctx), run on the reader thread
         self._workers: list | None = None  # reader workers, made on first use
@@ -73,7 +69,7 @@ class ShardReader:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
-        self._threads: Any = None  # reader thread pool, made on first use
+        self._reading = RankReading(coordinator, source, settings, dp_rank, loader_id, transform)
 
     def start(self, generation: int, epoch: int) -> dict:
         """Begin (or join) reading `epoch`; idempotent for the members of one group, also
@@ -107,16 +103,13 @@ class ShardReader:
     def _begin_epoch(self, generation: int, epoch: int) -> None:
         started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
         batches = started["batches"]
-        stream = epoch_batches(
+        stream = self._reading.epoch(
             started,
-            (generation, epoch, self._dp_rank),
-            coordinator=self._coordinator,
-            source=self._source,
-            splits=self._splits,
-            settings=self._settings,
+            generation,
+            epoch,
             cancel=lambda: self._cancel,  # the event made below
             reads=lambda threads: self._reads(epoch, threads=threads),
-            batches=lambda rows: self._batches_of(rows, epoch),
+            workers=self._workers_ if self._separate_workers() else None,
         )
         self._stop_thread()
         with self._cond:
@@ -186,14 +179,7 @@ class ShardReader:
         threads (`threads`) or on the reader thread itself (`dynamic`: one lease at a time)."""
         if self._settings.reader_workers > 1:
             return worker_reads(self._workers_(), epoch, self._settings.reader_threads)
-        return thread_reads(self._source, self._settings, epoch, self._pool() if threads else None)
-
-    def _pool(self) -> Any:
-        """The reader threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`
-        (thread i on the i-th CPU id; threads past the list keep the default affinity)."""
-        if self._threads is None:
-            self._threads = reader_pool(self._settings.reader_threads)
-        return self._threads
+        return self._reading.thread_reads(epoch, threads)
 
     def _read_loop(
         self, batches: Iterator[Any], cancel: threading.Event, key: tuple[int, int]
@@ -243,21 +229,6 @@ class ShardReader:
                     kind = error if isinstance(error, RayshardError) else RayshardError(repr(error))
                     self._error = same_kind(kind, f"{kind}\n--- reader traceback ---\n{trace}")
                 self._cond.notify_all()
-
-    def _batches_of(self, rows: Iterator[pa.RecordBatch], epoch: int) -> Iterator[Any]:
-        """Rebatched rows, through the transform if there is one."""
-        settings = self._settings
-        return reader_batches(
-            rows,
-            batch_size=settings.plan.batch_size,
-            rules=settings.column_rules,
-            transform=self._transform,
-            workers=self._workers_ if self._separate_workers() else None,
-            loader=self._loader_name,
-            seed=settings.plan.seed,
-            epoch=epoch,
-            rank=self._dp_rank,
-        )
 
     def _separate_workers(self) -> bool:
         """Whether the transform runs in worker processes rather than in this reader."""

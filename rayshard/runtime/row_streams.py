@@ -24,9 +24,10 @@ from rayshard.data.batching import (
     iter_rows_parallel,
     reading_pieces,
 )
+from rayshard.device.affinity import reader_pool
 from rayshard.runtime.dynamic_rows import dynamic_rows
 from rayshard.runtime.packing_stage import packed_batches
-from rayshard.runtime.pipeline import flush_before_error
+from rayshard.runtime.pipeline import flush_before_error, reader_batches
 from rayshard.sources import Source
 
 
@@ -96,6 +97,82 @@ def epoch_batches(
         rows = dynamic_rows(coordinator, source, splits, settings, key, cancel, reads(False))
         return batches(rows)
     return batches(static_rows(source, settings, splits, plan, epoch, reads(True)))
+
+
+class RankReading:
+    """What one rank reads with, wherever it reads (a reader actor, or its consumer's own
+    threads): the source, its splits, the configuration, the transform and the reading
+    threads, made on first use. `epoch(...)` is the rank's batch stream of an epoch."""
+
+    def __init__(
+        self,
+        coordinator: Any,
+        source: Source,
+        settings: LoaderConfig,
+        dp_rank: int,
+        loader_id: str = "",
+        transform: Any = None,
+    ) -> None:
+        self.coordinator, self.source, self.settings = coordinator, source, settings
+        self.dp_rank, self.loader_id, self.transform = dp_rank, loader_id, transform
+        self._splits: Any = None
+        self._pool: Any = None
+
+    def splits(self) -> Any:
+        if self._splits is None:
+            self._splits = self.source.splits()
+        return self._splits
+
+    def pool(self) -> Any:
+        """The reading threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`
+        (thread i on the i-th CPU id; threads past the list keep the default affinity)."""
+        if self._pool is None:
+            self._pool = reader_pool(self.settings.reader_threads)
+        return self._pool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def thread_reads(self, epoch: int, threads: bool) -> Reads:
+        """`epoch`'s pieces read in this process (see `thread_reads`)."""
+        return thread_reads(self.source, self.settings, epoch, self.pool() if threads else None)
+
+    def epoch(
+        self,
+        started: dict,
+        generation: int,
+        epoch: int,
+        *,
+        cancel: Callable[[], threading.Event],
+        reads: Callable[[bool], Reads] | None = None,
+        workers: Callable[[], list] | None = None,
+    ) -> Iterator[Any]:
+        """`epoch_batches` of this rank, read by `reads(threads)` (default: this process's
+        reading threads), rebatched and transformed here or in `workers()`."""
+        settings = self.settings
+        return epoch_batches(
+            started,
+            (generation, epoch, self.dp_rank),
+            coordinator=self.coordinator,
+            source=self.source,
+            splits=self.splits(),
+            settings=settings,
+            cancel=cancel,
+            reads=reads or (lambda threads: self.thread_reads(epoch, threads)),
+            batches=lambda rows: reader_batches(
+                rows,
+                batch_size=settings.plan.batch_size,
+                rules=settings.column_rules,
+                transform=self.transform,
+                workers=workers,
+                loader=self.loader_id,
+                seed=settings.plan.seed,
+                epoch=epoch,
+                rank=self.dp_rank,
+            ),
+        )
 
 
 def thread_reads(source: Source, settings: LoaderConfig, epoch: int, pool: Any) -> Reads:
