@@ -261,9 +261,9 @@ def test_book_round_trip_keeps_the_straggler_state():
 def test_late_rows_bound_follows_the_settings():
     plan = PlanConfig(batch_size=8)
     base = LoaderConfig(plan=plan, policy="dynamic", straggler_timeout_s=2.0)
-    assert late_rows_bound(base) == ((1 + 4) * 4 + 1 + 2) * 8  # defaults: blocks of 4 batches
+    assert late_rows_bound(base) == ((2 * 1 + 3) * 4 + 1 + 2) * 8  # defaults: blocks of 4 batches
     deeper = LoaderConfig(plan=plan, policy="dynamic", straggler_timeout_s=2.0, prefetch_depth=9)
-    assert late_rows_bound(deeper) == ((3 + 4) * 4 + 1 + 9) * 8
+    assert late_rows_bound(deeper) == ((2 * 3 + 3) * 4 + 1 + 9) * 8
 
 
 @pytest.mark.parametrize(

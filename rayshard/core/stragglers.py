@@ -31,15 +31,15 @@ def reoffer(
 
 def late_rows_bound(settings: LoaderConfig) -> int:
     """Rows of revoked work a straggler may still deliver once it wakes: what had already
-    passed its reader's check when it went silent. Blocks (of `block_batches` batches) ready
-    in the object store (`ceil(prefetch_depth / block_batches)`, at least 1), the block
-    being filled, the two its consumer requested and the one it is going through; the
+    passed its reader's check when it went silent. Blocks (of `block_batches` batches): the
+    read-ahead budget's `blocks_ahead` ready in the object store and the block being
+    filled; `blocks_ahead + 1` its consumer requested and the one it is going through; the
     rebatching remainder (one batch); the device feed's `prefetch_depth` batches (torch
     format); batches in its transform (or reader) workers. Counted each time a rank straggles."""
     per_block = settings.block_batches
-    ahead = max(1, -(-settings.prefetch_depth // per_block))
+    ahead = settings.blocks_ahead
     workers = settings.worker_count if settings.worker_count > 1 else 0
-    batches = (ahead + 4) * per_block + 1 + settings.prefetch_depth + TRANSFORM_AHEAD * workers
+    batches = (2 * ahead + 3) * per_block + 1 + settings.prefetch_depth + TRANSFORM_AHEAD * workers
     return batches * settings.plan.batch_size
 
 

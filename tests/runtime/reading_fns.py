@@ -1,5 +1,5 @@
-"""A source and a transform the reader-worker tests use, in a module the reader and worker
-processes can import by name."""
+"""A source and a transform the reader-worker tests use, and a block server for the fetch
+tests, in a module the reader and worker processes can import by name."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from rayshard.runtime.block import Block, tag_batch
 from rayshard.sources.parquet import ParquetSource
 
 READ_PID = "read_pid"
@@ -65,3 +66,28 @@ def slow_stamped(batch, ctx):
         "noise": np.array([ctx.rng(row).random() for row in range(len(ctx))]),
         "pid": np.full(len(ctx), os.getpid()),
     }
+
+
+BLOCKS = 6  # blocks a `BlockServer` serves
+
+
+class BlockServer:
+    """Serves `BLOCKS` one-batch blocks of (generation 0, epoch 1) like a reader's `next`,
+    recording every index asked for; `wrong_at` answers a block of another epoch there."""
+
+    def __init__(self, wrong_at: int | None = None) -> None:
+        self.asked: list[int] = []
+        self.wrong_at = wrong_at
+
+    def next(self, generation: int, epoch: int, index: int):
+        import ray
+
+        self.asked.append(index)
+        if index >= BLOCKS:
+            return None
+        batch = {"_index": np.array([index]), "_padded": np.array([False])}
+        epoch = epoch + 1 if index == self.wrong_at else epoch
+        return ray.put(Block.of((generation, epoch), index, [tag_batch(batch)]))
+
+    def requests(self) -> list[int]:
+        return self.asked
