@@ -9,7 +9,7 @@ Every series is tagged with the loader and, where it applies, the data-parallel 
 | `rayshard_batches` | counter | batches a training loop received |
 | `rayshard_bytes` | counter | bytes of those batches |
 | `rayshard_consumer_stall_seconds` | counter | time a loop waited for its next batch |
-| `rayshard_prefetch_depth` | gauge | batches ready in a reader, not yet taken |
+| `rayshard_prefetch_depth` | gauge | batches ready in a reader actor, not yet taken |
 | `rayshard_leases_outstanding` | gauge | dynamic leases handed out and not finished |
 | `rayshard_reserved_samples` | counter | samples served again after a rank was lost |
 """

@@ -62,7 +62,8 @@ class ShardReader:
         self._starting: tuple[int, int] | None = None  # a start() in progress
         self._batches: int | None = None  # expected batches of the epoch (static: exact)
         self._final: int | None = None  # batches produced, once the reader thread is done
-        self._ready: dict[int, Any] = {}  # batch index -> ObjectRef
+        self._ready: dict[int, Any] = {}  # block index -> ObjectRef
+        self._ready_batches: dict[int, int] = {}  # block index -> its batches
         self._taken: dict[int, int] = {}  # batch index -> consumers that fetched it
         self._next_to_read = 0
         self._low_water = 0  # lowest index some consumer still needs
@@ -115,6 +116,7 @@ class ShardReader:
         with self._cond:
             self._key, self._batches, self._final = (generation, epoch), batches, None
             self._ready.clear()
+            self._ready_batches.clear()
             self._taken.clear()
             self._next_to_read = self._low_water = 0
             self._error = None
@@ -158,10 +160,11 @@ class ShardReader:
             ref = self._ready[index]
             self._taken[index] = self._taken.get(index, 0) + 1
             if self._taken[index] >= self._consumers:
-                del self._ready[index], self._taken[index]
+                del self._ready[index], self._taken[index], self._ready_batches[index]
                 self._low_water = max(self._low_water, index + 1)
                 self._cond.notify_all()
-            set_prefetch_depth(self._loader_name, self._dp_rank, len(self._ready))
+            ready = sum(self._ready_batches.values())
+            set_prefetch_depth(self._loader_name, self._dp_rank, ready)
             return ref
 
     def watch(self) -> None:
@@ -206,12 +209,12 @@ class ShardReader:
                     )
                     if cancel.is_set():
                         return
-                with self._cond:
                     index = self._next_to_read
                 ref = ray.put(Block.of(key, index, block))
-                block, block_bytes = [], 0
+                count, block, block_bytes = len(block), [], 0
                 with self._cond:
                     self._ready[index] = ref
+                    self._ready_batches[index] = count
                     self._next_to_read += 1
                     self._cond.notify_all()
             with self._cond:
