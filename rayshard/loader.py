@@ -31,6 +31,7 @@ from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
 from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.reader import ShardReader
+from rayshard.runtime.row_streams import RankReading
 from rayshard.runtime.watch import RankWatch
 from rayshard.sources import Source
 
@@ -185,11 +186,11 @@ class Loader:
                 {"dp_rank": dp.dp_rank, "dp_size": dp.dp_size, "group": list(dp.group)},
             )
         )
+        reading = self._rank_reading(dp.dp_rank)
         local = None
         if reads_in_consumer(self.settings, len(dp.group), self.transform):
-            parts = (self.source, self.settings, dp.dp_rank, self.loader_id, self.transform)
-            local = LocalReads(self._coordinator, *parts)
-        registration["reader"] = self._reader(registration, dp, watch_only=local is not None)
+            local = LocalReads(reading)
+        registration["reader"] = self._reader(registration, dp, reading, local is not None)
         return ShardIterator(
             self._coordinator,
             registration,
@@ -212,7 +213,12 @@ class Loader:
         columns = self.settings.columns
         return schema if columns is None else pa.schema([schema.field(c) for c in columns])
 
-    def _reader(self, registration: dict, dp: Any, *, watch_only: bool = False) -> Any:
+    def _rank_reading(self, dp_rank: int) -> RankReading:
+        """What data-parallel rank `dp_rank` reads with, in its reader or its consumer."""
+        parts = (self.source, self.settings, dp_rank, self.loader_id, self.transform)
+        return RankReading(self._coordinator, *parts)
+
+    def _reader(self, registration: dict, dp: Any, reading: RankReading, watch_only: bool) -> Any:
         """Get or create this rank's reader on this worker's node (one per model-parallel
         group: the first member creates it, the others find it by name); `watch_only`: the
         worker reads for itself, and a `RankWatch` stands in for the reader."""
@@ -234,15 +240,7 @@ class Loader:
                 max_concurrency=4 + len(dp.group),
                 **options,
             )
-            reader = reader.remote(
-                self._coordinator,
-                self.source,
-                self.settings,
-                dp.dp_rank,
-                len(dp.group),
-                self.loader_id,
-                self.transform,
-            )
+            reader = reader.remote(reading, len(dp.group))
         ray.get(
             self._coordinator.attach_reader.remote(registration["generation"], dp.dp_rank, name)
         )

@@ -27,7 +27,6 @@ from rayshard.errors import RayshardError, TransformError, same_kind
 from rayshard.runtime.block import tag_batch
 from rayshard.runtime.fetch import STALL_FLUSH_S
 from rayshard.runtime.row_streams import RankReading, length_is_exact
-from rayshard.sources import Source
 
 _END = object()  # the epoch's last batch was put
 
@@ -75,16 +74,8 @@ def reads_in_consumer(settings: LoaderConfig, consumers: int, transform: Any) ->
 class LocalReads:
     """One rank's reading in this process, one epoch at a time."""
 
-    def __init__(
-        self,
-        coordinator: Any,
-        source: Source,
-        settings: LoaderConfig,
-        dp_rank: int,
-        loader_id: str = "",
-        transform: Any = None,
-    ) -> None:
-        self._reading = RankReading(coordinator, source, settings, dp_rank, loader_id, transform)
+    def __init__(self, reading: RankReading) -> None:
+        self._reading = reading
         self._cancel = threading.Event()
         self._channel: Channel | None = None
         self._thread: threading.Thread | None = None

@@ -24,7 +24,6 @@ from typing import Any
 
 import ray
 
-from rayshard.config.loader_config import LoaderConfig
 from rayshard.data.batching import FLUSH, Reads, Tagged
 from rayshard.errors import RayshardError, StaleClientError, TransformError, same_kind
 from rayshard.runtime.block import Block, tag_batch
@@ -32,29 +31,18 @@ from rayshard.runtime.metrics import set_prefetch_depth
 from rayshard.runtime.reader_workers import start_workers, worker_reads
 from rayshard.runtime.row_streams import RankReading, length_is_exact
 from rayshard.runtime.transform_stage import column_bytes
-from rayshard.sources import Source
 
 
 class ShardReader:
     """Reads one data-parallel rank's share into batches in the object store."""
 
-    def __init__(
-        self,
-        coordinator: Any,
-        source: Source,
-        settings: LoaderConfig,
-        dp_rank: int,
-        consumers: int,
-        loader_id: str = "",
-        transform: Any = None,
-    ) -> None:
-        self._coordinator = coordinator
-        self._source = source
-        self._settings = settings
-        self._dp_rank = dp_rank
+    def __init__(self, reading: RankReading, consumers: int) -> None:
+        self._reading = reading  # source, configuration, transform, reading threads
+        self._coordinator, self._source = reading.coordinator, reading.source
+        self._settings, self._dp_rank = reading.settings, reading.dp_rank
+        self._loader_name = reading.loader_id
+        self._transform = reading.transform  # fn(batch, ctx), run on the reader thread
         self._consumers = consumers
-        self._loader_name = loader_id
-        self._transform = transform  # fn(batch, ctx), run on the reader thread
         self._workers: list | None = None  # reader workers, made on first use
         self._stopped = threading.Event()
         self._cond = threading.Condition()
@@ -70,7 +58,6 @@ class ShardReader:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
-        self._reading = RankReading(coordinator, source, settings, dp_rank, loader_id, transform)
 
     def start(self, generation: int, epoch: int) -> dict:
         """Begin (or join) reading `epoch`; idempotent for the members of one group, also

@@ -195,7 +195,8 @@ def test_restarted_group_restoring_while_a_worker_registers(ray_session, dataset
     )
     worker0 = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
     worker0.load_state_dict(state)  # the generation moves on
-    loader._reader(registration, dp)  # worker 1 attaches the reader named at registration
+    # worker 1 attaches the reader named at registration
+    loader._reader(registration, dp, loader._rank_reading(1), watch_only=False)
     worker1 = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
     worker1.load_state_dict(state)
     rest = [i for rank in run_lockstep([worker0, worker1]) for i in real_ids(rank)]
