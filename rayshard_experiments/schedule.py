@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from rayshard.config.checks import load_yaml_file
+from rayshard.config.checks import check_int, check_number, load_yaml_file
 from rayshard.errors import ConfigError
 
 ACTIONS = ("add_node", "kill_node", "remove_node")
@@ -142,12 +142,16 @@ def _event(entry: Any, index: int, source: str) -> Event:
 
 
 def _int(value: Any, key: str, minimum: int, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"{where}: {key}={value!r} must be an integer >= {minimum}")
-    return value
+    return _located(where, check_int, value, key, minimum=minimum)
 
 
 def _number(value: Any, key: str, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise ConfigError(f"{where}: {key}={value!r} must be a number of seconds >= 0")
-    return float(value)
+    return _located(where, check_number, value, key, positive=False, fix="seconds")
+
+
+def _located(where: str, check: Any, *args: Any, **kwargs: Any) -> Any:
+    """`check(*args, **kwargs)`, its `ConfigError` prefixed with `where` in the file."""
+    try:
+        return check(*args, **kwargs)
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error}") from None

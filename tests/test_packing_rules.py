@@ -32,8 +32,8 @@ def table(lengths):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"seq_len": 0}, r"seq_len=0 is not in the range seq_len>=1"),
-        ({"seq_len": "8"}, r"seq_len='8' is not in the range"),
+        ({"seq_len": 0}, r"seq_len=0 is not in the range seq_len>=1 \(Packing: give the"),
+        ({"seq_len": "8"}, r"seq_len='8' must be an integer >= 1"),
         ({"seq_len": 8, "last_row": "cut"}, r"last_row='cut' is not a valid choice: use one of"),
         ({"seq_len": 8, "separator": 1.5}, r"separator=1.5 must be an integer token id"),
         (

@@ -7,6 +7,7 @@ Every message names the option, its value, the rule and a way out, e.g.
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,13 +15,33 @@ from typing import Any
 from rayshard.errors import ConfigError
 
 
-def check_int(value: Any, name: str, *, minimum: int, fix: str = "") -> None:
-    """`value` must be an int (not a bool) >= `minimum`; the error names it and the fix."""
+def check_int(
+    value: Any,
+    name: str,
+    *,
+    minimum: int,
+    fix: str = "",
+    error: type[Exception] = ConfigError,
+    type_error: type[Exception] | None = None,
+    integral: bool = False,
+) -> int:
+    """`value` must be an int (not a bool) >= `minimum`; the error names it and the fix.
+
+    The one integer check of the package: every module routes its integer options here,
+    so each message reads `name=value must be an integer >= minimum (fix)` (not an
+    integer) or `name=value is not in the range name>=minimum (fix)` (too small). `error`
+    is the type raised (`ConfigError` unless a lower-level API raises a plain
+    `ValueError`); `type_error`, if given, is raised instead for a value that is not an
+    integer at all (e.g. `TypeError`). `integral=True` also accepts any
+    `numbers.Integral` (NumPy integers). Returns `value`.
+    """
     suffix = f" ({fix})" if fix else ""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}{suffix}")
+    kind = numbers.Integral if integral else int
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise (type_error or error)(f"{name}={value!r} must be an integer >= {minimum}{suffix}")
     if value < minimum:
-        raise ConfigError(f"{name}={value} is not in the range {name}>={minimum}{suffix}")
+        raise error(f"{name}={value} is not in the range {name}>={minimum}{suffix}")
+    return value
 
 
 def check_number(value: Any, name: str, *, positive: bool = True, fix: str = "") -> float:

@@ -25,6 +25,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError
 
 #: Positions per epoch above which `m * c` could overflow int64 in `prefix`.
@@ -66,8 +67,7 @@ def apportion(total: int, weights: Sequence[float]) -> tuple[int, ...]:
     """`total` split in proportion to `weights` (largest remainders, ties to the lower
     index): whole numbers that sum to exactly `total`."""
     weights = check_weights(weights, len(weights))
-    if total < 0:
-        raise ConfigError(f"samples_per_epoch={total} is negative: use a number >= 1")
+    check_int(total, "samples_per_epoch", minimum=0, integral=True)
     exact = [Fraction(w) for w in weights]
     quotas = [total * w / sum(exact) for w in exact]
     counts = [math.floor(q) for q in quotas]
@@ -93,8 +93,8 @@ class Mix:
                 "per source (at least one source)"
             )
         for s, (n, c) in enumerate(zip(self.sizes, self.counts)):
-            if n < 0 or c < 0:
-                raise ConfigError(f"source {s}: size {n} and count {c} must be >= 0")
+            check_int(n, f"sizes[{s}]", minimum=0, integral=True)
+            check_int(c, f"counts[{s}]", minimum=0, integral=True)
             if c > 0 and n == 0:
                 raise ConfigError(
                     f"source {s} has no rows but is asked for {c} samples per epoch: give it "

@@ -14,7 +14,7 @@ from typing import TypeVar
 import numpy as np
 import pyarrow as pa
 
-from rayshard.errors import ConfigError
+from rayshard.config.checks import check_int
 
 T = TypeVar("T")
 
@@ -26,9 +26,8 @@ def epoch_rng(
     seed: int, epoch: int, rank: int | None = None, purpose: int = 0
 ) -> np.random.Generator:
     """A generator for one (seed, epoch, rank); `rank=None` is the one shared by all ranks."""
-    for name, value in (("seed", seed), ("epoch", epoch)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ConfigError(f"{name}={value!r} must be an integer >= 0")
+    check_int(seed, "seed", minimum=0, integral=True)
+    check_int(epoch, "epoch", minimum=0, integral=True)
     rank_key = 0 if rank is None else int(rank) + 1
     return np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), rank_key, purpose]))
 
@@ -59,12 +58,12 @@ def shuffle_batches(
     are cut into batches), the seed, the epoch and the rank. `buffer_rows <= 1` passes the
     input through unchanged.
     """
-    _check_rows(buffer_rows, "buffer_rows", minimum=0)
+    check_int(buffer_rows, "buffer_rows", minimum=0, integral=True)
     if buffer_rows <= 1:
         yield from batches
         return
     step = max(1, buffer_rows // 4) if emit_rows is None else emit_rows
-    _check_rows(step, "emit_rows", minimum=1)
+    check_int(step, "emit_rows", minimum=1, integral=True)
     step = min(step, buffer_rows)
     rng = epoch_rng(seed, epoch, rank, _BUFFER)
     queue: list[pa.RecordBatch] = []
@@ -101,8 +100,3 @@ def _one_batch(table: pa.Table) -> pa.RecordBatch:
 
 def _batches(table: pa.Table) -> list[pa.RecordBatch]:
     return [b for b in table.combine_chunks().to_batches() if b.num_rows]
-
-
-def _check_rows(value: object, name: str, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ConfigError(f"{name}={value!r} must be an integer >= {minimum}")

@@ -11,6 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
+from rayshard.config.checks import check_int
 from rayshard.core.state import STATE_VERSION, LoaderState
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout
@@ -23,12 +24,9 @@ def check(state: LoaderState) -> LoaderState:
     `from_dict` checks the shape of a state; this checks what a resume relies on: a
     non-negative epoch and sample count, and consumed samples inside `[0, num_samples)`.
     """
-    if state.epoch < 0:
-        raise ConfigError(f"epoch={state.epoch} is negative: epochs count from 0")
-    if state.num_samples < 0:
-        raise ConfigError(f"num_samples={state.num_samples} is negative")
-    if state.world_size < 0:
-        raise ConfigError(f"world_size={state.world_size} is negative (0 means unknown)")
+    check_int(state.epoch, "epoch", minimum=0, fix="epochs count from 0")
+    check_int(state.num_samples, "num_samples", minimum=0)
+    check_int(state.world_size, "world_size", minimum=0, fix="0 means unknown")
     if state.consumed and (state.consumed[0][0] < 0 or state.consumed[-1][1] > state.num_samples):
         lo, hi = state.consumed[0][0], state.consumed[-1][1]
         raise ConfigError(
@@ -97,7 +95,8 @@ def set_epoch(state: LoaderState, epoch: int) -> LoaderState:
     `epoch` is the current one: that restarts the current epoch from its beginning.
     """
     check(state)
-    return _rewrite(state, epoch=_at_least("epoch", epoch, 0), consumed=(), partial=())
+    epoch = check_int(epoch, "epoch", minimum=0, type_error=TypeError)
+    return _rewrite(state, epoch=epoch, consumed=(), partial=())
 
 
 def retarget(state: LoaderState, world_size: int) -> LoaderState:
@@ -112,21 +111,14 @@ def retarget(state: LoaderState, world_size: int) -> LoaderState:
     irrelevant once nothing of the epoch is consumed. Exactly-once holds either way.
     """
     check(state)
-    return _rewrite(state, world_size=_at_least("world_size", world_size, 1))
+    world_size = check_int(world_size, "world_size", minimum=1, type_error=TypeError)
+    return _rewrite(state, world_size=world_size)
 
 
 def _rewrite(state: LoaderState, **changes: Any) -> LoaderState:
     """A new state with `changes`, round-tripped through the strict loader."""
     new = dataclasses.replace(state, **changes)
     return check(LoaderState.from_dict(new.to_dict(), expect_loader=state.loader))
-
-
-def _at_least(name: str, value: int, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{name}={value} is not >= {minimum}")
-    return value
 
 
 def _split_progress(

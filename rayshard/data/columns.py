@@ -25,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError
 
 LENGTHS_SUFFIX = "_lengths"
@@ -57,12 +58,8 @@ class Padding:
             raise ConfigError(f"Padding(pad_value={value!r}) must be a number or a bool (not NaN)")
         for name in ("max_length", "pad_to_multiple"):
             limit = getattr(self, name)
-            if limit is not None and (
-                isinstance(limit, bool) or not isinstance(limit, int) or limit < 1
-            ):
-                raise ConfigError(
-                    f"Padding({name}={limit!r}) must be an integer >= 1, or None for no limit"
-                )
+            if limit is not None:
+                check_int(limit, name, minimum=1, fix="Padding: use None for no limit")
         for name in ("truncate", "nested"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(f"Padding({name}={getattr(self, name)!r}) must be True or False")

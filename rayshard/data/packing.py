@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rayshard.config.checks import check_int
 from rayshard.core.packing import PackSpec
 from rayshard.errors import ConfigError, DataError
 
@@ -65,13 +66,12 @@ class Packing:
     def __post_init__(self) -> None:
         if not isinstance(self.column, str) or not self.column:
             raise ConfigError(f"packing column={self.column!r} must name a list<int> column")
-        for name in ("seq_len",):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(
-                    f"packing seq_len={value!r} is not in the range seq_len>=1: give the "
-                    f"tokens per packed row, e.g. seq_len=2048"
-                )
+        check_int(
+            self.seq_len,
+            "seq_len",
+            minimum=1,
+            fix="Packing: give the tokens per packed row, e.g. seq_len=2048",
+        )
         for name in ("separator", "pad_id"):
             value = getattr(self, name)
             ok = value is None if name == "separator" else False

@@ -11,6 +11,8 @@ import threading
 from collections import deque
 from typing import Any
 
+from rayshard.config.checks import check_int
+
 CLOSED = object()
 """What `get()` returns once the channel is closed."""
 
@@ -22,8 +24,7 @@ class Channel:
     """At most `capacity` items in flight; `put` blocks while full, `get` while empty."""
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 1:
-            raise ValueError(f"capacity={capacity} must be >= 1")
+        check_int(capacity, "capacity", minimum=1, error=ValueError)
         self.capacity = capacity
         self._items: deque[Any] = deque()
         self._closed = False

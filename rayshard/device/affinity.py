@@ -16,6 +16,7 @@ import warnings
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
+from rayshard.config.checks import check_int
 from rayshard.device import env
 from rayshard.errors import ConfigError
 
@@ -66,8 +67,7 @@ def cpus_for_thread(
     index: int, mask: Sequence[int], default: Iterable[int] | None = None
 ) -> frozenset[int]:
     """The CPU set for reader thread `index`: `{mask[index]}`, or `default` past the list."""
-    if index < 0:
-        raise ValueError(f"thread index={index} must be >= 0")
+    check_int(index, "index", minimum=0, error=ValueError, fix="a reader thread's index")
     if index < len(mask):
         return frozenset({mask[index]})
     return allowed_cpus() if default is None else frozenset(default)
@@ -96,8 +96,7 @@ def reader_pool(
     end of the mask get the affinity of the thread that created the pool, so they do not
     inherit a pin from whichever pinned thread happened to submit work.
     """
-    if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
-        raise ConfigError(f"num_threads={num_threads!r} must be an integer >= 1")
+    check_int(num_threads, "num_threads", minimum=1)
     mask = parse_affinity_mask() if mask is None else tuple(mask)
     if len(mask) > num_threads:
         warnings.warn(

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from rayshard.config.checks import check_int
 from rayshard.data.batching import Tagged
 from rayshard.device._channel import CLOSED, EMPTY, Channel
 from rayshard.device._stager import Stager
@@ -127,13 +128,12 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         on_wait: Callable[[], None] | None = None,
         on_wait_after_s: float = 0.0,
     ) -> None:
-        if isinstance(prefetch_depth, bool) or not isinstance(prefetch_depth, int):
-            raise ConfigError(f"prefetch_depth={prefetch_depth!r} must be an integer >= 1")
-        if prefetch_depth < 1:
-            raise ConfigError(
-                f"prefetch_depth={prefetch_depth} must be >= 1 (2 is the default; raise it "
-                f"when batch times vary more than two batches can hide)"
-            )
+        check_int(
+            prefetch_depth,
+            "prefetch_depth",
+            minimum=1,
+            fix="2 is the default; raise it when batch times vary more than two batches can hide",
+        )
         self.device = _resolve_device(device)
         self.prefetch_depth = prefetch_depth
         self._source = iter(source)

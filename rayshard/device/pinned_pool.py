@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from rayshard.config.checks import check_int
 from rayshard.device import env
-from rayshard.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -76,8 +76,7 @@ class HostBufferPool:
             ("batch_size", batch_size),
             ("count", count),
         ):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ConfigError(f"{name}={value!r} must be an integer >= 0")
+            check_int(value, name, minimum=0)
         nbytes = bytes_per_sample_hint * batch_size
         if nbytes == 0 or count == 0:
             return
@@ -94,8 +93,7 @@ class HostBufferPool:
 
     def acquire(self, nbytes: int, num_samples: int | None = None) -> torch.Tensor:
         """A free buffer of at least `nbytes` (best fit), grown or shrunk by the pool's rules."""
-        if nbytes < 0:
-            raise ValueError(f"nbytes={nbytes} must be >= 0")
+        check_int(nbytes, "nbytes", minimum=0, error=ValueError)
         with self._lock:
             self._largest_batch = max(self._largest_batch, nbytes)
             if num_samples:

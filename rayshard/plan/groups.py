@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
+from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError
 
 
@@ -43,8 +44,7 @@ def data_parallel_rank(
     index of the group holding `world_rank`; the groups must partition `range(world_size)`
     into equal sizes.
     """
-    if world_size < 1:
-        raise ConfigError(f"world_size={world_size} is not in the range world_size>=1")
+    check_int(world_size, "world_size", minimum=1)
     if not 0 <= world_rank < world_size:
         raise ConfigError(
             f"world_rank={world_rank} is outside [0, world_size={world_size}): "

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 from collections.abc import Sequence
 
+from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError
 
 
@@ -21,8 +22,7 @@ class DataLayout:
     file_rows: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
-        if self.num_samples < 0:
-            raise ConfigError(f"num_samples={self.num_samples} is negative")
+        check_int(self.num_samples, "num_samples", minimum=0, integral=True)
         if self.file_rows is not None:
             object.__setattr__(self, "file_rows", tuple(int(r) for r in self.file_rows))
             if any(r < 0 for r in self.file_rows):

@@ -12,7 +12,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from rayshard.errors import ConfigError
+from rayshard.config.checks import check_int
 from rayshard.plan import intervals as iv
 from rayshard.plan.batches import BatchLayout, batch_layouts
 from rayshard.plan.layout import DataLayout
@@ -219,8 +219,7 @@ def _rotated(source: iv.Intervals, offset: int) -> iv.Intervals:
 
 
 def _check_epoch(epoch: int) -> None:
-    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-        raise ConfigError(f"epoch={epoch!r} must be an integer >= 0")
+    check_int(epoch, "epoch", minimum=0)
 
 
 def _file_assignments(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError
 from rayshard.plan import intervals as iv
 from rayshard.plan.layout import DataLayout
@@ -19,8 +20,7 @@ def validate(
     check_expected: bool = True,
 ) -> None:
     """Raise `ConfigError` if `config` cannot plan `layout` over `world_size` ranks."""
-    if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
-        raise ConfigError(f"world_size={world_size!r} is not in the range world_size>=1")
+    check_int(world_size, "world_size", minimum=1)
     expected = config.expected_world_size
     if check_expected and expected is not None and expected != world_size:
         raise ConfigError(

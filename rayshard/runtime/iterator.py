@@ -15,6 +15,7 @@ from typing import Any
 
 import ray
 
+from rayshard.config.checks import check_int
 from rayshard.data.batching import Tagged
 from rayshard.data.formats import FORMATS, convert_batch, torch_host_batch
 from rayshard.plan import DataParallelRank
@@ -99,8 +100,7 @@ class ShardIterator:
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration read `epoch` from its start."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch={epoch!r} must be an integer >= 0")
+        check_int(epoch, "epoch", minimum=0, error=ValueError)
         self._epoch, self._received, self._started = epoch, 0, False
         self._iterations += 1  # a generator of an earlier iter() yields nothing more
 

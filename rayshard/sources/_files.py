@@ -18,6 +18,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError, DataError, ReadDeniedError
 from rayshard.plan import DataLayout
 from rayshard.sources import _catalog, _select
@@ -66,10 +67,8 @@ class ChunkedFileSource(Source):
         cache_dir: str | os.PathLike | None = None,
         cache_limit: int = 10 << 30,
     ) -> None:
-        if split_rows is not None and (
-            isinstance(split_rows, bool) or not isinstance(split_rows, int) or split_rows < 1
-        ):
-            raise ConfigError(f"split_rows={split_rows!r} must be an integer >= 1 (or None)")
+        if split_rows is not None:
+            check_int(split_rows, "split_rows", minimum=1, fix="or None")
         resolved = resolve_paths(paths, filesystem, kind=self._kind)
         catalog = _catalog.build(self, resolved, partitioning, filter)
         self._filesystems = catalog.filesystems

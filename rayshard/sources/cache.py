@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError
 
 T = TypeVar("T")
@@ -72,10 +73,7 @@ class FileCache:
     """Whole remote files cached under `cache_dir`, at most `cache_limit` bytes."""
 
     def __init__(self, cache_dir: str | os.PathLike, cache_limit: int) -> None:
-        if isinstance(cache_limit, bool) or not isinstance(cache_limit, int) or cache_limit < 1:
-            raise ConfigError(
-                f"cache_limit={cache_limit!r} must be a number of bytes >= 1 (e.g. 50 << 30)"
-            )
+        check_int(cache_limit, "cache_limit", minimum=1, fix="a number of bytes, e.g. 50 << 30")
         self.cache_dir = os.path.abspath(os.fspath(cache_dir))
         self.cache_limit = cache_limit
         try:

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from rayshard.config.checks import check_int
 from rayshard.core.mixing import Mix, apportion, check_weights
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout
@@ -53,8 +54,7 @@ class MixedSource(Source):
         for i, s in enumerate(sources):
             if not isinstance(s, Source):
                 raise TypeError(f"sources[{i}] is a {type(s).__name__}, not a rayshard Source")
-        if isinstance(split_rows, bool) or not isinstance(split_rows, int) or split_rows < 1:
-            raise ConfigError(f"split_rows={split_rows!r} must be an integer >= 1")
+        check_int(split_rows, "split_rows", minimum=1)
         sizes = tuple(s.layout().num_samples for s in sources)
         counts = _counts(sizes, weights, counts, samples_per_epoch)
         for s, (size, count) in enumerate(zip(sizes, counts)):
@@ -193,15 +193,14 @@ def _counts(
                 f"counts={counts!r} must have one integer per source ({len(sizes)} sources)"
             )
         for i, c in enumerate(counts):
-            if isinstance(c, bool) or not isinstance(c, (int, np.integer)) or c < 0:
-                raise ConfigError(f"counts[{i}]={c!r} must be an integer >= 0")
+            check_int(c, f"counts[{i}]", minimum=0, integral=True)
         if not any(counts):
             raise ConfigError(f"counts={list(counts)} are all zero: give a source a count >= 1")
         return tuple(int(c) for c in counts)
     weights = check_weights(weights, len(sizes))
     total = sum(sizes) if samples_per_epoch is None else samples_per_epoch
-    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
-        raise ConfigError(f"samples_per_epoch={samples_per_epoch!r} must be an integer >= 1")
+    default = "the default is the sources' total rows" if samples_per_epoch is None else ""
+    check_int(total, "samples_per_epoch", minimum=1, fix=default)
     return apportion(total, weights)
 
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError
 from rayshard.plan import check_coverage
 from rayshard.plan import intervals as iv
@@ -62,11 +63,12 @@ def is_sharded(dataset: Any) -> bool:
 def shard_ranges(dataset: ShardedDataset) -> list[iv.Intervals]:
     """Every shard as index ranges in the shard's order, after ESPnet3's start-up checks."""
     shards = getattr(dataset, "total_shards", None)
-    if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
-        raise ConfigError(
-            f"{type(dataset).__name__}.total_shards={shards!r}: a ShardedDataset must set "
-            "total_shards to an integer >= 1 before it is used"
-        )
+    check_int(
+        shards,
+        f"{type(dataset).__name__}.total_shards",
+        minimum=1,
+        fix="a ShardedDataset must set total_shards before it is used",
+    )
     out = [
         _as_ranges(dataset.shard(i), f"{type(dataset).__name__}.shard({i})") for i in range(shards)
     ]

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError, DataError
 from rayshard.plan import DataLayout
 from rayshard.plan import intervals as iv
@@ -29,6 +30,7 @@ from rayshard.sources.sharded_datasets import (
 )
 
 __all__ = ["CombinedDataset", "IndexRanges", "ShardedDataset", "TorchMapSource"]
+
 
 class TorchMapSource(Source):
     """A map-style dataset as a source: rows become Arrow record batches.
@@ -61,8 +63,7 @@ class TorchMapSource(Source):
                 f"{type(dataset).__name__} is not a map-style dataset: it needs __len__ and "
                 "__getitem__ (for iterable datasets, write them to Parquet first)"
             )
-        if isinstance(batch_rows, bool) or not isinstance(batch_rows, int) or batch_rows < 1:
-            raise ConfigError(f"batch_rows={batch_rows!r} must be an integer >= 1")
+        check_int(batch_rows, "batch_rows", minimum=1)
         self._dataset = dataset
         self._batch_rows = batch_rows
         n = len(dataset)

@@ -33,11 +33,12 @@ def two_sources():
         ({"weights": [0.5, "0.5"]}, ["weights[1]='0.5'", "finite number"]),
         ({}, ["either weights=", "counts="]),
         ({"weights": [1, 1], "counts": [1, 1]}, ["not both"]),
-        ({"counts": [3, -1]}, ["counts[1]=-1", ">= 0"]),
+        ({"counts": [3, -1]}, ["counts[1]=-1", "counts[1]>=0"]),
+        ({"counts": [3, 1.5]}, ["counts[1]=1.5", "must be an integer >= 0"]),
         ({"counts": [0, 0]}, ["all zero"]),
         ({"counts": [1, 2, 3]}, ["counts=[1, 2, 3]", "one integer per source (2 sources)"]),
         ({"counts": [1, 1], "samples_per_epoch": 5}, ["samples_per_epoch=5", "drop one"]),
-        ({"weights": [1, 1], "samples_per_epoch": 0}, ["samples_per_epoch=0", ">= 1"]),
+        ({"weights": [1, 1], "samples_per_epoch": 0}, ["samples_per_epoch=0", "epoch>=1"]),
     ],
 )
 def test_bad_weights_and_counts_are_config_errors_naming_value_and_fix(options, words):
@@ -99,6 +100,7 @@ def test_readme_mixing_snippet_builds_its_source(tmp_path, monkeypatch):
     import re
 
     import pyarrow.parquet as pq
+
     readme = (pathlib.Path(__file__).resolve().parents[2] / "README.md").read_text()
     section = readme.split("### Mixing sources", 1)[1]
     snippet = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
