@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import EVENT_TIMEOUT_S, SCENARIO_TIMEOUT_S
+
 pytest.importorskip("moto.server", reason="the cache benchmark needs moto[server]")
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,9 +32,11 @@ def test_cache_bench_tiny_run(tmp_path: Path) -> None:
         f"--rows={ROWS}",
         "--epochs=2",
         f"--out={tmp_path}",
-        "--epoch-timeout=60",
+        f"--epoch-timeout={EVENT_TIMEOUT_S:g}",
     ]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "cache_bench.json").read_text())
     assert report["config"]["rows"] == ROWS

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import SCENARIO_TIMEOUT_S
+
 ROOT = Path(__file__).resolve().parent.parent
 LOADERS = ("torch", "rayshard_k1", "rayshard_k2", "rayshard_r2", "ray_data")
 
@@ -29,7 +31,9 @@ def test_decode_bench_tiny_run(tmp_path: Path) -> None:
         f"--data={tmp_path / 'data'}",
         f"--out={tmp_path}",
     ]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads((tmp_path / "decode_bench.json").read_text())
     assert report["config"]["samples"] == 400

@@ -12,17 +12,20 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import SCENARIO_TIMEOUT_S
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
 def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     out = tmp_path / "elastic_bench.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     env.pop("RAY_ADDRESS", None)
     command = [sys.executable, "benchmarks/elastic_bench.py", "--quick", f"--json={out}"]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=85)
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     results = report["results"]

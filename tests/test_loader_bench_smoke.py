@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.timeouts import SCENARIO_TIMEOUT_S
+
 ROOT = Path(__file__).resolve().parent.parent
 LOADERS = ("rayshard", "rayshard_dynamic", "raw")
 
@@ -33,7 +35,9 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         f"--data={tmp_path / 'data'}",
         f"--json={out}",
     ]
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["config"]["rows"] == 20000

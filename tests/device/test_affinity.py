@@ -96,7 +96,7 @@ def test_pinning_to_no_cpu_is_rejected():
 
 
 def _affinity_of_each_worker(pool, num_threads: int) -> dict[str, set[int]]:
-    barrier = threading.Barrier(num_threads, timeout=10)
+    barrier = threading.Barrier(num_threads, timeout=120)
 
     def report() -> tuple[str, set[int]]:
         barrier.wait()  # all tasks run at once, so every worker thread exists

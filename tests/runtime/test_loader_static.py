@@ -15,6 +15,7 @@ from rayshard.loader import Loader
 from rayshard.plan import intervals as iv
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import real_ids, run_lockstep, unique_name, write_parquet
+from tests.timeouts import EVENT_TIMEOUT_S
 
 pytestmark = pytest.mark.ray
 
@@ -213,7 +214,8 @@ def test_shutdown_stops_the_readers_too(ray_session, dataset):
     loader.shutdown()  # the iterators (and so the readers' handles) are still alive here
     for it in its:
         with pytest.raises(ray.exceptions.RayActorError):
-            ray.get(it._reader.watch.remote(), timeout=20)  # blocks while a reader lives
+            # blocks while a reader lives
+            ray.get(it._reader.watch.remote(), timeout=EVENT_TIMEOUT_S)
     for it in its:
         it.close()  # nothing left to leave: no error
 
