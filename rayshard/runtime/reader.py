@@ -52,7 +52,7 @@ class ShardReader:
         self._final: int | None = None  # batches produced, once the reader thread is done
         self._ready: dict[int, Any] = {}  # block index -> ObjectRef
         self._ready_batches: dict[int, int] = {}  # block index -> its batches
-        self._taken: dict[int, int] = {}  # batch index -> consumers that fetched it
+        self._taken: dict[int, int] = {}  # block index -> consumers that fetched it
         self._next_to_read = 0
         self._low_water = 0  # lowest index some consumer still needs
         self._error: BaseException | None = None
