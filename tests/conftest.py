@@ -29,6 +29,11 @@ def ray_session():
     from rayshard.runtime.ray_tuning import apply_ray_env_defaults, export_pythonpath
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    # Ray Train's controller polls its workers, and takes their reports (one queued per
+    # worker: `ray.train.report` blocks while it is full), every 2 s by default; the
+    # Train tests report a checkpoint every few batches. The multinode scenarios use the
+    # same value (tests/multinode/scenarios.py).
+    os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     apply_ray_env_defaults()
     # Workers import `tests.*` from the repository: they inherit PYTHONPATH from the raylet
     # this process starts. A job-level `runtime_env` would do the same through a setup
