@@ -111,3 +111,17 @@ def test_the_pure_layers_load_neither_ray_nor_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_configuration_classes_resolve_lazily_from_the_config_package():
+    code = (
+        "import sys\n"
+        "import rayshard.config.checks\n"
+        "print('rayshard.config.loader_config' in sys.modules)\n"
+        "from rayshard.config import LoaderConfig, PlanConfig, ReadConfig, RuntimeConfig\n"
+        "from rayshard.config.loader_config import LoaderConfig as Direct\n"
+        "print(LoaderConfig is Direct, PlanConfig.__name__, ReadConfig.__name__)\n"
+        "print(RuntimeConfig.__name__)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "PlanConfig", "ReadConfig", "RuntimeConfig"]
