@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 import ray
 
+from rayshard.core.stragglers import late_rows_bound
 from rayshard.errors import ConfigError
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
@@ -84,15 +85,26 @@ def test_dynamic_equal_steps_exact_coverage(ray_session, dataset):
 
 
 def test_faster_rank_reads_more_without_equal_steps(ray_session, dataset):
-    # One batch per object: read-ahead stays small next to this 300-row dataset.
+    # The slow rank holds after its first batch until the fast rank has read everything
+    # but what the held rank may already have leased (its read-ahead): without equal steps
+    # nothing makes the fast rank wait for it. Ordered by events, not by sleeps.
     loader = dynamic_loader(dataset, equal_steps=False, batches_per_object=1)
+    held_at_most = late_rows_bound(loader.settings)
+    assert held_at_most < 150, "the read-ahead bound must leave the fast rank the larger share"
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-    fast, slow = Consumer(its[0]), Consumer(its[1], delay=0.15)
-    fast.start(), slow.start()
-    fast.join(60), slow.join(60)
+    fast, slow = Consumer(its[0]), Consumer(its[1], hold_after=1)
+    slow.start()
+    assert slow.holding.wait(EVENT_TIMEOUT_S), event_timeout_message("the slow rank's first batch")
+    fast.start()
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while len(fast.ids) < 300 - held_at_most - len(slow.ids) and fast.is_alive():
+        assert time.monotonic() < deadline, event_timeout_message("the fast rank's share")
+        time.sleep(0.05)
+    slow.go_on.set()
+    fast.join(EVENT_TIMEOUT_S), slow.join(EVENT_TIMEOUT_S)
     assert fast.error is None and slow.error is None
     assert Counter(fast.ids + slow.ids) == Counter(range(300))
-    assert len(fast.ids) > 2 * len(slow.ids)
+    assert len(slow.ids) <= held_at_most + 8  # its first batch plus what it had leased
     loader.shutdown()
 
 
