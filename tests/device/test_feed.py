@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rayshard.device import DeviceFeed, default_device
+from tests.timeouts import EVENT_TIMEOUT_S
 
 THREAD_NAME = "rayshard-device-feed"
 
@@ -34,7 +35,7 @@ class Counting:
             index += 1
 
 
-def wait_until(condition, timeout: float = 5.0) -> None:
+def wait_until(condition, timeout: float = EVENT_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
@@ -240,42 +241,54 @@ def test_exit_hook_stops_and_joins_a_running_feed_that_was_never_closed():
     feed.close()
 
 
-def test_stall_time_counts_waiting_for_a_slow_source():
-    def slow():
-        for index in range(5):
-            time.sleep(0.04)
-            yield {"index": np.array([index])}
+def asked_for(count: int, asked: threading.Event, hold_s: float = 0.0):
+    """A source that makes batch i only once the consumer has waited for it (`asked`, set
+    by the feed's `on_wait`), then takes `hold_s` to make it: the consumer's waits are
+    ordered by events, whatever the machine's load. If `asked` never comes it goes on after
+    the event timeout, and the caller's assertions fail."""
+    for index in range(count):
+        asked.wait(EVENT_TIMEOUT_S)
+        asked.clear()
+        time.sleep(hold_s)
+        yield {"index": np.array([index])}
 
-    with DeviceFeed(slow(), device="cpu") as feed:
+
+def test_stall_time_counts_waiting_for_a_slow_source():
+    asked = threading.Event()
+    source = asked_for(5, asked, hold_s=0.04)
+    with DeviceFeed(source, device="cpu", on_wait=asked.set) as feed:
         assert len(list(feed)) == 5
-        assert feed.stats().stall_seconds >= 0.1
+        assert feed.stats().stall_seconds >= 5 * 0.04  # each wait outlasted its batch's making
 
 
 def test_on_wait_is_called_only_when_the_consumer_waits():
     waits = []
+    asked = threading.Event()
+
+    def on_wait():
+        waits.append(1)
+        asked.set()
+
+    with DeviceFeed(asked_for(3, asked), device="cpu", on_wait=on_wait) as feed:
+        assert len(list(feed)) == 3
+    assert len(waits) >= 3  # every batch (and the end) came after the consumer asked
 
     def slow():
         for index in range(3):
             time.sleep(0.1)
             yield {"index": np.array([index])}
 
-    with DeviceFeed(slow(), device="cpu", on_wait=lambda: waits.append(1)) as feed:
-        assert len(list(feed)) == 3
-    assert len(waits) >= 3  # every batch (and the end) came after the consumer asked
-
     waits.clear()
-    feed = DeviceFeed(slow(), device="cpu", on_wait=lambda: waits.append(1), on_wait_after_s=2)
+    feed = DeviceFeed(slow(), device="cpu", on_wait=lambda: waits.append(1), on_wait_after_s=60)
     with feed:
         assert len(list(feed)) == 3
-    assert waits == []  # no wait lasted 2 s
+    assert waits == []  # the consumer waited, but never for 60 s
 
     waits.clear()
     ready = [{"index": np.array([i])} for i in range(2)]
     with DeviceFeed(ready, device="cpu", on_wait=lambda: waits.append(1)) as feed:
         feed.start()
-        deadline = time.time() + 5
-        while len(feed._channel) < 2 and time.time() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(feed._channel) == 2)
         next(feed), next(feed)
     assert waits == []  # both batches were waiting in the queue
 

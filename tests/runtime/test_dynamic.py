@@ -147,15 +147,20 @@ def test_killed_reader_work_is_served_again(ray_session, dataset, equal_steps):
 def test_rank_joining_mid_epoch_takes_splits_at_once(ray_session, dataset):
     loader = dynamic_loader(dataset, equal_steps=False, batches_per_object=1)
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-    # ~9 s of work for two ranks: time for the new rank's reader process to start.
-    consumers = [Consumer(it, delay=0.5) for it in its]
+    # Both ranks hold after their first batch, leaving (at most their read-ahead taken)
+    # most of the epoch unleased until the new rank has received its first batch.
+    consumers = [Consumer(it, hold_after=1) for it in its]
     for c in consumers:
         c.start()
-    consumers[0].started_reading.wait(30)
+    for c in consumers:
+        assert c.holding.wait(EVENT_TIMEOUT_S), event_timeout_message("a rank's first batch")
     late = Consumer(loader.iterator(world_rank=2, world_size=3, batch_format="numpy"))
     late.start()
+    assert late.started_reading.wait(EVENT_TIMEOUT_S), event_timeout_message("the new rank")
+    for c in consumers:
+        c.go_on.set()
     for c in [*consumers, late]:
-        c.join(90)
+        c.join(EVENT_TIMEOUT_S)
     assert all(c.error is None for c in [*consumers, late])
     assert late.ids, "the new rank received no splits"
     assert Counter(consumers[0].ids + consumers[1].ids + late.ids) == Counter(range(300))
@@ -165,14 +170,16 @@ def test_rank_joining_mid_epoch_takes_splits_at_once(ray_session, dataset):
 def test_coordinator_restarts_from_journal_mid_epoch(ray_session, dataset):
     loader = dynamic_loader(dataset, equal_steps=False)
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-    consumers = [Consumer(it, delay=0.03) for it in its]
+    consumers = [Consumer(it, hold_after=2) for it in its]
     for c in consumers:
         c.start()
-    consumers[0].started_reading.wait(30)
-    time.sleep(0.2)
+    for c in consumers:  # both mid-epoch: 2 batches of 8 taken, 300 rows in all
+        assert c.holding.wait(EVENT_TIMEOUT_S), event_timeout_message("a rank's second batch")
     ray.kill(loader._coordinator, no_restart=False)  # the actor process dies; Ray restarts it
     for c in consumers:
-        c.join(120)
+        c.go_on.set()
+    for c in consumers:
+        c.join(EVENT_TIMEOUT_S)
     assert all(c.error is None for c in consumers), [c.error for c in consumers]
     assert Counter(consumers[0].ids + consumers[1].ids) == Counter(range(300))
     assert "coordinator_restarted" in [e["event"] for e in loader.stats()["events"]]
@@ -301,8 +308,8 @@ def test_rank_back_under_same_number_is_watched_again(ray_session, dataset):
     again = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
     taken += real_ids([next(iter(again))])
     ray.kill(again._reader, no_restart=True)
-    deadline = time.time() + 30
-    while time.time() < deadline:
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while time.monotonic() < deadline:
         lost = [e for e in loader.stats()["events"] if e["event"] == "rank_lost"]
         if len(lost) == 2:
             break

@@ -23,6 +23,7 @@ from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import run_lockstep, unique_name
 from tests.runtime.transform_fns import drop_below_16, drop_thirds, noisy, slow_noisy
+from tests.timeouts import EVENT_TIMEOUT_S
 
 pytestmark = pytest.mark.ray
 
@@ -286,7 +287,7 @@ def test_transform_workers_keep_the_order_and_survive_a_worker_death(ray_session
     assert loader.stats()["reserved_samples"] == 0
     live = worker_pids(loader)
     loader.shutdown()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
     while any(alive(pid) for pid in live) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not any(alive(pid) for pid in live), "workers die with their reader"
