@@ -57,3 +57,16 @@ def test_a_block_merges_its_batches_runs(batches):
     block = Block.of((3, 1), 5, tagged)
     assert (block.generation, block.epoch, block.index) == (3, 1, 5)
     assert block.runs == iv.normalize([i, i + 1] for ids in batches for i in ids)
+
+
+def test_bytes_of_string_and_bytes_columns_are_counted():
+    # The reader closes blocks on the same count (`object_bytes`): a batch of image bytes
+    # or text counts its payload, not zero.
+    batch = {
+        "image": [b"\x00" * 100, b"\x01" * 50],
+        "text": ["abc", "de"],
+        "_index": np.array([0, 1], np.int64),
+        "_padded": np.array([False, False]),
+    }
+    meta, _ = tag_batch(batch)
+    assert meta.nbytes == 150 + 5 + 2 * 8 + 2

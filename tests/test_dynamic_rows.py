@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from rayshard.runtime.dynamic_rows import drop_taken_back, keep_rows
+from rayshard.core.commands import Leased
+from rayshard.runtime.dynamic_rows import LeaseStream, drop_taken_back, keep_rows
 
 
 def _batch(start: int, rows: int) -> pa.RecordBatch:
@@ -43,3 +44,51 @@ def test_no_pause_no_question():
     ticks = iter(float(t) for t in range(10))
     out = list(drop_taken_back(iter([_batch(0, 5)]), lambda: [], 100.0, clock=lambda: next(ticks)))
     assert out[0].num_rows == 5
+
+
+def test_a_lease_taken_after_the_answer_is_asked_about_again():
+    # The pause comes before the second batch; the third batch's rows were leased after
+    # the coordinator's answer: asked again, they go on rather than being dropped.
+    ticks = iter([0.0, 0.1, 5.0, 5.1, 5.2])
+    answers = iter([[[0, 15]], [[10, 30]]])
+    leases = iter([1, 2, 2])
+    out = drop_taken_back(
+        iter([_batch(0, 10), _batch(10, 10), _batch(20, 10)]),
+        lambda: next(answers),
+        1.0,
+        clock=lambda: next(ticks),
+        leases=lambda: next(leases),
+    )
+    ids = [i for b in out for i in b.column("_index").to_pylist()]
+    assert ids == [*range(15), *range(20, 30)]  # 15..19 taken back; the newer lease kept
+
+
+class Answers:
+    """A coordinator's lease answers in turn, counting the calls."""
+
+    def __init__(self, *answers: Leased) -> None:
+        self.answers, self.calls = iter(answers), 0
+
+    def __call__(self) -> Leased:
+        self.calls += 1
+        return next(self.answers)
+
+
+def test_lease_stream_asks_for_the_next_lease_only_when_read_past_the_last():
+    answers = Answers(Leased(pieces=((10, 25),)), Leased(wait=True))
+    stream = LeaseStream(Leased(pieces=((0, 10),)), answers, [0, 10, 20, 30], lambda: False)
+    pieces = stream.pieces()
+    assert next(pieces) == (0, 10)
+    assert answers.calls == 0  # the first lease's pieces come before any call
+    assert next(pieces) == (10, 20)  # cut at the split boundary 20
+    assert (answers.calls, stream.taken()) == (1, 2)
+    assert list(pieces) == [(20, 25)]
+    assert stream.ended_by == Leased(wait=True)  # the answer that ended it, for the caller
+    assert answers.calls == 2
+
+
+def test_a_stopped_lease_stream_asks_for_nothing_more():
+    answers = Answers(Leased(pieces=((10, 20),)))
+    stream = LeaseStream(Leased(pieces=((0, 10),)), answers, [0, 10, 20], lambda: True)
+    assert list(stream.pieces()) == [(0, 10)]
+    assert (answers.calls, stream.ended_by) == (0, None)

@@ -49,15 +49,23 @@ def reading_pieces(
     With `shuffle`, the piece order is a permutation seeded by `rng_key`
     (seed, epoch, rank); otherwise the order of `ranges`.
     """
-    boundaries = sorted({b for split in splits for b in split})
-    pieces: list[tuple[int, int]] = []
-    for start, end in ranges:
-        lo, hi = bisect.bisect_right(boundaries, start), bisect.bisect_left(boundaries, end)
-        cuts = [start, *boundaries[lo:hi], end]
-        pieces.extend(zip(cuts, cuts[1:]))
+    pieces = list(cut_at_boundaries(ranges, split_boundaries(splits)))
     if shuffle:
         random.Random(rng_key).shuffle(pieces)
     return pieces
+
+
+def split_boundaries(splits: Sequence[tuple[int, int]]) -> list[int]:
+    """Every split's start and end, sorted: what `cut_at_boundaries` cuts at."""
+    return sorted({b for split in splits for b in split})
+
+
+def cut_at_boundaries(ranges: iv.Intervals, boundaries: Sequence[int]) -> Iterator[tuple[int, int]]:
+    """`ranges` cut at the sorted `boundaries`, in order."""
+    for start, end in ranges:
+        lo, hi = bisect.bisect_right(boundaries, start), bisect.bisect_left(boundaries, end)
+        cuts = [start, *boundaries[lo:hi], end]
+        yield from zip(cuts, cuts[1:])
 
 
 def iter_rows(

@@ -6,7 +6,7 @@ every path delivers `Tagged(BatchMeta, batch)` and acknowledges from the tag alo
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,5 +61,14 @@ def tag_batch(batch: dict) -> Tagged:
         consumed = np.concatenate((consumed, dropped))
     if consumed.size > 1 and not (consumed[1:] > consumed[:-1]).all():
         consumed = np.sort(consumed)  # shuffled: runs need them in order
-    nbytes = sum(getattr(value, "nbytes", 0) for value in batch.values())
+    nbytes = sum(column_bytes(value) for value in batch.values())
     return Tagged(BatchMeta(sample_runs(consumed), real, nbytes, partial), batch)
+
+
+def column_bytes(column: Any) -> int:
+    """Bytes of a batch column (arrays: exact; lists of bytes or strings: an estimate), for
+    the batch's tag and for sizing object-store blocks."""
+    nbytes = getattr(column, "nbytes", None)
+    if nbytes is not None:
+        return int(nbytes)
+    return sum(len(v) if isinstance(v, (bytes, str)) else 8 for v in column)

@@ -25,7 +25,14 @@ import pyarrow as pa
 import ray
 
 from rayshard.config.loader_config import LoaderConfig
-from rayshard.data.batching import FLUSH, INDEX_KEY, Reads, pad_rows, reading_pieces
+from rayshard.data.batching import (
+    FLUSH,
+    INDEX_KEY,
+    Reads,
+    cut_at_boundaries,
+    pad_rows,
+    split_boundaries,
+)
 from rayshard.plan import intervals as iv
 from rayshard.sources import Source
 
@@ -39,8 +46,11 @@ def dynamic_rows(
     cancel: Callable[[], threading.Event],
     reads: Reads,
 ) -> Iterator[Any]:
-    """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`, each lease's pieces
-    read by `reads`; `cancel()` is the reader thread's stop event."""
+    """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
+    reader thread's stop event. The leased pieces are read by `reads` as one stream that
+    asks for the next lease only when `reads` wants another piece: its reading threads
+    decode the next lease while this one is delivered, as a static rank's read its next
+    piece. A lease answer without pieces ends that stream and is acted on here."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
@@ -50,27 +60,34 @@ def dynamic_rows(
     # Enough pieces per lease call to fill one object's worth of batches.
     sizes = sorted(end - start for start, end in splits) or [1]
     count = max(1, -(-settings.block_batches * batch_size // sizes[len(sizes) // 2]))
+    boundaries = split_boundaries(splits)
     # Each call has its own id: Ray retries a call in flight when the coordinator restarts,
     # and the retry must get the answer the first call was given (journaled), not more.
     calls = (f"{uuid.uuid4().hex}:{n}" for n in itertools.count())
+
+    def lease() -> Any:
+        call = coordinator.lease.remote(generation, rank, epoch, count, finishing, next(calls))
+        return ray.get(call)
+
+    leased = lease()
     while not cancel().is_set():
-        leased = ray.get(
-            coordinator.lease.remote(generation, rank, epoch, count, finishing, next(calls))
-        )
         if leased.wait:
             yield FLUSH  # deliver what we hold: others may be waiting for those rows
             cancel().wait(settings.lease_poll_s)
+            leased = lease()
             continue
         if leased.pieces:
-            parts = reading_pieces(list(leased.pieces), splits, shuffle=False, rng_key="")
-            rows = reads(parts, settings.columns)
+            stream = LeaseStream(leased, lease, boundaries, lambda: cancel().is_set())
+            rows = reads(stream.pieces(), settings.columns)
             if settings.straggler_timeout_s is not None:
                 held = lambda: ray.get(coordinator.held.remote(generation, rank, epoch))  # noqa: E731
-                rows = drop_taken_back(rows, held, settings.straggler_timeout_s / 2)
+                pause_s = settings.straggler_timeout_s / 2
+                rows = drop_taken_back(rows, held, pause_s, leases=stream.taken)
             for batch in rows:
                 rows_out += batch.num_rows
                 last_index = int(np.asarray(batch.column(INDEX_KEY))[-1])
                 yield batch
+            leased = stream.ended_by
             continue
         if finishing:
             return
@@ -80,10 +97,44 @@ def dynamic_rows(
             # Done, unless a lost rank's work comes back: ask once more as finishing
             # (the coordinator then waits for the others' open leases).
             finishing = True
-            continue
-        pad = min(batch_size - rows_out % batch_size, target - rows_out)
-        yield from pad_rows(source, pad, last_index, settings.columns, pad_cache)
-        rows_out += pad
+        else:
+            pad = min(batch_size - rows_out % batch_size, target - rows_out)
+            yield from pad_rows(source, pad, last_index, settings.columns, pad_cache)
+            rows_out += pad
+        leased = lease()
+
+
+class LeaseStream:
+    """The pieces of consecutive leases, the next lease asked for (`lease()`) only when the
+    reading wants a piece past those it has, none once `stopped()`; `taken()` counts the
+    leases, `ended_by` is the answer without pieces (wait, or none left) that ended it
+    (None if stopped)."""
+
+    def __init__(
+        self,
+        first: Any,
+        lease: Callable[[], Any],
+        boundaries: list[int],
+        stopped: Callable[[], bool],
+    ) -> None:
+        self._first, self._lease, self._boundaries = first, lease, boundaries
+        self._stopped = stopped
+        self._taken = 1
+        self.ended_by: Any = None
+
+    def pieces(self) -> Iterator[tuple[int, int]]:
+        leased = self._first
+        while leased.pieces:
+            yield from cut_at_boundaries(leased.pieces, self._boundaries)
+            if self._stopped():
+                return
+            leased = self._lease()
+            self._taken += 1
+        self.ended_by = leased
+
+    def taken(self) -> int:
+        """The leases taken so far."""
+        return self._taken
 
 
 def drop_taken_back(
@@ -91,15 +142,20 @@ def drop_taken_back(
     held: Callable[[], Any],
     pause_s: float,
     clock: Callable[[], float] = time.monotonic,
+    leases: Callable[[], int] = lambda: 0,
 ) -> Iterator[pa.RecordBatch]:
-    """`rows` of one lease; after any pause of `pause_s` or more (between two batches, or
-    since the lease came), only those still leased to this rank (`held()`, intervals from
-    the coordinator) go on, this batch and every later one."""
+    """`rows` of this rank's leases; after any pause of `pause_s` or more (between two
+    batches, or since the rows began), only those still leased to this rank (`held()`,
+    intervals from the coordinator) go on, this batch and every later one. `leases()`
+    counts the leases taken so far: once one more was taken after that answer, `held()` is
+    asked again, so a newer lease's rows are not dropped as if taken back."""
     kept: iv.Intervals | None = None
+    kept_after = 0  # leases taken when `kept` was asked for
     last = clock()
     for batch in rows:
         now = clock()
-        if now - last >= pause_s:
+        if now - last >= pause_s or (kept is not None and leases() != kept_after):
+            kept_after = leases()
             kept = iv.normalize(held())
         last = now
         if kept is not None:
@@ -118,4 +174,4 @@ def keep_rows(batch: pa.RecordBatch, kept: iv.Intervals) -> pa.RecordBatch:
     return batch if mask.all() else batch.filter(pa.array(mask))
 
 
-__all__ = ["drop_taken_back", "dynamic_rows", "keep_rows"]
+__all__ = ["LeaseStream", "drop_taken_back", "dynamic_rows", "keep_rows"]

@@ -30,7 +30,6 @@ from rayshard.runtime.block import Block, tag_batch
 from rayshard.runtime.metrics import set_prefetch_depth
 from rayshard.runtime.reader_workers import start_workers, worker_reads
 from rayshard.runtime.row_streams import RankReading, length_is_exact
-from rayshard.runtime.transform_stage import column_bytes
 
 
 class ShardReader:
@@ -96,7 +95,7 @@ class ShardReader:
             generation,
             epoch,
             cancel=lambda: self._cancel,  # the event made below
-            reads=lambda threads: self._reads(epoch, threads=threads),
+            reads=self._reads(epoch),
             workers=self._workers_ if self._separate_workers() else None,
         )
         self._stop_thread()
@@ -163,13 +162,13 @@ class ShardReader:
         self._stop_thread()
         self._stopped.set()
 
-    def _reads(self, epoch: int, *, threads: bool = True) -> Reads:
+    def _reads(self, epoch: int) -> Reads:
         """How `epoch`'s pieces are read, in piece order: by the reader workers
         (`reader_workers` > 1, `reader_threads` threads each), else here, by the reader
-        threads (`threads`) or on the reader thread itself (`dynamic`: one lease at a time)."""
+        threads."""
         if self._settings.reader_workers > 1:
             return worker_reads(self._workers_(), epoch, self._settings.reader_threads)
-        return self._reading.thread_reads(epoch, threads)
+        return self._reading.thread_reads(epoch)
 
     def _read_loop(
         self, batches: Iterator[Any], cancel: threading.Event, key: tuple[int, int]
@@ -185,8 +184,8 @@ class ShardReader:
         try:
             for batch in itertools.chain(batches, [FLUSH]):
                 if batch is not FLUSH:
-                    block_bytes += sum(column_bytes(column) for column in batch.values())
                     block.append(tag_batch(batch))
+                    block_bytes += block[-1].tag.nbytes
                 full = len(block) >= per_object or block_bytes >= settings.object_bytes
                 if not block or (batch is not FLUSH and not full):
                     continue

@@ -20,7 +20,6 @@ from rayshard.core.shuffle_blocks import block_shuffle
 from rayshard.data.batching import (
     Reads,
     iter_padding,
-    iter_rows,
     iter_rows_parallel,
     reading_pieces,
 )
@@ -80,23 +79,23 @@ def epoch_batches(
     splits: Any,
     settings: LoaderConfig,
     cancel: Callable[[], threading.Event],
-    reads: Callable[[bool], Reads],
+    reads: Reads,
     batches: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]],
 ) -> Iterator[Any]:
     """The batches (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`, as the
     coordinator's `start_epoch` answered (`started`): packed documents, leased rows under
-    `dynamic`, or the static plan's rows. `reads(threads)` reads pieces (`threads`: with
-    the reading threads; `dynamic` reads one lease at a time), `batches(rows)` rebatches
+    `dynamic`, or the static plan's rows. `reads` reads pieces (under `dynamic`, the leases
+    as one stream: `dynamic_rows`), `batches(rows)` rebatches
     (and transforms) rows; `cancel()` stops a `dynamic` stream."""
     _, epoch, _ = key
     plan = started["plan"]
     if settings.packing is not None:
         partial = started.get("partial") or {}
-        return packed_rows(settings, splits, plan, epoch, reads(True), partial)
+        return packed_rows(settings, splits, plan, epoch, reads, partial)
     if plan is None:
-        rows = dynamic_rows(coordinator, source, splits, settings, key, cancel, reads(False))
+        rows = dynamic_rows(coordinator, source, splits, settings, key, cancel, reads)
         return batches(rows)
-    return batches(static_rows(source, settings, splits, plan, epoch, reads(True)))
+    return batches(static_rows(source, settings, splits, plan, epoch, reads))
 
 
 class RankReading:
@@ -135,9 +134,9 @@ class RankReading:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
-    def thread_reads(self, epoch: int, threads: bool) -> Reads:
-        """`epoch`'s pieces read in this process (see `thread_reads`)."""
-        return thread_reads(self.source, self.settings, epoch, self.pool() if threads else None)
+    def thread_reads(self, epoch: int) -> Reads:
+        """`epoch`'s pieces read by this process's reading threads (see `thread_reads`)."""
+        return thread_reads(self.source, self.settings, epoch, self.pool())
 
     def epoch(
         self,
@@ -146,11 +145,11 @@ class RankReading:
         epoch: int,
         *,
         cancel: Callable[[], threading.Event],
-        reads: Callable[[bool], Reads] | None = None,
+        reads: Reads | None = None,
         workers: Callable[[], list] | None = None,
     ) -> Iterator[Any]:
-        """`epoch_batches` of this rank, read by `reads(threads)` (default: this process's
-        reading threads), rebatched and transformed here or in `workers()`."""
+        """`epoch_batches` of this rank, read by `reads` (default: this process's reading
+        threads), rebatched and transformed here or in `workers()`."""
         settings = self.settings
         return epoch_batches(
             started,
@@ -160,7 +159,7 @@ class RankReading:
             splits=self.splits(),
             settings=settings,
             cancel=cancel,
-            reads=reads or (lambda threads: self.thread_reads(epoch, threads)),
+            reads=reads or self.thread_reads(epoch),
             batches=lambda rows: reader_batches(
                 rows,
                 batch_size=settings.plan.batch_size,
@@ -176,11 +175,9 @@ class RankReading:
 
 
 def thread_reads(source: Source, settings: LoaderConfig, epoch: int, pool: Any) -> Reads:
-    """Pieces of `epoch` read in this process: by `pool`'s `reader_threads` threads,
-    `reader_threads` pieces ahead, in piece order; or, `pool` None, on the calling thread."""
+    """Pieces of `epoch` read in this process by `pool`'s `reader_threads` threads,
+    `reader_threads` pieces ahead, in piece order."""
     source = source.for_epoch(epoch, settings.plan.seed)
-    if pool is None:
-        return lambda pieces, columns: iter_rows(source, pieces, columns)
     ahead = settings.reader_threads
     return lambda pieces, columns: iter_rows_parallel(source, pieces, columns, pool, ahead)
 

@@ -148,11 +148,3 @@ def transform_error(ctx: TransformContext, what: str, details: str = "") -> Tran
     if details:
         message += f"\n--- the transform's traceback (reader process) ---\n{details.rstrip()}"
     return TransformError(message, ctx.loader, ctx.rank, ctx.epoch, (first, last + 1))
-
-
-def column_bytes(column: Any) -> int:
-    """Bytes of a batch column, for sizing object-store blocks (lists: an estimate)."""
-    nbytes = getattr(column, "nbytes", None)
-    if nbytes is not None:
-        return int(nbytes)
-    return sum(len(v) if isinstance(v, (bytes, str)) else 8 for v in column)
