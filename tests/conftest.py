@@ -51,6 +51,14 @@ def ray_session():
     ray.shutdown()
 
 
+def pytest_collection_modifyitems(config, items):
+    """The `slow` tests (whole clusters, Ray Train runs, benchmark subprocesses: tens of
+    seconds each) first, in their collected order, then the rest: `-n 2` hands them out
+    first, so the short tests fill in around them instead of one worker running a long
+    scenario alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_sessionfinish(session, exitstatus):
     session.config._rayshard_exitstatus = int(exitstatus)
 

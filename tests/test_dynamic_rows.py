@@ -1,13 +1,19 @@
-"""The straggler filter of a dynamic reader's row stream, without Ray: after a pause of
-half the straggler timeout it asks which rows are still leased to it and drops the rest."""
+"""A dynamic reader's row stream without Ray: its leases read as one stream (the next
+lease asked for only when a reading thread wants its first piece), and the straggler
+filter (after a pause of half the straggler timeout it asks which rows are still leased
+to it and drops the rest)."""
 
 from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pyarrow as pa
 
 from rayshard.core.commands import Leased
+from rayshard.data.batching import iter_rows_parallel
 from rayshard.runtime.dynamic_rows import LeaseStream, drop_taken_back, keep_rows
+from rayshard.sources import TableSource
 
 
 def _batch(start: int, rows: int) -> pa.RecordBatch:
@@ -92,3 +98,19 @@ def test_a_stopped_lease_stream_asks_for_nothing_more():
     stream = LeaseStream(Leased(pieces=((0, 10),)), answers, [0, 10, 20], lambda: True)
     assert list(stream.pieces()) == [(0, 10)]
     assert (answers.calls, stream.ended_by) == (0, None)
+
+
+def test_reading_threads_take_the_next_lease_before_this_one_is_delivered():
+    # One reading thread, as a `dynamic` reader has by default: the first lease's rows are
+    # not handed on before the next lease was asked for (its piece then reads meanwhile).
+    table = pa.table({"id": pa.array(range(40), pa.int64())})
+    source = TableSource(pa.Table.from_batches(table.to_batches(max_chunksize=10)))
+    answers = Answers(Leased(pieces=((10, 20),)), Leased())
+    stream = LeaseStream(Leased(pieces=((0, 10),)), answers, [0, 10, 20, 30, 40], lambda: False)
+    with ThreadPoolExecutor(1) as pool:
+        rows = iter_rows_parallel(source, stream.pieces(), ["id"], pool, 1)
+        first = next(rows)
+        assert answers.calls == 1  # asked while the first lease's rows were not yet out
+        assert first.column("id").to_pylist() == list(range(10))
+        assert [i for b in rows for i in b.column("id").to_pylist()] == list(range(10, 20))
+    assert stream.ended_by == Leased()
