@@ -248,6 +248,38 @@ def test_object_store_blocks_close_at_the_batch_count_or_the_byte_cap(
     loader.shutdown()
 
 
+@pytest.mark.parametrize(("depth", "per_block", "ahead"), [(1, 1, 1), (3, 1, 3), (5, 2, 3)])
+def test_a_reader_keeps_the_read_ahead_budget_ready_in_whole_blocks(
+    ray_session, dataset, depth, per_block, ahead
+):
+    # `prefetch_depth` batches in blocks of `batches_per_object`: the reader keeps
+    # ceil(depth / per_block) blocks ready, and one more once its consumer took one.
+    import time
+
+    import ray
+
+    loader = make_loader(
+        dataset, consumer_reads=False, prefetch_depth=depth, batches_per_object=per_block
+    )
+    assert loader.settings.blocks_ahead == ahead
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    reader, generation = it._reader, it._generation
+    ray.get(reader.start.remote(generation, 0))
+
+    def ready() -> list[int]:
+        return sorted(ray.get(reader.__ray_call__.remote(lambda self: list(self._ready))))
+
+    for taken in range(3):
+        deadline = time.monotonic() + EVENT_TIMEOUT_S
+        while len(ready()) < ahead:
+            assert time.monotonic() < deadline, "the reader did not fill its read-ahead"
+            time.sleep(0.05)
+        time.sleep(0.3)  # a reader without the bound would read on meanwhile
+        assert ready() == list(range(taken, taken + ahead))
+        assert ray.get(reader.next.remote(generation, 0, taken)) is not None
+    loader.shutdown()
+
+
 def test_stale_iterator_is_rejected(ray_session, dataset):
     loader = make_loader(dataset)
     old = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
