@@ -31,6 +31,7 @@ from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
 from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.reader import ShardReader
+from rayshard.runtime.remote import remote_class
 from rayshard.runtime.row_streams import RankReading
 from rayshard.runtime.watch import RankWatch
 from rayshard.sources import Source
@@ -96,7 +97,7 @@ class Loader:
         here = ray.get_runtime_context().get_node_id()
         try:
             self._coordinator = (
-                ray.remote(Coordinator)
+                remote_class(Coordinator)
                 .options(
                     name=name,
                     namespace=self.namespace,
@@ -232,10 +233,10 @@ class Loader:
             "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False),
         }
         if watch_only:
-            reader = ray.remote(RankWatch).options(num_cpus=0, max_concurrency=2, **options)
+            reader = remote_class(RankWatch).options(num_cpus=0, max_concurrency=2, **options)
             reader = reader.remote()
         else:
-            reader = ray.remote(ShardReader).options(
+            reader = remote_class(ShardReader).options(
                 num_cpus=self.settings.reader_num_cpus,
                 max_concurrency=4 + len(dp.group),
                 **options,

@@ -8,7 +8,8 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
-import ray
+
+from rayshard.runtime.remote import remote_class
 
 
 class CoverageAudit:
@@ -47,7 +48,7 @@ def start_audit(num_samples: int, name: str | None = None) -> Any:
     options: dict[str, Any] = {"num_cpus": 0}
     if name:
         options["name"] = name
-    return ray.remote(CoverageAudit).options(**options).remote(num_samples)
+    return remote_class(CoverageAudit).options(**options).remote(num_samples)
 
 
 def format_report(report: dict[int, dict[str, int]]) -> str:

@@ -33,6 +33,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayshard.data.batching import Reads, in_piece_order, iter_rows
 from rayshard.data.transforms import INDEX_KEY, PADDED_KEY, TransformContext
 from rayshard.errors import RayshardError
+from rayshard.runtime.remote import remote_class
 from rayshard.runtime.transform_stage import apply_transform
 from rayshard.sources import Source
 
@@ -91,7 +92,7 @@ def start_workers(
     else:
         wanted = dict(resources)
         placement = {"num_cpus": wanted.pop("CPU", 0), "resources": wanted}
-    cls = ray.remote(ReaderWorker).options(
+    cls = remote_class(ReaderWorker).options(
         max_restarts=-1, max_task_retries=-1, max_concurrency=threads, **placement
     )
     return [cls.remote(source, transform, loader, seed, rank) for _ in range(count)]
