@@ -72,8 +72,10 @@ class Consumer(threading.Thread):
             self.started_reading.set()
 
 
-def test_dynamic_equal_steps_exact_coverage(ray_session, dataset):
-    loader = dynamic_loader(dataset)
+@pytest.mark.parametrize("reader_threads", [1, 3])
+def test_dynamic_equal_steps_exact_coverage(ray_session, dataset, reader_threads):
+    # With 3 threads a rank has up to 3 leases being read at once.
+    loader = dynamic_loader(dataset, reader_threads=reader_threads)
     its = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
     lengths = [len(it) for it in its]
     assert lengths == [13, 13, 13]  # ceil(300 / (3 * 8))
