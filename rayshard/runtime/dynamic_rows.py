@@ -49,8 +49,9 @@ def dynamic_rows(
     """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
     reader thread's stop event. The leased pieces are read by `reads` as one stream that
     asks for the next lease only when `reads` wants another piece: its reading threads
-    decode the next lease while this one is delivered, as a static rank's read its next
-    piece. A lease answer without pieces ends that stream and is acted on here."""
+    decode the next lease while this one is delivered, as a static rank reads its next
+    piece ahead. A lease answer without pieces ends that stream and is acted on here; no
+    lease is asked for once `cancel()` is set."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
@@ -69,12 +70,14 @@ def dynamic_rows(
         call = coordinator.lease.remote(generation, rank, epoch, count, finishing, next(calls))
         return ray.get(call)
 
-    leased = lease()
+    leased = None  # an answer not acted on yet; a new lease is asked for only if None
     while not cancel().is_set():
+        if leased is None:
+            leased = lease()
         if leased.wait:
             yield FLUSH  # deliver what we hold: others may be waiting for those rows
             cancel().wait(settings.lease_poll_s)
-            leased = lease()
+            leased = None
             continue
         if leased.pieces:
             stream = LeaseStream(leased, lease, boundaries, lambda: cancel().is_set())
@@ -101,7 +104,7 @@ def dynamic_rows(
             pad = min(batch_size - rows_out % batch_size, target - rows_out)
             yield from pad_rows(source, pad, last_index, settings.columns, pad_cache)
             rows_out += pad
-        leased = lease()
+        leased = None
 
 
 class LeaseStream:
