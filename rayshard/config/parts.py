@@ -42,7 +42,8 @@ class ReadConfig:
       `shuffle_buffer`: rows of the in-rank shuffle buffer (0: off);
       `shuffle_blocks`: rows per block of the streaming global shuffle (0: off; `data`).
     - `reader_threads`: threads reading pieces ahead, in plan order, in each process that
-      reads (the reader, or each of its `reader_workers`).
+      reads (the reader, or each of its `reader_workers`); None: the CPUs Ray assigned to
+      that process, 1..8 (`rayshard.runtime.reading_threads`).
     - `packing`: a `Packing`, or its fields as a mapping (YAML: `packing: {column: tokens,
       seq_len: 2048}`), or None.
     """
@@ -57,7 +58,7 @@ class ReadConfig:
     shuffle: bool = False
     shuffle_buffer: int = 0
     shuffle_blocks: int = 0
-    reader_threads: int = 1
+    reader_threads: int | None = None
     packing: Packing | None = None
 
     def __post_init__(self) -> None:
@@ -98,7 +99,13 @@ class ReadConfig:
                 "rows are leased on demand and a buffer would hold leased rows back; use "
                 "shuffle=True (leases in a seeded random order per epoch), or a static policy"
             )
-        check_int(self.reader_threads, "reader_threads", minimum=1, fix="the default is 1")
+        if self.reader_threads is not None:
+            check_int(
+                self.reader_threads,
+                "reader_threads",
+                minimum=1,
+                fix="or None (the default): as many as the CPUs Ray gave the reading process",
+            )
         set_(self, "packing", _packing(self.packing))
         if self.packing is not None:
             self._check_packing()

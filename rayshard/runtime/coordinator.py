@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from typing import Any
 
 import ray
@@ -62,7 +63,7 @@ class Coordinator:
         self._compacted: set[tuple[int, int]] = set()
         self._trace: list | None = None  # (time, kind, dp rank, pieces), when tracing
         self._journal = Journal(journal_path, loader_id)
-        if ray.get_runtime_context().was_current_actor_reconstructed:
+        if _was_restarted():
             for entry in self._journal.replay():
                 if entry["op"] == "snapshot":
                     self._core.load_dict(entry["state"])
@@ -304,3 +305,12 @@ class Coordinator:
             self._rewatch_pending = False
             for dp_rank, name in list(self._core.members.readers.items()):
                 self._watch(dp_rank, name)
+
+
+def _was_restarted() -> bool:
+    """Whether Ray restarted this actor (`max_restarts`). Ray's property reads the actor id
+    through an attribute it has itself deprecated; its warning would reach every loader's
+    log as if rayshard used that attribute, so it is silenced here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)

@@ -29,6 +29,7 @@ from rayshard.errors import RayshardError, StaleClientError, TransformError, sam
 from rayshard.runtime.block import Block, tag_batch
 from rayshard.runtime.metrics import set_prefetch_depth
 from rayshard.runtime.reader_workers import start_workers, worker_reads
+from rayshard.runtime.reading_threads import threads_for_cpus
 from rayshard.runtime.row_streams import RankReading, length_is_exact
 
 
@@ -167,7 +168,7 @@ class ShardReader:
         (`reader_workers` > 1, `reader_threads` threads each), else here, by the reader
         threads."""
         if self._settings.reader_workers > 1:
-            return worker_reads(self._workers_(), epoch, self._settings.reader_threads)
+            return worker_reads(self._workers_(), epoch, self._worker_threads())
         return self._reading.thread_reads(epoch)
 
     def _read_loop(
@@ -236,9 +237,17 @@ class ShardReader:
                 settings.plan.seed,
                 self._dp_rank,
                 resources=settings.transform_resources,
-                threads=settings.reader_threads if settings.reader_workers > 1 else 1,
+                threads=self._worker_threads() if settings.reader_workers > 1 else 1,
             )
         return self._workers
+
+    def _worker_threads(self) -> int:
+        """Reading threads per reader worker: as configured, or by `reading_threads`' rule
+        for a Ray worker, the CPUs each asks for (`transform_resources`; none: 1)."""
+        settings = self._settings
+        if settings.reader_threads is not None:
+            return settings.reader_threads
+        return threads_for_cpus(dict(settings.transform_resources or ()).get("CPU", 0))
 
     def _stop_thread(self) -> None:
         thread = self._thread

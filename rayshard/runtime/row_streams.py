@@ -27,6 +27,7 @@ from rayshard.device.affinity import reader_pool
 from rayshard.runtime.dynamic_rows import dynamic_rows
 from rayshard.runtime.packing_stage import packed_batches
 from rayshard.runtime.pipeline import flush_before_error, reader_batches
+from rayshard.runtime.reading_threads import reading_threads
 from rayshard.sources import Source
 
 
@@ -116,6 +117,7 @@ class RankReading:
         self.dp_rank, self.loader_id, self.transform = dp_rank, loader_id, transform
         self._splits: Any = None
         self._pool: Any = None
+        self._threads = 1
 
     def splits(self) -> Any:
         if self._splits is None:
@@ -123,11 +125,19 @@ class RankReading:
         return self._splits
 
     def pool(self) -> Any:
-        """The reading threads: `reader_threads` of them, pinned by `RAYSHARD_AFFINITY_MASK`
-        (thread i on the i-th CPU id; threads past the list keep the default affinity)."""
+        """The reading threads: `reading_threads(reader_threads)` of them, pinned by
+        `RAYSHARD_AFFINITY_MASK` (thread i on the i-th CPU id; threads past the list keep
+        the default affinity). Made in the process that reads, which decides how many."""
         if self._pool is None:
-            self._pool = reader_pool(self.settings.reader_threads)
+            self._threads = reading_threads(self.settings.reader_threads)
+            self._pool = reader_pool(self._threads)
         return self._pool
+
+    @property
+    def threads(self) -> int:
+        """How many threads read here (decided by `pool()`, in the process that reads)."""
+        self.pool()
+        return self._threads
 
     def close(self) -> None:
         if self._pool is not None:
@@ -136,7 +146,8 @@ class RankReading:
 
     def thread_reads(self, epoch: int) -> Reads:
         """`epoch`'s pieces read by this process's reading threads (see `thread_reads`)."""
-        return thread_reads(self.source, self.settings, epoch, self.pool())
+        pool = self.pool()
+        return thread_reads(self.source, self.settings, epoch, pool, self._threads)
 
     def epoch(
         self,
@@ -174,11 +185,12 @@ class RankReading:
         )
 
 
-def thread_reads(source: Source, settings: LoaderConfig, epoch: int, pool: Any) -> Reads:
-    """Pieces of `epoch` read in this process by `pool`'s `reader_threads` threads,
-    `reader_threads` pieces ahead, in piece order."""
+def thread_reads(
+    source: Source, settings: LoaderConfig, epoch: int, pool: Any, ahead: int
+) -> Reads:
+    """Pieces of `epoch` read in this process by `pool`'s threads, `ahead` pieces ahead
+    (one per thread), in piece order."""
     source = source.for_epoch(epoch, settings.plan.seed)
-    ahead = settings.reader_threads
     return lambda pieces, columns: iter_rows_parallel(source, pieces, columns, pool, ahead)
 
 

@@ -62,6 +62,15 @@ def real_ids(batches) -> list[int]:
     return [int(i) for b in batches for i in b["id"][~b["_padded"]]]
 
 
+def epoch_and_reading_threads(loader) -> tuple[list[int], int]:
+    """In a Ray task: one rank's epoch ids and how many threads read them."""
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    ids = real_ids(it)
+    threads = it._local._reading.threads  # the rank reads in this task (consumer reads)
+    it.close()
+    return ids, threads
+
+
 def epoch_in_task(loader, rank: int, world: int, delay: float) -> list[int]:
     """One rank's epoch, meant to run as its own Ray task (its reader dies when the task
     returns); returns the real ids received."""

@@ -90,11 +90,13 @@ def test_faster_rank_reads_more_without_equal_steps(ray_session, dataset):
     # The slow rank holds after its first batch until the fast rank has read everything
     # but what the held rank may already have leased (its read-ahead): without equal steps
     # nothing makes the fast rank wait for it. Ordered by events, not by sleeps.
-    loader = dynamic_loader(dataset, equal_steps=False, batches_per_object=1)
+    threads = 1
+    loader = dynamic_loader(
+        dataset, equal_steps=False, batches_per_object=1, reader_threads=threads
+    )
     # What the held rank may have taken: its first batch, what its buffers hold past its
     # reader's check, and the leases (splits of 10 rows) its reading thread and its
     # rebatching hold before it.
-    threads = loader.settings.reader_threads
     held_at_most = 8 + late_rows_bound(loader.settings) + (threads + 1) * 10
     assert held_at_most < 150, "the read-ahead bound must leave the fast rank the larger share"
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]

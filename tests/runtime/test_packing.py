@@ -173,9 +173,7 @@ def test_killed_reader_under_packing_loses_no_token(ray_session, corpus):
     loader.shutdown()
 
 
-def test_packing_a_weighted_mix_delivers_each_picked_document_once_per_epoch(
-    ray_session, tmp_path
-):
+def test_packing_a_weighted_mix_delivers_each_picked_document_once_per_epoch(ray_session, tmp_path):
     """Packing over a `MixedSource` (0.7/0.3, one source upsampled, one downsampled): per
     epoch, the tokens delivered under each document id (a position of the epoch's mix) are
     exactly that position's document, so every pick arrives once, per-source counts exact."""
