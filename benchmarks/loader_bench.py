@@ -9,6 +9,9 @@ through:
 
   rayshard   `Loader(ParquetSource)`, one Ray task per rank, batch_format="numpy" (each
              rank reads in its consumer, the default)
+  rayshard_cpus     the same with each rank's task asking Ray for cores // ranks CPUs
+             (like a Train worker's `resources_per_worker`): it reads with that many
+             threads, the default `reader_threads` (`rayshard`'s tasks ask for none: 1)
   rayshard_dynamic  the same under `policy="dynamic"` (leases from the coordinator)
   rayshard_actor    the same with `consumer_reads=False`: read in the reader actors,
              handed over in object-store blocks
@@ -78,6 +81,7 @@ from benchmarks.loaders.on_ray import (
     run_ray_train,
     run_rayshard,
     run_rayshard_actor,
+    run_rayshard_cpus,
     run_rayshard_dynamic,
     run_rayshard_train,
 )
@@ -85,6 +89,7 @@ from benchmarks.loaders.on_ray import (
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "loader_bench.json"
 LOADERS = (
     "rayshard",
+    "rayshard_cpus",
     "rayshard_dynamic",
     "rayshard_actor",
     "rayshard_train",
@@ -111,6 +116,7 @@ VARIANT_TARGETS = (
 
 RUNNERS = {
     "rayshard": run_rayshard,
+    "rayshard_cpus": run_rayshard_cpus,
     "rayshard_dynamic": run_rayshard_dynamic,
     "rayshard_actor": run_rayshard_actor,
     "rayshard_train": run_rayshard_train,

@@ -79,20 +79,28 @@ def _rayshard_loader(paths: list[str], **options):
 
 
 def run_rayshard(
-    paths: list[str], epochs: int, world: int = WORLD, **options
+    paths: list[str], epochs: int, world: int = WORLD, rank_cpus: int = 0, **options
 ) -> tuple[list[EpochRecord], float]:
-    """rayshard with one Ray task per rank consuming numpy batches; `options` go to the
-    `Loader` (default: the `data` policy, each rank reading in its consumer)."""
+    """rayshard with one Ray task per rank consuming numpy batches, each asking Ray for
+    `rank_cpus` CPUs; `options` go to the `Loader` (default: the `data` policy, each rank
+    reading in its consumer, with as many reading threads as its task's CPUs, at least 1)."""
     import ray
 
     loader = _rayshard_loader(paths, **options)
     try:
-        task = ray.remote(num_cpus=0)(_rayshard_rank)
+        task = ray.remote(num_cpus=rank_cpus)(_rayshard_rank)
         started = time.time()
         refs = [task.remote(loader, rank, world, epochs) for rank in range(world)]
         return [r for rank in ray.get(refs) for r in rank], started
     finally:
         loader.shutdown()
+
+
+def run_rayshard_cpus(paths, epochs, world=WORLD):
+    """rayshard with each rank's task asking Ray for its share of this machine's cores, as
+    a Train worker given `resources_per_worker={"CPU": n}` does: it reads with that many
+    threads (the default `reader_threads`)."""
+    return run_rayshard(paths, epochs, world, rank_cpus=max(1, (os.cpu_count() or 1) // world))
 
 
 def run_rayshard_dynamic(paths, epochs, world=WORLD):
