@@ -10,8 +10,9 @@ through:
   rayshard   `Loader(ParquetSource)`, one Ray task per rank, batch_format="numpy" (each
              rank reads in its consumer, the default)
   rayshard_cpus     the same with each rank's task asking Ray for cores // ranks CPUs
-             (like a Train worker's `resources_per_worker`): it reads with that many
-             threads, the default `reader_threads` (`rayshard`'s tasks ask for none: 1)
+             (the machine's or Ray's CPUs, the fewer; like a Train worker's
+             `resources_per_worker`): it reads with that many threads, the default
+             `reader_threads` (`rayshard`'s tasks ask for none: 1 thread)
   rayshard_dynamic  the same under `policy="dynamic"` (leases from the coordinator)
   rayshard_actor    the same with `consumer_reads=False`: read in the reader actors,
              handed over in object-store blocks

@@ -15,7 +15,7 @@ import pytest
 from tests.timeouts import SCENARIO_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
-LOADERS = ("rayshard", "rayshard_dynamic", "raw")
+LOADERS = ("rayshard", "rayshard_cpus", "rayshard_dynamic", "raw")
 
 
 @pytest.mark.slow

@@ -97,10 +97,13 @@ def run_rayshard(
 
 
 def run_rayshard_cpus(paths, epochs, world=WORLD):
-    """rayshard with each rank's task asking Ray for its share of this machine's cores, as
-    a Train worker given `resources_per_worker={"CPU": n}` does: it reads with that many
-    threads (the default `reader_threads`)."""
-    return run_rayshard(paths, epochs, world, rank_cpus=max(1, (os.cpu_count() or 1) // world))
+    """rayshard with each rank's task asking Ray for its share of the cores (this machine's
+    or Ray's CPUs, the fewer), as a Train worker given `resources_per_worker={"CPU": n}`
+    does: it reads with that many threads (the default `reader_threads`)."""
+    import ray
+
+    cores = min(os.cpu_count() or 1, int(ray.cluster_resources().get("CPU", 1)))
+    return run_rayshard(paths, epochs, world, rank_cpus=max(1, cores // world))
 
 
 def run_rayshard_dynamic(paths, epochs, world=WORLD):

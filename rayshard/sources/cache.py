@@ -98,17 +98,34 @@ class FileCache:
         self._init_process_state()
 
     def local_path(self, fs: pafs.FileSystem, path: str) -> str:
-        """The cached copy of `path` (downloaded first if it is not there yet)."""
+        """The cached copy of `path` (downloaded first if it is not there yet). Threads of
+        this process that ask for one file at once download it once: the others wait for
+        that download (or a prefetch of it), and try themselves only if it failed."""
         target = self._target(fs, path)
-        with self._lock:
-            pending = self._pending.get(target)
-        if pending is not None:
-            pending.result()  # a prefetch of this file is under way: wait for it
-        if os.path.exists(target):
-            os.utime(target)  # most recently used
-            self.stats["hits"] += 1
-            return target
-        self._download(fs, path, target)
+        while True:
+            with self._lock:
+                pending = self._pending.get(target)
+                cached = pending is None and os.path.exists(target)
+                if pending is None and not cached:
+                    mine: concurrent.futures.Future = concurrent.futures.Future()
+                    self._pending[target] = mine
+                    break
+            if cached:
+                os.utime(target)  # most recently used
+                with self._lock:
+                    self.stats["hits"] += 1
+                return target
+            with contextlib.suppress(pa.ArrowException, OSError):  # then: try ourselves
+                pending.result()
+        try:
+            self._download(fs, path, target)
+        except BaseException as error:
+            mine.set_exception(error)
+            raise
+        else:
+            mine.set_result(None)
+        finally:
+            self._forget(target)
         return target
 
     def prefetch(self, fs: pafs.FileSystem, path: str) -> None:
@@ -152,8 +169,9 @@ class FileCache:
             return size
 
         size = with_retries(fetch, remote=True)
-        self.stats["downloads"] += 1
-        self.stats["bytes_fetched"] += size
+        with self._lock:
+            self.stats["downloads"] += 1
+            self.stats["bytes_fetched"] += size
         self._evict(keep=target)
 
     def _evict(self, keep: str) -> None:

@@ -10,6 +10,7 @@ folder under its limit."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import socket
@@ -246,6 +247,25 @@ def test_cache_evicts_least_recently_used_and_counts_bytes(s3, tmp_path):
     assert cache.stats["bytes_fetched"] == sum(sizes) and cache.stats["evictions"] == 1
     with pytest.raises(ConfigError, match="cache_limit=0"):
         FileCache(tmp_path / "bad", cache_limit=0)
+
+
+def test_threads_asking_for_one_file_at_once_download_it_once(s3, tmp_path):
+    # A rank's reading threads read several row groups of one file at once.
+    fs = s3.filesystem()
+    path = f"{BUCKET}/train/part-0.parquet"
+    cache = FileCache(tmp_path / "shared", cache_limit=1 << 30)
+    start = threading.Barrier(6)
+
+    def ask() -> str:
+        start.wait()
+        return cache.local_path(fs, path)
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        copies = list(pool.map(lambda _: ask(), range(6)))
+    assert len(set(copies)) == 1 and os.path.exists(copies[0])
+    assert cache.stats["downloads"] == 1
+    assert cache.stats["hits"] == 5
+    assert cache.stats["bytes_fetched"] == fs.get_file_info(path).size
 
 
 def test_a_denied_read_is_not_retried():
