@@ -1,6 +1,7 @@
 """How rayshard and the raw scan scale with dataset size and ranks: the loader benchmark
 (`benchmarks/loader_bench.py`) at each (rows, ranks) pair, one table of warm rows/s,
-steady rows/s and rayshard's ratio to the raw scan of the same pair.
+steady rows/s and rayshard's ratio to the raw scan of the same pair; `rayshard_cpus` is
+rayshard with each rank's task given cores // ranks CPUs, so as many reading threads.
 
     python -m benchmarks.scaling [--rows 1000000,4000000] [--ranks 1,2,4] [--epochs 3]
 
@@ -20,7 +21,7 @@ from benchmarks._measure import format_table
 from benchmarks._report import ROOT, write_json
 from benchmarks.loader_bench import main as loader_bench
 
-LOADERS = ("raw", "rayshard")
+LOADERS = ("raw", "rayshard", "rayshard_cpus")
 TABLE = (
     ("rows", "rows", ",d"),
     ("ranks", "ranks", "d"),
@@ -28,6 +29,8 @@ TABLE = (
     ("rayshard rows/s", "rayshard", ",.0f"),
     ("vs raw", "vs_raw", ".2f"),
     ("rayshard steady rows/s", "rayshard_steady", ",.0f"),
+    ("rayshard_cpus rows/s", "rayshard_cpus", ",.0f"),
+    ("cpus vs raw", "cpus_vs_raw", ".2f"),
     ("rayshard peak PSS MB", "rayshard_pss", ",.0f"),
 )
 
@@ -62,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                     return code
                 results = json.loads(out.read_text())["results"]
                 raw, shard = results["raw"], results["rayshard"]
+                cpus = results["rayshard_cpus"]
                 table.append(
                     {
                         "rows": rows,
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                         "rayshard": shard["rows_per_s"],
                         "vs_raw": shard["rows_per_s"] / raw["rows_per_s"],
                         "rayshard_steady": shard["steady_rows_per_s"],
+                        "rayshard_cpus": cpus["rows_per_s"],
+                        "cpus_vs_raw": cpus["rows_per_s"] / raw["rows_per_s"],
                         "rayshard_pss": shard["peak_pss_mb"],
                     }
                 )
