@@ -20,6 +20,7 @@ from rayshard.runtime.reading_threads import (
 )
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import epoch_and_reading_threads, unique_name, write_parquet
+from tests.timeouts import EVENT_TIMEOUT_S
 
 
 @pytest.mark.parametrize(
@@ -51,13 +52,12 @@ def test_an_affinity_mask_gives_one_thread_per_cpu_it_names(monkeypatch):
 def test_a_rank_in_a_ray_task_reads_with_the_cpus_the_task_asked_for(
     ray_session, tmp_path, num_cpus, threads
 ):
-    os.environ.pop(env.AFFINITY_MASK, None)  # the task inherits no mask from the driver
     loader = Loader(
         ParquetSource(write_parquet(tmp_path, [40, 35, 26])), batch_size=8, name=unique_name()
     )
     try:
         task = ray.remote(num_cpus=num_cpus)(epoch_and_reading_threads)
-        ids, used = ray.get(task.remote(loader))
+        ids, used = ray.get(task.remote(loader), timeout=EVENT_TIMEOUT_S)  # not a hang
     finally:
         loader.shutdown()
     assert used == threads
