@@ -5,8 +5,6 @@ most 8. A count given by the user is used as is."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import ray
 
