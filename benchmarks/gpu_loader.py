@@ -173,7 +173,12 @@ def parse_args(argv):
     parser.add_argument("--epochs", type=int, default=3, help="warm epochs per loop")
     parser.add_argument("--step-ms", type=float, default=1.0, help="synthetic step per batch")
     parser.add_argument("--ray-cpus", type=int, default=None)
-    parser.add_argument("--reader-threads", type=int, default=1)
+    parser.add_argument(
+        "--reader-threads",
+        type=int,
+        default=None,
+        help="reading threads of `rayshard` (default: the loader's, this process's CPUs, <= 8)",
+    )
     parser.add_argument("--loaders", default=",".join(LOADERS))
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
