@@ -29,11 +29,11 @@ from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.iterator import ShardIterator
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
+from rayshard.runtime.process_watch import process_watch
 from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.reader import ShardReader
 from rayshard.runtime.remote import remote_class
 from rayshard.runtime.row_streams import RankReading
-from rayshard.runtime.watch import RankWatch
 from rayshard.sources import Source
 
 log = logging.getLogger(__name__)
@@ -222,28 +222,29 @@ class Loader:
     def _reader(self, registration: dict, dp: Any, reading: RankReading, watch_only: bool) -> Any:
         """Get or create this rank's reader on this worker's node (one per model-parallel
         group: the first member creates it, the others find it by name); `watch_only`: the
-        worker reads for itself, and a `RankWatch` stands in for the reader."""
+        worker reads for itself, and its process's `RankWatch` stands in for the reader,
+        watching the rank under the reader's name (`registration["watch_key"]`)."""
         name = registration["reader"]
-        node = ray.get_runtime_context().get_node_id()
-        options = {
-            "name": name,
-            "namespace": self.namespace,
-            "get_if_exists": True,
-            # Hard affinity: the reader must share the worker's object store (and its fate).
-            "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False),
-        }
         if watch_only:
-            reader = remote_class(RankWatch).options(num_cpus=0, max_concurrency=2, **options)
-            reader = reader.remote()
+            watch, reader = process_watch(self.namespace)
+            registration["watch_key"] = name
         else:
+            watch = ""
+            node = ray.get_runtime_context().get_node_id()
             reader = remote_class(ShardReader).options(
+                name=name,
+                namespace=self.namespace,
+                get_if_exists=True,
+                # Hard affinity: the reader must share the worker's object store (and fate).
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
                 num_cpus=self.settings.reader_num_cpus,
                 max_concurrency=4 + len(dp.group),
-                **options,
             )
             reader = reader.remote(reading, len(dp.group))
         ray.get(
-            self._coordinator.attach_reader.remote(registration["generation"], dp.dp_rank, name)
+            self._coordinator.attach_reader.remote(
+                registration["generation"], dp.dp_rank, name, watch
+            )
         )
         return reader
 
@@ -254,14 +255,19 @@ class Loader:
         return ray.get(self._coordinator.describe.remote())
 
     def shutdown(self) -> None:
-        """Stop the readers and the coordinator (iterators of this loader stop working)."""
+        """Stop the readers and the coordinator, and release this loader's ranks from
+        their processes' shared watches (iterators of this loader stop working)."""
         try:
             names = ray.get(self._coordinator.reader_names.remote(), timeout=30)
+            watches = ray.get(self._coordinator.shared_watches.remote(), timeout=30)
         except Exception:  # noqa: BLE001 - a dead coordinator: its readers die with their workers
-            names = []
+            names, watches = [], []
         for name in names:
             with contextlib.suppress(ValueError):  # ValueError: already gone
                 ray.kill(ray.get_actor(name, namespace=self.namespace), no_restart=True)
+        for watch, key in watches:
+            with contextlib.suppress(ValueError):  # its process ended, and the watch with it
+                ray.get_actor(watch, namespace=self.namespace).stop.remote(key)
         ray.kill(self._coordinator, no_restart=True)
 
 

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
 from rayshard.core.coordination import CoordinatorCore
+from rayshard.core.membership import Membership
 from rayshard.plan import PlanConfig
 from rayshard.plan import intervals as iv
 from rayshard.sources import TableSource
@@ -47,7 +48,7 @@ def scripts(draw):
     steps = draw(
         st.lists(
             st.tuples(
-                st.sampled_from(["register", "lease", "ack", "lost", "epoch", "restore"]),
+                st.sampled_from(["register", "attach", "lease", "ack", "lost", "epoch", "restore"]),
                 st.integers(0, world - 1),
                 st.integers(1, 4),
                 st.integers(0, 1),
@@ -85,7 +86,10 @@ def _run(policy, equal, world, steps):
             continue
         if core.rank_epoch.get(rank, 0) > epoch:
             continue  # the actor refuses a stale epoch before any command
-        if action == "epoch":
+        if action == "attach":  # by its reader, or (count > 2) by its process's watch
+            watch = f"watch-{count}" if count > 2 else ""
+            apply(cmd.Attach(rank, members.readers[rank], watch))
+        elif action == "epoch":
             apply(cmd.StartEpoch(rank, epoch))
         elif action == "lease" and core.dynamic:
             leased = apply(cmd.Lease(rank, epoch, count, finishing=count > 2))
@@ -215,3 +219,23 @@ def test_a_retried_lease_call_gets_the_same_answer_across_a_restart():
         assert nxt.pieces and not set(nxt.pieces) & set(first.pieces)
     # Without a request id every call is a new one (older readers and journals).
     assert core.apply(cmd.Lease(0, 0, 1)).pieces != core.apply(cmd.Lease(0, 0, 1)).pieces
+
+
+def test_a_rank_read_in_its_consumer_is_watched_by_its_process_watch_until_lost():
+    core = _core("dynamic", equal_steps=False)
+    for rank in range(2):
+        core.apply(cmd.Register(rank, 2, rank, 2, 1.0))
+    names = dict(core.members.readers)
+    core.apply(cmd.Attach(0, names[0], "watch-a"))  # rank 0 reads in its consumer
+    core.apply(cmd.Attach(1, names[1]))  # rank 1 has a reader actor
+    core.apply(cmd.Attach(0, names[0], "watch-b"))  # another group member: the first stays
+    members = core.members
+    assert members.shared_watch(0, names[0]) == "watch-a"
+    assert members.shared_watch(1, names[1]) is None  # its reader watches itself
+    assert members.shared_watch(0, "an older reader") is None
+    saved = json.loads(json.dumps(members.to_dict()))
+    assert Membership.from_dict(saved).watches == {0: "watch-a"}
+    del saved["watches"]  # a journal written before shared watches
+    assert Membership.from_dict(saved).watches == {}
+    core.apply(cmd.Lost(0, "reader died", 2.0))
+    assert core.members.watches == {}

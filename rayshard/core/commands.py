@@ -36,11 +36,14 @@ class Register(Command):
 
 @dataclasses.dataclass(frozen=True)
 class Attach(Command):
-    """The reader actor `name` of `dp_rank` exists (created or found by a worker)."""
+    """The reader actor `name` of `dp_rank` exists (created or found by a worker); or,
+    with `watch`, the rank reads in its consumer and the process's shared watch actor
+    `watch` watches it under the key `name`."""
 
     kind: ClassVar[str] = "attach"
     dp_rank: int
     name: str
+    watch: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

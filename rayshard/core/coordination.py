@@ -101,8 +101,11 @@ class CoordinatorCore(CoreQueries):
         )
 
     def _attach(self, c: cmd.Attach) -> cmd.Noted:
-        if self.members is not None:
-            self.members.readers.setdefault(c.dp_rank, c.name)
+        members = self.members
+        if members is not None:
+            attached = members.readers.setdefault(c.dp_rank, c.name)
+            if c.watch and attached == c.name:
+                members.watches.setdefault(c.dp_rank, c.watch)
         return cmd.Noted()
 
     def _start_epoch(self, c: cmd.StartEpoch) -> RankPlan | int:
@@ -178,6 +181,7 @@ class CoordinatorCore(CoreQueries):
             return cmd.RankLost(c.dp_rank)
         members.ranks.discard(c.dp_rank)
         members.readers.pop(c.dp_rank, None)
+        members.watches.pop(c.dp_rank, None)
         requeued = [p for book in self.books.values() for p in book.release(c.dp_rank)]
         self._event(
             "rank_lost",

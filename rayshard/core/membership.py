@@ -16,6 +16,14 @@ class Membership:
     ranks: set[int] = dataclasses.field(default_factory=set)  # registered dp ranks
     world: dict[int, int] = dataclasses.field(default_factory=dict)  # world rank -> dp rank
     readers: dict[int, str] = dataclasses.field(default_factory=dict)  # dp rank -> actor name
+    # dp rank -> the shared watch actor that watches it under its reader name (a rank that
+    # reads in its consumer: `rayshard.runtime.watch`); other ranks' readers watch themselves
+    watches: dict[int, str] = dataclasses.field(default_factory=dict)
+
+    def shared_watch(self, dp_rank: int, name: str) -> str | None:
+        """The shared watch actor that watches reader `name` of `dp_rank` under that
+        name, or None: the reader is an actor of its own and watches itself."""
+        return self.watches.get(dp_rank) if self.readers.get(dp_rank) == name else None
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (a journal snapshot holds it)."""
@@ -26,6 +34,7 @@ class Membership:
             "ranks": sorted(self.ranks),
             "world": [[w, d] for w, d in sorted(self.world.items())],
             "readers": [[d, n] for d, n in sorted(self.readers.items())],
+            "watches": [[d, n] for d, n in sorted(self.watches.items())],
         }
 
     @classmethod
@@ -37,6 +46,7 @@ class Membership:
             set(m["ranks"]),
             {w: d for w, d in m["world"]},
             {d: n for d, n in m["readers"]},
+            {d: n for d, n in m.get("watches", ())},  # journals from before shared watches
         )
 
 

@@ -55,7 +55,8 @@ class Coordinator:
         self._core = CoordinatorCore(loader_id, source, settings)
         self._usage: dict[int, dict] = {}  # dp rank -> totals of what its consumers got
         self._acked = asyncio.Condition()
-        self._watched: dict[str, Any] = {}
+        self._watched: dict[str, Any] = {}  # reader name -> the task that watches it
+        self._shared: dict[str, str] = {}  # reader name -> the process's watch that has it
         self._rewatch_pending = False
         self._since_snapshot = 0
         # (generation, epoch) -> ranks that received all of it; epochs whose end was compacted
@@ -86,8 +87,12 @@ class Coordinator:
         )
         return decision.reply()
 
-    async def attach_reader(self, generation: int, dp_rank: int, name: str) -> None:
-        """A worker created (or found) the reader actor `name` of `dp_rank`; watch it.
+    async def attach_reader(
+        self, generation: int, dp_rank: int, name: str, watch: str = ""
+    ) -> None:
+        """A worker created (or found) the reader actor `name` of `dp_rank`, or (`watch`)
+        reads for the rank itself and its process's watch actor `watch` watches key
+        `name`; watch it.
 
         The reader named at registration is attached even if the generation moved on
         since (another worker of a restarted group restored the checkpoint in between;
@@ -95,7 +100,7 @@ class Coordinator:
         members = self._core.members
         if members is None or members.readers.get(dp_rank) != name:
             self._core.check(generation)
-        self._do(cmd.Attach(dp_rank, name))
+        self._do(cmd.Attach(dp_rank, name, watch))
         self._watch(dp_rank, name)
 
     async def leave(self, generation: int, dp_rank: int) -> None:
@@ -228,11 +233,17 @@ class Coordinator:
         }
 
     async def reader_names(self) -> list[str]:
-        """Every reader this loader named and saw attached (for `Loader.shutdown`)."""
+        """Every reader actor this loader named and saw attached (for `Loader.shutdown`;
+        not the ranks a shared watch watches: that actor is its process's)."""
         names = set(self._watched)
         if self._core.members is not None:
             names.update(self._core.members.readers.values())
-        return sorted(names)
+        return sorted(names - set(self._shared))
+
+    async def shared_watches(self) -> list[tuple[str, str]]:
+        """(watch actor, key) of every rank a process's shared watch watched for this
+        loader (for `Loader.shutdown`, which releases them: the actors stay)."""
+        return sorted((watch, key) for key, watch in self._shared.items())
 
     async def ping(self) -> bool:
         self._rewatch()
@@ -280,15 +291,21 @@ class Coordinator:
         self._since_snapshot = 0
 
     def _watch(self, dp_rank: int, name: str) -> None:
-        """Watch reader `name`: its death releases `dp_rank` (once per reader)."""
+        """Watch reader `name` (or its key in a shared watch): its end releases `dp_rank`
+        (once per reader)."""
         if name in self._watched:
             return
+        shared = self._core.members.shared_watch(dp_rank, name)
+        if shared is not None:
+            self._shared[name] = shared
 
         async def watch() -> None:
             try:
-                reader = ray.get_actor(name, namespace=self._namespace)
-                await reader.watch.remote()
-            except Exception:  # noqa: BLE001 - any failure of the reader means it is gone
+                if shared is None:
+                    await ray.get_actor(name, namespace=self._namespace).watch.remote()
+                else:
+                    await ray.get_actor(shared, namespace=self._namespace).watch.remote(name)
+            except Exception:  # noqa: BLE001 - any failure of the watch means it is gone
                 pass
             members = self._core.members
             if members is not None and members.readers.get(dp_rank) == name:

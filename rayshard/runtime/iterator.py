@@ -9,7 +9,9 @@ loader-wide: after every rank received the same number of batches, any rank's
 
 from __future__ import annotations
 
+import contextlib
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -55,6 +57,9 @@ class ShardIterator:
         self._coordinator = coordinator
         self._generation = registration["generation"]
         self._reader = registration["reader"]
+        self._watch_key = registration.get("watch_key")  # the reader is a shared watch
+        if self._watch_key is not None:
+            weakref.finalize(self, _abandon, local_reads, self._reader, self._watch_key)
         self._local = local_reads  # a `LocalReads`: this worker reads for itself
         self._placement = placement
         self._depth = prefetch_depth
@@ -212,7 +217,10 @@ class ShardIterator:
             ray.get(self._coordinator.leave.remote(self._generation, self._placement.dp_rank))
         except ray.exceptions.RayActorError:
             return  # the loader was shut down: coordinator and readers are gone
-        self._reader.stop.remote()
+        if self._watch_key is None:
+            self._reader.stop.remote()
+        else:
+            self._reader.stop.remote(self._watch_key)
 
     def _begin(self) -> None:
         if self._local is not None:
@@ -280,6 +288,17 @@ class ShardIterator:
 
 def _no_flush() -> None:
     """A static rank's wait sends nothing early (see `ShardIterator._begin`)."""
+
+
+def _abandon(local_reads: Any, watch: Any, key: str) -> None:
+    """An iterator dropped without `close()`: its reading thread is told to stop (not
+    waited for: this runs in the garbage collector) and its key in the process's watch is
+    released, so the coordinator treats the rank as lost and hands its unfinished work to
+    the others, as when a watch actor of its own ended with it."""
+    if local_reads is not None:
+        local_reads.abandon()
+    with contextlib.suppress(Exception):  # Ray already shut down: nothing left to release
+        watch.stop.remote(key)
 
 
 __all__ = ["FORMATS", "ShardIterator"]

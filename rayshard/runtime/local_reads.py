@@ -108,12 +108,16 @@ class LocalReads:
 
     def stop(self) -> None:
         """End the epoch being read: the thread stops at its next batch."""
-        self._cancel.set()
-        if self._channel is not None:
-            self._channel.close()
+        self.abandon()
         if self._thread is not None:
             self._thread.join(timeout=30)
         self._channel = self._thread = None
+
+    def abandon(self) -> None:
+        """Tell the reading thread to stop at its next batch, without waiting for it."""
+        self._cancel.set()
+        if self._channel is not None:
+            self._channel.close()
 
     def close(self) -> None:
         """Stop reading and release the reading threads."""

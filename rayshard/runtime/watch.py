@@ -1,29 +1,42 @@
-"""The actor that stands for a rank that reads in its consumer (`consumer_reads`).
+"""The actor that stands for the ranks a process reads for in its consumer (`consumer_reads`).
 
-Such a rank needs no reader process, but the coordinator still needs something to watch:
-this actor is made by the worker, dies with it (Ray ends an actor whose owner dies), and
-`watch()` blocks while it lives, as a `ShardReader`'s does. It imports nothing beyond the
-standard library, so it starts as fast as a Ray actor can.
+Such a rank needs no reader process, but the coordinator still needs something to watch.
+One `RankWatch` per process serves every rank that process reads for, whatever loader
+(`rayshard.runtime.process_watch` makes it): a rank's watch is a key, the rank's reader
+name. It is made by the process, dies with it (Ray ends an actor whose owner dies), and
+`watch(key)` blocks while it lives and the key is not stopped, as a `ShardReader`'s
+`watch()` does. It imports nothing beyond the standard library, so it starts as fast as
+a Ray actor can; it is an async actor, so waiting watches hold no threads.
 """
 
 from __future__ import annotations
 
-import threading
+import asyncio
 
 
 class RankWatch:
-    """A stand-in reader for the coordinator's death watch: `watch()` and `stop()`."""
+    """A stand-in reader for the coordinator's death watch: `watch(key)`, `stop(key)`."""
 
     def __init__(self) -> None:
-        self._stopped = threading.Event()
+        self._waiting: dict[str, asyncio.Event] = {}
+        self._stopped: set[str] = set()
 
-    def watch(self) -> None:
-        """Blocks while the actor lives (or until `stop()`)."""
-        self._stopped.wait()
+    async def watch(self, key: str) -> None:
+        """Blocks while the actor lives, until `stop(key)` (at once if it came first)."""
+        if key in self._stopped:
+            return
+        await self._waiting.setdefault(key, asyncio.Event()).wait()
 
-    def stop(self) -> None:
-        """Release the watch (graceful leave)."""
-        self._stopped.set()
+    async def stop(self, key: str) -> None:
+        """Release the watch of `key` (the rank left, or its iterator was dropped)."""
+        self._stopped.add(key)
+        waiting = self._waiting.pop(key, None)
+        if waiting is not None:
+            waiting.set()
+
+    async def keys(self) -> list[str]:
+        """Keys watched now (for tests and diagnostics)."""
+        return sorted(self._waiting)
 
 
 __all__ = ["RankWatch"]

@@ -103,8 +103,14 @@ def test_upsampling_repeats_whole_cycles_then_a_seeded_remainder(n, cycles, data
 
 
 @settings(max_examples=150, deadline=None)
-@given(mixes(max_rows=40), st.integers(1, 6), st.integers(1, 6), st.integers(1, 9),
-       st.integers(0, 20), st.data())
+@given(
+    mixes(max_rows=40),
+    st.integers(1, 6),
+    st.integers(1, 6),
+    st.integers(1, 9),
+    st.integers(0, 20),
+    st.data(),
+)
 def test_resume_anywhere_on_any_world_size_keeps_counts_exact(mix, w, w2, b, epoch, data):
     config = PlanConfig(batch_size=b, last_batch=LastBatch.PARTIAL)
     layout = DataLayout.of_samples(mix.total)

@@ -62,6 +62,34 @@ def real_ids(batches) -> list[int]:
     return [int(i) for b in batches for i in b["id"][~b["_padded"]]]
 
 
+def end_rank_watch(iterator) -> None:
+    """End what the coordinator watches for this rank, as its process's death would: kill
+    its reader actor, or, for a rank that reads in its consumer, stop the rank's key in the
+    process's shared watch (killing that actor would end every rank of this process)."""
+    import ray
+
+    if iterator._watch_key is None:
+        ray.kill(iterator._reader, no_restart=True)
+    else:
+        ray.get(iterator._reader.stop.remote(iterator._watch_key))
+
+
+def watches_in_task(loaders) -> tuple[str, list[str]]:
+    """In a Ray task: this worker's id, and the actor id of the watch of each of two ranks
+    of every loader."""
+    its = [
+        loader.iterator(world_rank=r, world_size=2, batch_format="numpy")
+        for loader in loaders
+        for r in range(2)
+    ]
+    ids = [it._reader._actor_id.hex() for it in its]
+    for it in its:
+        it.close()
+    import ray
+
+    return ray.get_runtime_context().get_worker_id(), ids
+
+
 def epoch_and_reading_threads(loader) -> tuple[list[int], int]:
     """In a Ray task: one rank's epoch ids and how many threads read them."""
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")

@@ -17,6 +17,7 @@ from rayshard.errors import ConfigError
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import (
+    end_rank_watch,
     epoch_in_task,
     real_ids,
     run_lockstep,
@@ -133,7 +134,7 @@ def test_killed_reader_work_is_served_again(ray_session, dataset, equal_steps):
     consumers[1].start()
     assert consumers[1].holding.wait(EVENT_TIMEOUT_S), event_timeout_message("rank 1's 1st batch")
     consumers[0].start(), consumers[2].start()
-    ray.kill(its[1]._reader, no_restart=True)  # a real actor death, mid-epoch for rank 1
+    end_rank_watch(its[1])  # as if rank 1's process died, mid-epoch
     consumers[1].go_on.set()
     for c in consumers:
         c.join(90)
@@ -279,7 +280,7 @@ def test_randomized_churn_never_loses_a_sample(ray_session, dataset, trial):
             c.start()
             rank += 1
         elif action == "kill":
-            ray.kill(rng.choice(alive)[0]._reader, no_restart=True)
+            end_rank_watch(rng.choice(alive)[0])
         else:
             it, c = rng.choice(alive)
             c.stop_after = c.batches + 1  # leaves gracefully after its next batch
@@ -312,10 +313,10 @@ def test_rank_back_under_same_number_is_watched_again(ray_session, dataset):
     loader = dynamic_loader(dataset, equal_steps=False, batches_per_object=1)
     first = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
     taken = real_ids([next(iter(first))])
-    ray.kill(first._reader, no_restart=True)
+    end_rank_watch(first)
     again = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
     taken += real_ids([next(iter(again))])
-    ray.kill(again._reader, no_restart=True)
+    end_rank_watch(again)
     deadline = time.monotonic() + EVENT_TIMEOUT_S
     while time.monotonic() < deadline:
         lost = [e for e in loader.stats()["events"] if e["event"] == "rank_lost"]

@@ -205,14 +205,20 @@ def test_restarted_group_restoring_while_a_worker_registers(ray_session, dataset
     loader.shutdown()
 
 
-def test_shutdown_stops_the_readers_too(ray_session, dataset):
+@pytest.mark.parametrize("consumer_reads", [False, True])
+def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads):
     import ray
 
-    loader = make_loader(dataset)
+    loader = make_loader(dataset, consumer_reads=consumer_reads)
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     run_lockstep(its, steps=1)
     loader.shutdown()  # the iterators (and so the readers' handles) are still alive here
     for it in its:
+        if consumer_reads:  # the ranks' keys in this process's watch are released
+            # a watch of a held key blocks; of a released one returns
+            ray.get(it._reader.watch.remote(it._watch_key), timeout=EVENT_TIMEOUT_S)
+            assert it._watch_key not in ray.get(it._reader.keys.remote())
+            continue
         with pytest.raises(ray.exceptions.RayActorError):
             # blocks while a reader lives
             ray.get(it._reader.watch.remote(), timeout=EVENT_TIMEOUT_S)

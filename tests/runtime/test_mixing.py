@@ -14,12 +14,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 
 from rayshard.loader import Loader
 from rayshard.sources.mixed import MixedSource
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import run_lockstep, unique_name
+from tests.runtime.helpers import end_rank_watch, run_lockstep, unique_name
 from tests.runtime.test_dynamic import Consumer
 
 pytestmark = [pytest.mark.ray]
@@ -169,7 +168,7 @@ def test_killed_reader_under_mixing_loses_nothing(ray_session, sources):
     for c in consumers:
         c.start()
     assert consumers[1].holding.wait(60), "rank 1 received no batch"
-    ray.kill(its[1]._reader, no_restart=True)  # a real actor death, mid-epoch for rank 1
+    end_rank_watch(its[1])  # as if rank 1's process died, mid-epoch
     consumers[1].go_on.set()
     for c in consumers:
         c.join(90)

@@ -13,12 +13,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 
 from rayshard.data.packing import Packing
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import run_lockstep, unique_name
+from tests.runtime.helpers import end_rank_watch, run_lockstep, unique_name
 
 pytestmark = [pytest.mark.ray]
 
@@ -137,7 +136,7 @@ def test_killed_reader_under_packing_loses_no_token(ray_session, corpus):
     loader = make_loader(folder, packing, batch_size=2, ack_interval_s=0, batches_per_object=1)
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     first = run_lockstep(its, steps=2)
-    ray.kill(its[1]._reader, no_restart=True)  # a real actor death, mid-epoch for rank 1
+    end_rank_watch(its[1])  # a real reader actor death, mid-epoch for rank 1
     # Rank 1's loop may still receive batches fetched before the death (acknowledged on
     # receipt, so they count as delivered), then sees its reader die.
     late = []

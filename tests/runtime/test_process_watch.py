@@ -1,0 +1,115 @@
+"""One `RankWatch` per process (`rayshard.runtime.process_watch`): every rank a process
+reads for in its consumer, of any loader, is watched by that process's one watch actor
+under its own key; closing or dropping an iterator releases its key (a dropped one
+releases its rank to the others), and a rank's end is noticed without ending the others'."""
+
+from __future__ import annotations
+
+import gc
+import time
+
+import pytest
+import ray
+
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import real_ids, unique_name, watches_in_task, write_parquet
+from tests.timeouts import EVENT_TIMEOUT_S, event_timeout_message
+
+ROWS = [40, 35, 26]  # 101 rows, row groups of 7
+
+pytestmark = pytest.mark.ray
+
+
+def make_loader(path: str, **options) -> Loader:
+    return Loader(ParquetSource(path), name=unique_name("watch"), batch_size=8, **options)
+
+
+def watched_keys(iterator) -> list[str]:
+    return ray.get(iterator._reader.keys.remote())
+
+
+def wait_until(predicate, what: str):
+    """`predicate()`'s first true value (the coordinator's calls arrive when they do)."""
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(event_timeout_message(what))
+
+
+def wait_for_lost_ranks(loader: Loader, count: int) -> list[dict]:
+    """The loader's `rank_lost` events once there are `count` of them."""
+
+    def lost() -> list[dict]:
+        found = [e for e in loader.stats()["events"] if e["event"] == "rank_lost"]
+        return found if len(found) >= count else []
+
+    return wait_until(lost, f"{count} lost rank(s)")
+
+
+def test_ranks_and_loaders_of_one_process_share_its_watch(ray_session, tmp_path):
+    path = write_parquet(tmp_path, ROWS)
+    loaders = [make_loader(path), make_loader(path)]
+    try:
+        its = [
+            loader.iterator(world_rank=r, world_size=2, batch_format="numpy")
+            for loader in loaders
+            for r in range(2)
+        ]
+        assert all(it._local is not None for it in its)  # each reads in this process
+        assert len({it._reader._actor_id for it in its}) == 1
+        keys = [it._watch_key for it in its]
+        assert len(set(keys)) == 4
+        wait_until(lambda: set(keys) <= set(watched_keys(its[0])), "the coordinators' watches")
+        assert all(loader.stats()["readers"] == 2 for loader in loaders)
+        # Another process's ranks (of two other loaders) have that process's own watch.
+        others = [make_loader(path), make_loader(path)]
+        loaders += others
+        worker, ids = ray.get(ray.remote(num_cpus=0)(watches_in_task).remote(others))
+        assert worker != ray.get_runtime_context().get_worker_id()
+        assert len(set(ids)) == 1 and ids[0] != its[0]._reader._actor_id.hex()
+        for it in its:
+            it.close()
+        assert not set(keys) & set(watched_keys(its[0]))  # released by `close()`
+        for loader in loaders[:2]:  # released by leaving, not taken for a death
+            events = loader.stats()["events"]
+            assert [e["reason"] for e in events if e["event"] == "rank_lost"] == ["left"] * 2
+    finally:
+        for loader in loaders:
+            loader.shutdown()
+
+
+def test_one_ranks_end_releases_only_that_rank(ray_session, tmp_path):
+    loader = make_loader(write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False)
+    try:
+        its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+        ray.get(its[1]._reader.stop.remote(its[1]._watch_key))  # as if rank 1's process died
+        (lost,) = wait_for_lost_ranks(loader, 1)
+        assert (lost["dp_rank"], lost["reason"]) == (1, "reader died")
+        wait_until(lambda: its[0]._watch_key in watched_keys(its[0]), "rank 0's watch")
+        assert sorted(real_ids(its[0])) == list(range(101))  # rank 0 reads on, alone
+        assert len(wait_for_lost_ranks(loader, 1)) == 1
+    finally:
+        loader.shutdown()
+
+
+def test_a_dropped_iterator_releases_its_rank_to_the_others(ray_session, tmp_path):
+    loader = make_loader(
+        write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
+    )
+    try:
+        survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+        dropped = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
+        taken = real_ids([next(iter(dropped))])
+        dropped._acks.flush(wait=True)  # what it received is acknowledged, not requeued
+        del dropped
+        gc.collect()
+        (lost,) = wait_for_lost_ranks(loader, 1)
+        assert lost["dp_rank"] == 1
+        ids = real_ids(survivor)
+        assert sorted(ids + taken) == list(range(101)), "rows of the dropped rank were lost"
+    finally:
+        loader.shutdown()
