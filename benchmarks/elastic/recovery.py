@@ -94,6 +94,9 @@ def recovery_once(paths: list[str], mode: str, rows: int, world: int = 3) -> dic
         batch_size=RECOVERY["batch_size"],
         name=f"elastic-{uuid.uuid4().hex[:8]}",
         policy="dynamic",
+        # Each rank its own reader actor, the process that dies: ranks that read in this
+        # driver would share one watch actor, and killing it would end all of them.
+        consumer_reads=False,
     )
     coordinator = loader._coordinator
     try:

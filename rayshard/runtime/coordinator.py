@@ -32,6 +32,7 @@ from rayshard.core.state import LoaderState
 from rayshard.errors import RayshardError
 from rayshard.runtime import metrics
 from rayshard.runtime.journal import Journal
+from rayshard.runtime.reader_watches import ReaderWatches
 from rayshard.sources import Source
 
 COMPACT_EVERY = 20_000  # commands between two snapshots, at the latest
@@ -55,8 +56,7 @@ class Coordinator:
         self._core = CoordinatorCore(loader_id, source, settings)
         self._usage: dict[int, dict] = {}  # dp rank -> totals of what its consumers got
         self._acked = asyncio.Condition()
-        self._watched: dict[str, Any] = {}  # reader name -> the task that watches it
-        self._shared: dict[str, str] = {}  # reader name -> the process's watch that has it
+        self._watches = ReaderWatches(namespace, self._reader_ended)
         self._rewatch_pending = False
         self._since_snapshot = 0
         # (generation, epoch) -> ranks that received all of it; epochs whose end was compacted
@@ -235,15 +235,13 @@ class Coordinator:
     async def reader_names(self) -> list[str]:
         """Every reader actor this loader named and saw attached (for `Loader.shutdown`;
         not the ranks a shared watch watches: that actor is its process's)."""
-        names = set(self._watched)
-        if self._core.members is not None:
-            names.update(self._core.members.readers.values())
-        return sorted(names - set(self._shared))
+        members = self._core.members
+        return self._watches.actors(set(members.readers.values()) if members else set())
 
     async def shared_watches(self) -> list[tuple[str, str]]:
         """(watch actor, key) of every rank a process's shared watch watched for this
         loader (for `Loader.shutdown`, which releases them: the actors stay)."""
-        return sorted((watch, key) for key, watch in self._shared.items())
+        return self._watches.shared_keys()
 
     async def ping(self) -> bool:
         self._rewatch()
@@ -293,27 +291,14 @@ class Coordinator:
     def _watch(self, dp_rank: int, name: str) -> None:
         """Watch reader `name` (or its key in a shared watch): its end releases `dp_rank`
         (once per reader)."""
-        if name in self._watched:
-            return
-        shared = self._core.members.shared_watch(dp_rank, name)
-        if shared is not None:
-            self._shared[name] = shared
+        self._watches.watch(dp_rank, name, self._core.members.shared_watch(dp_rank, name))
 
-        async def watch() -> None:
-            try:
-                if shared is None:
-                    await ray.get_actor(name, namespace=self._namespace).watch.remote()
-                else:
-                    await ray.get_actor(shared, namespace=self._namespace).watch.remote(name)
-            except Exception:  # noqa: BLE001 - any failure of the watch means it is gone
-                pass
-            members = self._core.members
-            if members is not None and members.readers.get(dp_rank) == name:
-                self._do(cmd.Lost(dp_rank, "reader died", time.time()))
-                async with self._acked:
-                    self._acked.notify_all()
-
-        self._watched[name] = asyncio.get_event_loop().create_task(watch())
+    async def _reader_ended(self, dp_rank: int, name: str) -> None:
+        members = self._core.members
+        if members is not None and members.readers.get(dp_rank) == name:
+            self._do(cmd.Lost(dp_rank, "reader died", time.time()))
+            async with self._acked:
+                self._acked.notify_all()
 
     def _rewatch(self) -> None:
         """After a restart: watch the readers the journal knows about again (the first

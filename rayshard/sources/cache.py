@@ -120,12 +120,9 @@ class FileCache:
         try:
             self._download(fs, path, target)
         except BaseException as error:
-            mine.set_exception(error)
+            self._settle(target, mine, error)
             raise
-        else:
-            mine.set_result(None)
-        finally:
-            self._forget(target)
+        self._settle(target, mine, None)
         return target
 
     def prefetch(self, fs: pafs.FileSystem, path: str) -> None:
@@ -138,17 +135,29 @@ class FileCache:
                 self._pool = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix="rayshard-cache"
                 )
-            future = self._pool.submit(self._download_quietly, fs, path, target)
-            self._pending[target] = future
-        future.add_done_callback(lambda _: self._forget(target))
+            # Registered before the download can end: it takes this lock to forget itself.
+            self._pending[target] = self._pool.submit(self._download_quietly, fs, path, target)
+
+    def _settle(self, target: str, future: Any, error: BaseException | None) -> None:
+        """Forget `target`'s download, then wake its waiters: in this order, a woken waiter
+        finds the file (or tries itself), never the finished download again."""
+        self._forget(target)
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
 
     def _forget(self, target: str) -> None:
         with self._lock:
             self._pending.pop(target, None)
 
     def _download_quietly(self, fs: pafs.FileSystem, path: str, target: str) -> None:
-        with contextlib.suppress(pa.ArrowException, OSError):  # the read retries, reports
-            self._download(fs, path, target)
+        """A prefetch: forgets itself before its future completes (see `_settle`)."""
+        try:
+            with contextlib.suppress(pa.ArrowException, OSError):  # the read retries, reports
+                self._download(fs, path, target)
+        finally:
+            self._forget(target)
 
     def _target(self, fs: pafs.FileSystem, path: str) -> str:
         digest = hashlib.sha1(f"{fs.type_name}:{path}".encode()).hexdigest()[:16]

@@ -73,7 +73,7 @@ def test_ranks_and_loaders_of_one_process_share_its_watch(ray_session, tmp_path)
         assert len(set(ids)) == 1 and ids[0] != its[0]._reader._actor_id.hex()
         for it in its:
             it.close()
-        assert not set(keys) & set(watched_keys(its[0]))  # released by `close()`
+        wait_until(lambda: not set(keys) & set(watched_keys(its[0])), "`close()`'s releases")
         for loader in loaders[:2]:  # released by leaving, not taken for a death
             events = loader.stats()["events"]
             assert [e["reason"] for e in events if e["event"] == "rank_lost"] == ["left"] * 2

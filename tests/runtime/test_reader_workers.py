@@ -119,6 +119,24 @@ def test_reader_workers_without_a_transform_under_dynamic_read_in_threads(ray_se
     loader.shutdown()
 
 
+def test_reader_workers_read_with_as_many_threads_as_the_cpus_each_asks(ray_session, dataset):
+    # No `reader_threads`: each worker reads with the CPUs `transform_resources` gives it.
+    source = PidStampedSource(dataset, delay_s=0.05)  # a worker's pieces overlap in time
+    loader = make_loader(source, reader_workers=2, transform_resources={"CPU": 2})
+    its = iterators(loader, world=1)  # kept: an iterator dropped takes its reader with it
+    batches = run_lockstep(its)  # 2 workers x 2 CPUs: all 4 of the test Ray's
+    readers, workers = actor_pids(loader)
+    assert real_ids(batches) == Counter(range(N))
+    rows = {
+        (int(pid), int(thread))
+        for b in batches[0]
+        for pid, thread in zip(b[READ_PID][~b["_padded"]], b[READ_THREAD][~b["_padded"]])
+    }
+    threads = Counter(pid for pid, _ in rows)  # worker pid -> threads that read
+    assert set(threads) <= set(workers) and max(threads.values()) == 2, threads
+    loader.shutdown()
+
+
 def test_reader_workers_under_packing_give_the_rows_of_one_reader(ray_session, dataset):
     packing = Packing(column="tokens", seq_len=16)
     options = {"packing": packing, "shuffle": True, "columns": ["tokens"]}
