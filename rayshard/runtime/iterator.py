@@ -58,8 +58,11 @@ class ShardIterator:
         self._generation = registration["generation"]
         self._reader = registration["reader"]
         self._watch_key = registration.get("watch_key")  # the reader is a shared watch
+        self._dropped: Any = None  # releases the key if this iterator is dropped unclosed
         if self._watch_key is not None:
-            weakref.finalize(self, _abandon, local_reads, self._reader, self._watch_key)
+            self._dropped = weakref.finalize(
+                self, _abandon, local_reads, self._reader, self._watch_key
+            )
         self._local = local_reads  # a `LocalReads`: this worker reads for itself
         self._placement = placement
         self._depth = prefetch_depth
@@ -220,6 +223,7 @@ class ShardIterator:
         if self._watch_key is None:
             self._reader.stop.remote()
         else:
+            self._dropped.detach()
             self._reader.stop.remote(self._watch_key)
 
     def _begin(self) -> None:

@@ -107,3 +107,23 @@ def epoch_in_task(loader, rank: int, world: int, delay: float) -> list[int]:
         ids += real_ids([batch])
         time.sleep(delay)
     return ids
+
+
+class RestartCheck:
+    """An actor class (made remote by the test): what the coordinator's restart check
+    returns in an actor, and the warnings it and Ray's own property raise."""
+
+    def check(self) -> tuple[bool, list[str], list[str]]:
+        import warnings
+
+        import ray
+
+        from rayshard.runtime.coordinator import _was_restarted
+
+        with warnings.catch_warnings(record=True) as ours:
+            warnings.simplefilter("always")
+            restarted = _was_restarted()
+        with warnings.catch_warnings(record=True) as rays:
+            warnings.simplefilter("always")
+            _ = ray.get_runtime_context().was_current_actor_reconstructed
+        return restarted, [str(w.message) for w in ours], [str(w.message) for w in rays]
