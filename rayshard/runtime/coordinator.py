@@ -52,7 +52,6 @@ class Coordinator:
     ) -> None:
         self._loader_id = loader_id
         self._settings = settings
-        self._namespace = namespace
         self._core = CoordinatorCore(loader_id, source, settings)
         self._usage: dict[int, dict] = {}  # dp rank -> totals of what its consumers got
         self._acked = asyncio.Condition()

@@ -203,9 +203,11 @@ class FileCache:
                 continue
             try:
                 os.unlink(full)  # open handles keep reading the unlinked file (POSIX)
-                self.stats["evictions"] += 1
             except FileNotFoundError:
                 pass
+            else:
+                with self._lock:  # reading threads evict after their downloads, at once
+                    self.stats["evictions"] += 1
             total -= size
 
 
