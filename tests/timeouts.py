@@ -10,6 +10,9 @@ loaded 2-core machine may be several times slower than a quiet one.
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
+from typing import Any
 
 EVENT_ENV = "RAYSHARD_TEST_EVENT_TIMEOUT_S"
 SCENARIO_ENV = "RAYSHARD_TEST_SCENARIO_TIMEOUT_S"
@@ -26,3 +29,16 @@ def event_timeout_message(what: str) -> str:
 
 def scenario_timeout_message(name: str) -> str:
     return f"scenario {name} ran past {SCENARIO_ENV}={SCENARIO_TIMEOUT_S:g} s"
+
+
+def wait_until(predicate: Callable[[], Any], what: str, poll: float = 0.1) -> Any:
+    """`predicate()`'s first true value, polled every `poll` s for up to the event
+    timeout; past it, an AssertionError naming `what`."""
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(event_timeout_message(what))
+        time.sleep(poll)

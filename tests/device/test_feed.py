@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rayshard.device import DeviceFeed, default_device
-from tests.timeouts import EVENT_TIMEOUT_S
+from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 THREAD_NAME = "rayshard-device-feed"
 
@@ -33,14 +33,6 @@ class Counting:
             self.read += 1
             yield {"index": np.array([index]), "x": np.full((4, 3), index, dtype=np.float32)}
             index += 1
-
-
-def wait_until(condition, timeout: float = EVENT_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached within the timeout")
-        time.sleep(0.005)
 
 
 def feed_threads() -> list[threading.Thread]:
@@ -133,12 +125,16 @@ def test_source_is_read_at_most_prefetch_depth_plus_one_ahead(depth):
     source = Counting()
     with DeviceFeed(source, device="cpu", prefetch_depth=depth) as feed:
         feed.start()
-        wait_until(lambda: source.read == depth + 1)
+        wait_until(lambda: source.read == depth + 1, "the feed to read ahead", poll=0.005)
         time.sleep(0.1)  # give an unbounded feed the chance to read on
         assert source.read == depth + 1
         for taken in range(1, 4):
             next(feed)
-            wait_until(lambda taken=taken: source.read == taken + depth + 1)
+            wait_until(
+                lambda taken=taken: source.read == taken + depth + 1,
+                "the feed to read ahead again",
+                poll=0.005,
+            )
             time.sleep(0.05)
             assert source.read == taken + depth + 1
 
@@ -147,7 +143,7 @@ def test_delivered_count_excludes_prefetched_batches():
     source = Counting()
     with DeviceFeed(source, device="cpu", prefetch_depth=4) as feed:
         taken = [next(feed) for _ in range(3)]
-        wait_until(lambda: source.read == 3 + 4 + 1)
+        wait_until(lambda: source.read == 3 + 4 + 1, "the feed to read ahead", poll=0.005)
         assert feed.batches_delivered == 3
         assert feed.stats().batches_delivered == 3
         assert [int(b["index"][0]) for b in taken] == [0, 1, 2]
@@ -192,7 +188,7 @@ def test_close_stops_the_thread_and_the_reading():
     source = Counting()
     feed = DeviceFeed(source, device="cpu", prefetch_depth=2)
     next(feed)
-    wait_until(lambda: source.read == 4)
+    wait_until(lambda: source.read == 4, "the source's 4th batch", poll=0.005)
     assert len(feed_threads()) == 1
     feed.close()
     assert feed_threads() == []
@@ -288,7 +284,7 @@ def test_on_wait_is_called_only_when_the_consumer_waits():
     ready = [{"index": np.array([i])} for i in range(2)]
     with DeviceFeed(ready, device="cpu", on_wait=lambda: waits.append(1)) as feed:
         feed.start()
-        wait_until(lambda: len(feed._channel) == 2)
+        wait_until(lambda: len(feed._channel) == 2, "2 batches staged", poll=0.005)
         next(feed), next(feed)
     assert waits == []  # both batches were waiting in the queue
 

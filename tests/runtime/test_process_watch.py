@@ -6,7 +6,6 @@ releases its rank to the others), and a rank's end is noticed without ending the
 from __future__ import annotations
 
 import gc
-import time
 
 import pytest
 import ray
@@ -14,7 +13,7 @@ import ray
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import real_ids, unique_name, watches_in_task, write_parquet
-from tests.timeouts import EVENT_TIMEOUT_S, event_timeout_message
+from tests.timeouts import wait_until
 
 ROWS = [40, 35, 26]  # 101 rows, row groups of 7
 
@@ -27,17 +26,6 @@ def make_loader(path: str, **options) -> Loader:
 
 def watched_keys(iterator) -> list[str]:
     return ray.get(iterator._reader.keys.remote())
-
-
-def wait_until(predicate, what: str):
-    """`predicate()`'s first true value (the coordinator's calls arrive when they do)."""
-    deadline = time.monotonic() + EVENT_TIMEOUT_S
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(event_timeout_message(what))
 
 
 def wait_for_lost_ranks(loader: Loader, count: int) -> list[dict]:
