@@ -141,12 +141,15 @@ class EpochRecord:
     end: float  # its last batch arrived
     rows: int
     batches: int
-    ids: np.ndarray  # ids of the real (not padded) rows received
+    # (k, 2) half-open runs of the ids of the real rows received, in arrival order: an
+    # unshuffled epoch is a few runs, so the harness's own memory (counted in every
+    # loader's PSS, in the ranks and in the driver that gathers the records) stays small
+    runs: np.ndarray
     first_rows: int = 0  # real rows of its first batch
 
 
 class EpochTimer:
-    """Consume an iterable of batches on one rank, timing it and keeping the ids.
+    """Consume an iterable of batches on one rank, timing it and keeping the ids as runs.
 
     `ids_of(batch)` returns the ids of the batch's real rows; `check(batch)` is called on
     the first batch (shape and dtype checks).
@@ -157,44 +160,74 @@ class EpochTimer:
         self.start = time.time() if start is None else start
 
     def consume(self, batches, ids_of, check=None) -> EpochRecord:
-        first, count, parts = None, 0, []
+        first, count, rows, first_rows, parts = None, 0, 0, 0, []
         for batch in batches:
             if first is None:
                 first = time.time()
                 if check is not None:
                     check(batch)
-            parts.append(np.array(ids_of(batch), dtype=np.int64))
+            ids = np.asarray(ids_of(batch), dtype=np.int64)
+            if count == 0:
+                first_rows = int(ids.size)
+            parts.append(id_runs(ids))
+            rows += int(ids.size)
             count += 1
         end = time.time()
-        ids = np.concatenate(parts) if parts else np.empty(0, np.int64)
-        first_rows = int(parts[0].size) if parts else 0
+        runs = merge_adjacent(np.concatenate(parts)) if parts else np.empty((0, 2), np.int64)
         return EpochRecord(
-            self.rank,
-            self.epoch,
-            self.start,
-            first or end,
-            end,
-            int(ids.size),
-            count,
-            ids,
-            first_rows,
+            self.rank, self.epoch, self.start, first or end, end, rows, count, runs, first_rows
         )
 
 
+def id_runs(ids: np.ndarray) -> np.ndarray:
+    """`ids` in their order as (k, 2) half-open runs of consecutive ids."""
+    if ids.size == 0:
+        return np.empty((0, 2), np.int64)
+    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [ids.size]))
+    return np.stack((ids[starts], ids[ends - 1] + 1), axis=1)
+
+
+def merge_adjacent(runs: np.ndarray) -> np.ndarray:
+    """`runs` with each run that starts where the one before it ends joined to it."""
+    if len(runs) < 2:
+        return runs
+    starts_new = np.concatenate(([True], runs[1:, 0] != runs[:-1, 1]))
+    first = np.flatnonzero(starts_new)
+    last = np.concatenate((first[1:], [len(runs)])) - 1
+    return np.stack((runs[first, 0], runs[last, 1]), axis=1)
+
+
 def coverage(records: Sequence[EpochRecord], num_rows: int) -> dict:
-    """Exactly-once check of one epoch: the union of ids over ranks is 0..num_rows-1."""
-    ids = np.concatenate([r.ids for r in records]) if records else np.empty(0, np.int64)
-    unique = np.unique(ids)
-    missing = num_rows - int(np.count_nonzero((unique >= 0) & (unique < num_rows)))
-    duplicates = int(ids.size - unique.size)
-    extra = int(np.count_nonzero((unique < 0) | (unique >= num_rows)))
+    """Exactly-once check of one epoch: the union of ids over ranks is 0..num_rows-1,
+    each received once."""
+    runs = np.concatenate([r.runs for r in records]) if records else np.empty((0, 2), np.int64)
+    received = int((runs[:, 1] - runs[:, 0]).sum())
+    inside = np.clip(runs, 0, num_rows)
+    union_inside = _union_size(inside)
+    union_all = _union_size(runs)
+    missing = num_rows - union_inside
+    extra = union_all - union_inside
+    duplicates = received - union_all
     return {
         "ok": missing == 0 and duplicates == 0 and extra == 0,
-        "rows_received": int(ids.size),
+        "rows_received": received,
         "missing": missing,
         "duplicates": duplicates,
         "unknown_ids": extra,
     }
+
+
+def _union_size(runs: np.ndarray) -> int:
+    """How many distinct ids the half-open `runs` cover together."""
+    runs = runs[runs[:, 1] > runs[:, 0]]
+    if len(runs) == 0:
+        return 0
+    runs = runs[np.argsort(runs[:, 0], kind="stable")]
+    reach = np.maximum.accumulate(runs[:, 1])  # the furthest end so far
+    begins = np.maximum(runs[:, 0], np.concatenate(([runs[0, 0]], reach[:-1])))
+    return int(np.maximum(runs[:, 1] - begins, 0).sum())
 
 
 def summarize_epoch(records: Sequence[EpochRecord], num_rows: int, row_bytes: int) -> dict:
