@@ -29,9 +29,7 @@ rank = st.lists(batch, max_size=6)
 @settings(max_examples=300, deadline=None)
 @given(st.lists(rank, min_size=1, max_size=3), st.integers(0, 40))
 def test_coverage_of_runs_counts_as_the_ids_do(ranks, num_rows):
-    records = [
-        EpochTimer(r, 0).consume(batches, lambda b: b) for r, batches in enumerate(ranks)
-    ]
+    records = [EpochTimer(r, 0).consume(batches, lambda b: b) for r, batches in enumerate(ranks)]
     ids = np.array([i for batches in ranks for b in batches for i in b], dtype=np.int64)
     assert coverage(records, num_rows) == _reference(ids, num_rows)
     assert [r.rows for r in records] == [sum(map(len, batches)) for batches in ranks]
