@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from rayshard.errors import ConfigError
 from rayshard.sources._files import ChunkedFileSource
+from rayshard.sources.cache import is_remote
 
 _MAGIC = b"PAR1"
 
@@ -82,7 +83,11 @@ class ParquetSource(ChunkedFileSource):
         return rows, schema
 
     def _open(self, fs: pafs.FileSystem, path: str) -> Any:
-        return pq.ParquetFile(fs.open_input_file(path))
+        # Pre-buffering coalesces a row group's column reads into few large requests: worth
+        # it on a remote store. On a local disk (or the cache's local copy) it only costs
+        # memory: each open file keeps its last row group's raw column chunks (17 MB per
+        # handle in the benchmark's data, 250 MB over a process's cached handles).
+        return pq.ParquetFile(fs.open_input_file(path), pre_buffer=is_remote(fs))
 
     def _read_chunk(self, handle: Any, chunk: int, columns: list[str] | None) -> pa.Table:
         return handle.read_row_group(chunk, columns=columns)

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import subprocess
+import sys
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.feather as feather
 import pyarrow.fs as pafs
@@ -163,3 +166,37 @@ def test_large_row_group_split_reads_slices(tmp_path):
         assert ids_of(source.read(a, b)) == list(range(a, b))
     assert all(isinstance(b, pa.RecordBatch) for b in source.read(0, 10))
     assert os.path.basename(source.describe().split("(")[1].split(";")[0]) == "big.parquet"
+
+
+def test_open_local_files_hold_no_row_group_after_a_read(tmp_path):
+    """A process keeps its Parquet files open between reads. On a local disk none of them
+    may keep the last row group's column chunks (pyarrow's pre-buffering does: one row
+    group per open file, 250 MB over a reader's files in the loader benchmark). Measured in
+    a process of its own: Arrow's allocation counter is process-wide."""
+    rng = np.random.default_rng(0)
+    files, rows = 6, 4096
+    for i in range(files):
+        x = pa.array(rng.standard_normal(rows * 64, dtype=np.float32))
+        table = pa.table(
+            {
+                "x": pa.FixedSizeListArray.from_arrays(x, 64),
+                "id": pa.array(range(i * rows, (i + 1) * rows), pa.int64()),
+            }
+        )
+        pq.write_table(table, tmp_path / f"part-{i}.parquet", row_group_size=rows)
+    probe = (
+        "import sys, pyarrow as pa\n"
+        "from rayshard.sources.parquet import ParquetSource\n"
+        "source = ParquetSource(sys.argv[1])\n"
+        "before = pa.total_allocated_bytes()\n"
+        "rows = sum(batch.num_rows for batch in source.read(0, source.layout().num_samples))\n"
+        "print(rows, source.stats()['files_opened'], pa.total_allocated_bytes() - before)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    read, opened, held = map(int, done.stdout.split())
+    assert read == files * rows
+    assert opened == files  # all still open, in the handle cache
+    assert held < rows * 64 * 4, f"{held:,} bytes of Arrow memory still held after the read"
