@@ -17,6 +17,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from rayshard.plan import intervals as iv
+from rayshard.runtime.acks import sample_runs
+
 MB = 1e6
 
 
@@ -169,7 +172,8 @@ class EpochTimer:
             ids = np.asarray(ids_of(batch), dtype=np.int64)
             if count == 0:
                 first_rows = int(ids.size)
-            parts.append(id_runs(ids))
+            # runs in arrival order (the acknowledgements' helper: it cuts where ids jump)
+            parts.append(np.array(sample_runs(ids), dtype=np.int64).reshape(-1, 2))
             rows += int(ids.size)
             count += 1
         end = time.time()
@@ -177,16 +181,6 @@ class EpochTimer:
         return EpochRecord(
             self.rank, self.epoch, self.start, first or end, end, rows, count, runs, first_rows
         )
-
-
-def id_runs(ids: np.ndarray) -> np.ndarray:
-    """`ids` in their order as (k, 2) half-open runs of consecutive ids."""
-    if ids.size == 0:
-        return np.empty((0, 2), np.int64)
-    breaks = np.flatnonzero(np.diff(ids) != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [ids.size]))
-    return np.stack((ids[starts], ids[ends - 1] + 1), axis=1)
 
 
 def merge_adjacent(runs: np.ndarray) -> np.ndarray:
@@ -204,9 +198,9 @@ def coverage(records: Sequence[EpochRecord], num_rows: int) -> dict:
     each received once."""
     runs = np.concatenate([r.runs for r in records]) if records else np.empty((0, 2), np.int64)
     received = int((runs[:, 1] - runs[:, 0]).sum())
-    inside = np.clip(runs, 0, num_rows)
-    union_inside = _union_size(inside)
-    union_all = _union_size(runs)
+    union = iv.normalize(runs.tolist())
+    union_all = iv.total(union)
+    union_inside = iv.total(iv.intersect(union, ((0, num_rows),)))
     missing = num_rows - union_inside
     extra = union_all - union_inside
     duplicates = received - union_all
@@ -217,17 +211,6 @@ def coverage(records: Sequence[EpochRecord], num_rows: int) -> dict:
         "duplicates": duplicates,
         "unknown_ids": extra,
     }
-
-
-def _union_size(runs: np.ndarray) -> int:
-    """How many distinct ids the half-open `runs` cover together."""
-    runs = runs[runs[:, 1] > runs[:, 0]]
-    if len(runs) == 0:
-        return 0
-    runs = runs[np.argsort(runs[:, 0], kind="stable")]
-    reach = np.maximum.accumulate(runs[:, 1])  # the furthest end so far
-    begins = np.maximum(runs[:, 0], np.concatenate(([runs[0, 0]], reach[:-1])))
-    return int(np.maximum(runs[:, 1] - begins, 0).sum())
 
 
 def summarize_epoch(records: Sequence[EpochRecord], num_rows: int, row_bytes: int) -> dict:
