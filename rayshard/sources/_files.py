@@ -10,6 +10,7 @@ from __future__ import annotations
 import abc
 import bisect
 import collections
+import dataclasses
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -29,6 +30,19 @@ from rayshard.sources.schema import conform
 
 #: How many opened files a process keeps (bounded, so huge datasets do not exhaust fds).
 OPEN_FILES_CACHE = 64
+#: Bytes that a process's open remote files may keep buffered between reads, beyond each
+#: reading thread's latest file: Parquet's pre-buffering keeps a file's last row group as
+#: stored until its next read, so 64 open files of 128 MB row groups would hold 8 GB.
+OPEN_FILES_BUFFERED = 256 << 20
+
+
+@dataclasses.dataclass(slots=True)
+class _OpenFile:
+    """A cached reader of one file for one thread."""
+
+    handle: Any
+    remote: bool  # opened on a remote store (not the local cache's copy)
+    buffered: int = 0  # bytes it keeps between reads (Parquet's pre-buffered row group)
 
 
 def check_columns(columns: Sequence[str] | None, schema: pa.Schema, where: str) -> list[str] | None:
@@ -97,6 +111,11 @@ class ChunkedFileSource(Source):
     def _read_chunk(self, handle: Any, chunk: int, columns: list[str] | None) -> pa.Table:
         """One whole chunk, projected to `columns`."""
 
+    def _buffered_bytes(self, handle: Any, chunk: int, columns: list[str] | None) -> int:
+        """What a handle opened on a remote store keeps buffered after reading `chunk`
+        (until its next read); default: nothing."""
+        return 0
+
     def _prune_chunks(
         self, fs: pafs.FileSystem, path: str, filter_: Any, partition: dict[str, Any], n: int
     ) -> list[int]:
@@ -106,7 +125,9 @@ class ChunkedFileSource(Source):
 
     # -- process-local state: never pickled ------------------------------------------------
     def _init_process_state(self) -> None:
-        self._handles: collections.OrderedDict[tuple[int, int], Any] = collections.OrderedDict()
+        self._handles: collections.OrderedDict[tuple[int, int], _OpenFile] = (
+            collections.OrderedDict()
+        )
         # Guards `_handles`: a shard actor may read from several threads at once.
         self._handles_lock = threading.Lock()
         self._stats = {"chunks_read": 0, "rows_decoded": 0, "files_opened": 0}
@@ -194,7 +215,7 @@ class ChunkedFileSource(Source):
         chunk_id = file.chunk_ids[chunk]
         try:
             table = with_retries(
-                lambda: self._read_chunk(self._handle(f), chunk_id, wanted),
+                lambda: self._read_through_handle(f, chunk_id, wanted),
                 remote=is_remote(self._filesystems[file.fs_index]),
                 on_retry=lambda: self._drop_handle(f),
             )
@@ -223,17 +244,30 @@ class ChunkedFileSource(Source):
 
     _chunk_name = "chunk"
 
+    def _read_through_handle(self, f: int, chunk: int, columns: list[str] | None) -> pa.Table:
+        """Chunk `chunk` of file `f` through this thread's handle, then the byte bound."""
+        handle = self._handle(f)
+        table = self._read_chunk(handle, chunk, columns)
+        key = (threading.get_ident(), f)
+        with self._handles_lock:
+            opened = self._handles.get(key)
+            if opened is not None and opened.remote:
+                opened.buffered = self._buffered_bytes(handle, chunk, columns)
+                self._evict()
+        return table
+
     def _handle(self, f: int) -> Any:
         # One handle per (thread, file): pyarrow's file readers are not safe to read from
         # several threads at once (a shard reader with reader_threads > 1 does).
         key = (threading.get_ident(), f)
         with self._handles_lock:
-            handle = self._handles.get(key)
-            if handle is not None:
+            opened = self._handles.get(key)
+            if opened is not None:
                 self._handles.move_to_end(key)
-                return handle
+                return opened.handle
         file = self._files[f]
         fs = self._filesystems[file.fs_index]
+        remote = False
         try:
             if self._cache is not None and is_remote(fs):
                 handle = self._open(pafs.LocalFileSystem(), self._cache.local_path(fs, file.path))
@@ -241,17 +275,35 @@ class ChunkedFileSource(Source):
                     following = self._files[f + 1]
                     self._cache.prefetch(self._filesystems[following.fs_index], following.path)
             else:  # a remote store's brief outage while opening rides through, as reads do
-                handle = with_retries(lambda: self._open(fs, file.path), remote=is_remote(fs))
+                remote = is_remote(fs)
+                handle = with_retries(lambda: self._open(fs, file.path), remote=remote)
         except (pa.ArrowException, OSError) as error:
             if is_denied(error):
                 raise _denied(file.display, "opening it", error) from error
             raise DataError(f"{file.display}: cannot open the file any more ({error})") from error
         with self._handles_lock:
             self._stats["files_opened"] += 1
-            self._handles[key] = handle
-            while len(self._handles) > OPEN_FILES_CACHE:
-                self._handles.popitem(last=False)
+            self._handles[key] = _OpenFile(handle, remote)
+            self._evict()
         return handle
+
+    def _evict(self) -> None:
+        """Close the least recently used handles past `OPEN_FILES_CACHE` files, then those
+        whose buffers take the total past `OPEN_FILES_BUFFERED`, sparing each thread's
+        latest file (the one it reads). Called with `_handles_lock` held."""
+        while len(self._handles) > OPEN_FILES_CACHE:
+            self._handles.popitem(last=False)
+        buffered = sum(opened.buffered for opened in self._handles.values())
+        if buffered <= OPEN_FILES_BUFFERED:
+            return
+        latest: dict[int, tuple[int, int]] = {}
+        for key in reversed(self._handles):
+            latest.setdefault(key[0], key)
+        for key in list(self._handles):
+            if buffered <= OPEN_FILES_BUFFERED:
+                break
+            if self._handles[key].buffered and latest[key[0]] != key:
+                buffered -= self._handles.pop(key).buffered
 
     def _drop_handle(self, f: int) -> None:
         """Forget this thread's handle of file `f` (a failed remote read reopens it)."""

@@ -92,6 +92,15 @@ class ParquetSource(ChunkedFileSource):
     def _read_chunk(self, handle: Any, chunk: int, columns: list[str] | None) -> pa.Table:
         return handle.read_row_group(chunk, columns=columns)
 
+    def _buffered_bytes(self, handle: Any, chunk: int, columns: list[str] | None) -> int:
+        # A pre-buffered handle keeps the row group's column chunks as stored.
+        group = handle.metadata.row_group(chunk)
+        return sum(
+            group.column(i).total_compressed_size
+            for i in range(group.num_columns)
+            if columns is None or _belongs(group.column(i).path_in_schema, columns)
+        )
+
     def _prune_chunks(
         self, fs: pafs.FileSystem, path: str, filter_: Any, partition: dict[str, Any], n: int
     ) -> list[int]:
@@ -123,3 +132,8 @@ class ParquetSource(ChunkedFileSource):
                 out.append((file.display, group, offset, offset + rows))
                 offset += rows
         return out
+
+
+def _belongs(path_in_schema: str, columns: list[str]) -> bool:
+    """Whether a Parquet leaf ("x.list.element") is, or is inside, one of `columns`."""
+    return any(path_in_schema == c or path_in_schema.startswith(c + ".") for c in columns)

@@ -211,6 +211,93 @@ def test_opening_a_file_during_an_outage_retries(s3):
     assert rows["id"].to_pylist() == list(range(last - 5, last))
 
 
+_HELD_PROBE = """
+import gc, sys, pyarrow as pa, pyarrow.fs as pafs
+import rayshard.sources._files as files
+from rayshard.sources.parquet import ParquetSource
+endpoint, folder, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
+files.OPEN_FILES_BUFFERED = budget
+fs = pafs.S3FileSystem(endpoint_override=endpoint, scheme="http", region="us-east-1",
+                       access_key="testing", secret_key="testing")
+source = ParquetSource(folder, filesystem=fs)
+rows = sum(batch.num_rows for batch in source.read(0, source.layout().num_samples))
+gc.collect()
+opened, open_held = source.stats()["files_opened"], pa.total_allocated_bytes()
+del source
+gc.collect()
+print(rows, opened, open_held - pa.total_allocated_bytes())
+"""
+
+
+def test_open_remote_files_keep_a_bounded_number_of_row_groups(s3):
+    """A remote Parquet file is pre-buffered (one request per row group), so an open
+    handle keeps its last row group as stored until its next read; a process's open
+    remote files together keep at most `OPEN_FILES_BUFFERED` bytes (each reading thread's
+    latest file spared). Read in a process of its own: Arrow's counter is process-wide."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    fs = s3.filesystem()
+    rng = np.random.default_rng(0)
+    files, rows = 12, 4096
+    stored = 0
+    for i in range(files):
+        x = pa.array(rng.standard_normal(rows * 64, dtype=np.float32))
+        table = pa.table({"x": pa.FixedSizeListArray.from_arrays(x, 64)})
+        path = f"{BUCKET}/held/part-{i:02d}.parquet"
+        pq.write_table(table, path, filesystem=fs, row_group_size=rows)
+        with fs.open_input_file(path) as handle:
+            group = pq.ParquetFile(handle).metadata.row_group(0)
+            stored += sum(group.column(c).total_compressed_size for c in range(group.num_columns))
+
+    def held(budget: int) -> int:
+        args = [s3.endpoint, f"{BUCKET}/held", str(budget)]
+        done = subprocess.run(
+            [sys.executable, "-c", _HELD_PROBE, *args], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode == 0, done.stderr
+        read, opened, kept = map(int, done.stdout.split())
+        assert read == files * rows
+        assert opened == files  # read in order: no file opened twice
+        return kept
+
+    group = stored // files
+    unbounded = held(1 << 40)  # every open file keeps its row group
+    assert unbounded > stored * 0.9, (unbounded, stored)
+    bounded = held(4 * group)
+    assert bounded <= 4.5 * group, (bounded, group)
+    latest_only = held(0)  # the reading thread's file is spared
+    assert 0.5 * group < latest_only <= 1.5 * group, (latest_only, group)
+
+
+def test_a_threads_latest_remote_file_stays_open_under_a_zero_budget(s3, monkeypatch):
+    """Two threads taking turns on two files keep one handle each: the byte bound never
+    closes a thread's latest file, so reading on in it opens nothing again."""
+    import rayshard.sources._files as files
+
+    monkeypatch.setattr(files, "OPEN_FILES_BUFFERED", 0)
+    source = ParquetSource(f"{BUCKET}/train", filesystem=s3.filesystem())
+    turns = [threading.Event() for _ in range(7)]
+    turns[0].set()
+
+    def read(first_turn: int, start: int) -> list[int]:
+        ids = []
+        for k, turn in enumerate(range(first_turn, 6, 2)):
+            turns[turn].wait()
+            batch = next(source.read(start + 10 * k, start + 10 * k + 10))
+            ids += batch.column("id").to_pylist()
+            turns[turn + 1].set()
+        return ids
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(read, 0, 0)  # file 0's rows 0-29
+        second = pool.submit(read, 1, 40)  # file 1's rows 40-69
+        assert first.result() == list(range(30)) and second.result() == list(range(40, 70))
+    assert source.stats()["files_opened"] == 2
+
+
 def test_cache_second_epoch_reads_locally_with_the_server_stopped(ray_session, s3, tmp_path):
     from rayshard.loader import Loader
 
