@@ -172,13 +172,19 @@ def test_readme_packing_snippet_and_yaml_line(tmp_path):
 
 
 @st.composite
-def split_cases(draw):
-    lengths = draw(st.lists(st.integers(0, 20), min_size=0, max_size=25))
+def split_cases(draw, split: bool = True):
+    seq_len = draw(st.integers(1, 12) if split else st.integers(2, 24))
+    separator = draw(st.sampled_from([None, 77777]))
+    longest = 20 if split else seq_len - (separator is not None)  # no-split: every one fits
+    lengths = draw(st.lists(st.integers(0, longest), min_size=0, max_size=25 if split else 60))
+    if not split and draw(st.integers(0, 9)) == 0:  # now and then one that cannot fit
+        lengths.insert(draw(st.integers(0, len(lengths))), longest + 1)
     packing = Packing(
         column="tokens",
-        seq_len=draw(st.integers(1, 12)),
-        separator=draw(st.sampled_from([None, 77777])),
-        last_row=draw(st.sampled_from(["pad", "drop"])),
+        seq_len=seq_len,
+        separator=separator,
+        split_documents=split,
+        last_row=draw(st.sampled_from(["pad", "drop"])) if split else "pad",
         pad_id=-5,
     )
     chunks = draw(st.lists(st.integers(1, 6), min_size=1, max_size=8))
@@ -198,11 +204,47 @@ def _chunked(data, chunks):
 @settings(max_examples=200, deadline=None)
 @given(split_cases())
 def test_numpy_split_path_equals_the_per_document_path(case):
-    lengths, packing, batch_size, chunks, cut = case
+    _assert_numpy_path_equals_the_per_document_path(*case)
+
+
+@settings(max_examples=200, deadline=None)
+@given(split_cases(split=False))
+def test_numpy_first_fit_path_equals_the_per_document_path(case):
+    """No-split packing (first-fit over a window of open rows): the same batches, and a
+    document too long for a row the same `DataError`."""
+    lengths, packing, *rest = case
+    spec = packing.spec
+    if any(spec.size(n) > spec.seq_len for n in lengths):
+        errors = []
+        for fast in (True, False):
+            with pytest.raises(DataError, match="without splitting it cannot be packed") as e:
+                list(
+                    packed_batches(
+                        iter(_chunked(table(lengths), [3])), packing, 2, {}, 99, fast=fast
+                    )
+                )
+            errors.append(str(e.value))
+        assert errors[0] == errors[1]
+        return
+    _assert_numpy_path_equals_the_per_document_path(lengths, packing, *rest)
+
+
+def test_first_fit_paths_agree_on_documents_resumed_part_way():
+    """Offsets inside documents (a split document's rest) under first-fit: both paths
+    start them at that token, positions included."""
+    lengths = [5, 7, 3, 6]
+    packing = Packing(column="tokens", seq_len=8, separator=9, split_documents=False)
+    _assert_numpy_path_equals_the_per_document_path(lengths, packing, 2, [2], 0, {1: 4, 3: 6})
+
+
+def _assert_numpy_path_equals_the_per_document_path(
+    lengths, packing, batch_size, chunks, cut, offsets=None
+):
     data = table(lengths)
     spec = packing.spec
-    rows = list(plan_rows(((i, n) for i, n in enumerate(lengths)), spec))
-    _, offsets = resume_point(rows[: min(cut, len(rows))])  # resume inside documents
+    if offsets is None:
+        rows = list(plan_rows(((i, n) for i, n in enumerate(lengths)), spec))
+        _, offsets = resume_point(rows[: min(cut, len(rows))])  # resume inside documents
     order = [i for i in range(len(lengths))]
     count = count_rows(((i, lengths[i]) for i in order), spec, offsets)
     planned = -(-count // batch_size) + 1  # one padding batch too

@@ -99,11 +99,7 @@ def _first_fit(docs: Iterable[tuple[int, int]], spec: PackSpec, offsets: Mapping
         at = offsets.get(index, 0)
         size = spec.size(tokens) - at
         if size > spec.seq_len:
-            raise DataError(
-                f"sample {index} has {tokens} tokens, more than seq_len={spec.seq_len} "
-                f"with its separator: without splitting it cannot be packed; raise seq_len "
-                f"or split documents"
-            )
+            raise too_long(index, tokens, spec)
         span = Span(index, at, at + size, True)
         for spans, fill in bins:
             if fill[0] + size <= spec.seq_len:
@@ -116,6 +112,15 @@ def _first_fit(docs: Iterable[tuple[int, int]], spec: PackSpec, offsets: Mapping
                 yield Row(tuple(bins.pop(0)[0]))
     for spans, _ in bins:
         yield Row(tuple(spans))
+
+
+def too_long(index: int, tokens: int, spec: PackSpec) -> DataError:
+    """The error for a document that no row can hold without splitting it."""
+    return DataError(
+        f"sample {index} has {tokens} tokens, more than seq_len={spec.seq_len} "
+        f"with its separator: without splitting it cannot be packed; raise seq_len "
+        f"or split documents"
+    )
 
 
 def count_rows(docs: Iterable[tuple[int, int]], spec: PackSpec, offsets: Mapping | None = None):
@@ -212,5 +217,6 @@ __all__ = [
     "materialize",
     "plan_rows",
     "resume_point",
+    "too_long",
     "unpack",
 ]

@@ -20,6 +20,7 @@ from rayshard.core.packing import Row, materialize, plan_rows
 from rayshard.data.batching import FLUSH, INDEX_KEY, PADDED_KEY
 from rayshard.data.packing import Packing
 from rayshard.errors import RayshardError
+from rayshard.runtime._packing_fit import fit_batches
 from rayshard.runtime._packing_split import split_batches
 
 COMPLETED_KEY = "_completed"  # int64 sample indices finished in this batch
@@ -51,8 +52,8 @@ def packed_batches(
     fast: bool = True,
 ) -> Iterator[dict[str, Any]]:
     """`batches` batches of `batch_size` packed rows (the last real one may be shorter;
-    padding batches after it are marked `_padded`). Split mode runs the numpy path unless
-    `fast=False` (the per-document path, which the tests compare it with)."""
+    padding batches after it are marked `_padded`). Both modes run their numpy path unless
+    `fast=False` (the per-document path, which the tests compare them with)."""
     spec = packing.spec
     store: dict[int, np.ndarray] = {}  # tokens of documents in rows not yet emitted
     dtype: list[Any] = [np.int64]
@@ -78,10 +79,9 @@ def packed_batches(
         return out
 
     made = 0
-    if spec.split and fast:
-        real = split_batches(
-            record_batches, packing.column, spec, packing.pad_id, batch_size, offsets
-        )
+    if fast:
+        numpy_path = split_batches if spec.split else fit_batches
+        real = numpy_path(record_batches, packing.column, spec, packing.pad_id, batch_size, offsets)
     else:
         real = _rows_batches(plan_rows(lengths(), spec, offsets), batch, batch_size)
     while True:
