@@ -41,10 +41,10 @@ def resolve_paths(
             matched = _glob(fs, path)
             if not matched:
                 raise ConfigError(f"the glob {display!r} matches no file: check the pattern")
-            root = "/".join(
-                itertools.takewhile(lambda p: not _GLOB_CHARS.search(p), path.split("/"))
+            root, display_root = _fixed_part(path), _fixed_part(display)
+            out.extend(
+                (fs, p, _display(display_root, root, p), _relative(p, root)) for p in matched
             )
-            out.extend((fs, p, _display(display, path, p), _relative(p, root)) for p in matched)
             continue
         try:
             info = fs.get_file_info(path)
@@ -98,10 +98,19 @@ def _strip_scheme(raw: str, filesystem: pafs.FileSystem) -> str:
     return rest
 
 
+def _fixed_part(pattern: str) -> str:
+    """The folders of a glob before its first pattern character ("data/*/x" -> "data")."""
+    parts = pattern.split("/")
+    return "/".join(itertools.takewhile(lambda p: not _GLOB_CHARS.search(p), parts[:-1]))
+
+
 def _display(display_root: str, root: str, path: str) -> str:
-    return (
-        display_root.rstrip("/") + path[len(root.rstrip("/")) :] if path != root else display_root
-    )
+    """How errors name `path`: as the user named its folder (`display_root`), plus the
+    rest of the path under `root`."""
+    if path == root:
+        return display_root
+    rest = path[len(root.rstrip("/")) :]
+    return display_root.rstrip("/") + rest if display_root else rest.lstrip("/")
 
 
 def _relative(path: str, root: str) -> str:

@@ -44,6 +44,34 @@ def test_non_parquet_file_in_the_folder(tmp_path):
     assert ParquetSource(str(tmp_path / "*.parquet")).layout().num_samples == 10
 
 
+@pytest.mark.parametrize("relative", [False, True])
+def test_errors_under_a_glob_name_the_file_as_the_user_named_its_folder(
+    tmp_path, monkeypatch, relative
+):
+    """Each error names the real file, written as the glob's folder was written (absolute,
+    or relative to the working folder), not the glob."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_dataset(folder, [5, 5])
+    table = table_of(range(10, 15)).set_column(1, "value", pa.array(["a"] * 5))
+    pq.write_table(table, folder / "part-002.parquet")
+    if relative:
+        monkeypatch.chdir(tmp_path)
+    glob = "data/*.parquet" if relative else str(folder / "*.parquet")
+    named = "data" if relative else str(folder)
+    with pytest.raises(ConfigError) as info:
+        ParquetSource(glob)
+    message = str(info.value)
+    assert f"{named}/part-000.parquet" in message and f"{named}/part-002.parquet" in message
+    assert "*" not in message
+    (folder / "part-002.parquet").unlink()
+    source = ParquetSource(glob)
+    assert source.files == [f"{named}/part-000.parquet", f"{named}/part-001.parquet"]
+    (folder / "part-001.parquet").unlink()  # gone after the source was made
+    with pytest.raises(DataError, match=rf"^{named}/part-001\.parquet: cannot open the file"):
+        list(source.read(0, 10))
+
+
 def test_tiny_non_parquet_file(tmp_path):
     (tmp_path / "x.parquet").write_bytes(b"PA")
     with pytest.raises(ConfigError, match=r"x\.parquet is not a Parquet file"):
