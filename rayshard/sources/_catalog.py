@@ -35,6 +35,7 @@ class FileChunks:
     chunk_ids: tuple[int, ...] = ()
     selections: tuple[np.ndarray | None, ...] = ()
     partition: tuple[tuple[str, str], ...] = ()
+    version: str = ""  # "size:mtime" when the source was made (keys the remote file cache)
 
     @property
     def num_rows(self) -> int:
@@ -59,10 +60,10 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
             "folders become columns; the default) or None"
         )
     filesystems: list[pafs.FileSystem] = []
-    found: list[tuple[int, str, str, str, list[int]]] = []
+    found: list[tuple[int, str, str, str, list[int], str]] = []
     schema_of: tuple[str, pa.Schema] | None = None
     promoted: set[str] = set()
-    for fs, path, display, relative in resolved:
+    for fs, path, display, relative, version in resolved:
         if fs not in filesystems:
             filesystems.append(fs)
         chunk_rows, schema = source._inspect(fs, path, display)
@@ -76,7 +77,7 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
             merged, changed = merge_schemas(schema_of, (display, schema))
             promoted.update(changed)
             schema_of = (schema_of[0], merged)
-        found.append((filesystems.index(fs), path, display, relative, chunk_rows))
+        found.append((filesystems.index(fs), path, display, relative, chunk_rows, version))
     if schema_of is None:
         where = ", ".join(r[2] for r in resolved[:3]) + (" ..." if len(resolved) > 3 else "")
         raise ConfigError(
@@ -91,16 +92,16 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
             sorted(promoted),
             file_schema,
         )
-    values = [(d, _select.hive_values(r) if partitioning else {}) for _, _, d, r, _ in found]
+    values = [(d, _select.hive_values(r) if partitioning else {}) for _, _, d, r, *_ in found]
     parts = _select.partition_schema(values, file_schema)
     full = pa.schema([*file_schema, *parts])
     used = _select.check_filter(filter_, full) if filter_ is not None else []
     files = []
-    for (fs_index, path, display, _, chunk_rows), (_, keys) in zip(found, values):
+    for (fs_index, path, display, _, chunk_rows, version), (_, keys) in zip(found, values):
         partition = tuple((k, keys[k]) for k in parts.names)
         file = FileChunks(
             fs_index, path, display, tuple(chunk_rows), tuple(range(len(chunk_rows))),
-            (None,) * len(chunk_rows), partition,
+            (None,) * len(chunk_rows), partition, version,
         )  # fmt: skip
         if filter_ is not None:
             file = _filtered(source, filesystems[fs_index], file, filter_, used, file_schema, parts)

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
@@ -219,6 +220,13 @@ class ChunkedFileSource(Source):
                 remote=is_remote(self._filesystems[file.fs_index]),
                 on_retry=lambda: self._drop_handle(f),
             )
+            missing = set(self._file_schema.names if wanted is None else wanted)
+            missing -= set(table.column_names)
+            if missing:
+                raise ValueError(
+                    f"column(s) {sorted(missing)} are missing (did the file change after the "
+                    "source was made?)"
+                )
             table = conform(table, self._file_schema)
         except DataError:
             raise
@@ -231,8 +239,16 @@ class ChunkedFileSource(Source):
             ) from error
         self._stats["chunks_read"] += 1
         self._stats["rows_decoded"] += table.num_rows
-        if file.selections[chunk] is not None:
-            table = table.take(pa.array(file.selections[chunk]))
+        selection = file.selections[chunk]
+        if not _rows_as_made(table.num_rows, file.chunk_rows[chunk], selection):
+            raise DataError(
+                f"{file.display}: {self._chunk_name} {chunk_id} has {table.num_rows} rows, not "
+                "as many as when the source was made: the file changed since; make the source "
+                "(and the loader) again to read the new data. Rows delivered before it stay "
+                "delivered"
+            )
+        if selection is not None:
+            table = table.take(pa.array(selection))
         if parts.names:
             values = dict(file.partition)
             for field, column in zip(parts, _select.constants(parts, values, table.num_rows)):
@@ -270,10 +286,12 @@ class ChunkedFileSource(Source):
         remote = False
         try:
             if self._cache is not None and is_remote(fs):
-                handle = self._open(pafs.LocalFileSystem(), self._cache.local_path(fs, file.path))
+                local = self._cache.local_path(fs, file.path, file.version)
+                handle = self._open(pafs.LocalFileSystem(), local)
                 if f + 1 < len(self._files):  # the next file, while this one is read
                     following = self._files[f + 1]
-                    self._cache.prefetch(self._filesystems[following.fs_index], following.path)
+                    following_fs = self._filesystems[following.fs_index]
+                    self._cache.prefetch(following_fs, following.path, following.version)
             else:  # a remote store's brief outage while opening rides through, as reads do
                 remote = is_remote(fs)
                 handle = with_retries(lambda: self._open(fs, file.path), remote=remote)
@@ -318,6 +336,14 @@ class ChunkedFileSource(Source):
         first = self._files[0].display
         more = f" and {len(self._files) - 1} more" if len(self._files) > 1 else ""
         return f"{type(self).__name__}({first}{more}; {self._layout.num_samples} rows)"
+
+
+def _rows_as_made(rows: int, kept: int, selection: np.ndarray | None) -> bool:
+    """Whether a chunk read with `rows` rows can be the one the catalog counted: `kept`
+    rows, or (under a filter) rows for every selected row number."""
+    if selection is None:
+        return rows == kept
+    return not len(selection) or rows > int(selection.max())
 
 
 def _denied(display: str, what: str, error: BaseException) -> ReadDeniedError:

@@ -21,9 +21,10 @@ def resolve_paths(
     filesystem: pafs.FileSystem | None,
     *,
     kind: str,
-) -> list[tuple[pafs.FileSystem, str, str, str]]:
+) -> list[tuple[pafs.FileSystem, str, str, str, str]]:
     """(filesystem, path, display name, path relative to the folder or the glob's fixed
-    part) of every file named by `paths`, in dataset order.
+    part, version: "size:mtime" as the store reports them now) of every file named by
+    `paths`, in dataset order.
 
     Each entry is a file, a folder (every file under it, sorted, skipping names starting
     with `.` or `_` such as `_SUCCESS`), or a glob (`*`, `?`, `[...]`, `**` for any depth).
@@ -34,7 +35,7 @@ def resolve_paths(
         paths = [paths]
     if not paths:
         raise ConfigError(f"no paths given: pass a folder, a glob or a list of {kind} files")
-    out: list[tuple[pafs.FileSystem, str, str, str]] = []
+    out: list[tuple[pafs.FileSystem, str, str, str, str]] = []
     for raw in paths:
         fs, path, display = _filesystem_of(os.fspath(raw), filesystem)
         if _GLOB_CHARS.search(path):
@@ -43,8 +44,10 @@ def resolve_paths(
                 raise ConfigError(f"the glob {display!r} matches no file: check the pattern")
             root, display_root = _fixed_part(path), _fixed_part(display)
             out.extend(
-                (fs, p, _display(display_root, root, p), _relative(p, root)) for p in matched
-            )
+                (fs, i.path, _display(display_root, root, i.path), _relative(i.path, root),
+                 _version(i))
+                for i in matched
+            )  # fmt: skip
             continue
         try:
             info = fs.get_file_info(path)
@@ -59,9 +62,13 @@ def resolve_paths(
             found = _list_folder(fs, path)
             if not found:
                 raise ConfigError(f"the folder {display} holds no {kind} files")
-            out.extend((fs, p, _display(display, path, p), _relative(p, path)) for p in found)
+            out.extend(
+                (fs, i.path, _display(display, path, i.path), _relative(i.path, path),
+                 _version(i))
+                for i in found
+            )  # fmt: skip
         else:
-            out.append((fs, path, display, path.rsplit("/", 1)[-1]))
+            out.append((fs, path, display, path.rsplit("/", 1)[-1], _version(info)))
     return out
 
 
@@ -122,14 +129,20 @@ def _hidden(path: str, root: str) -> bool:
     return any(part.startswith((".", "_")) for part in relative.split("/"))
 
 
-def _list_folder(fs: pafs.FileSystem, root: str) -> list[str]:
+def _version(info: pafs.FileInfo) -> str:
+    """What tells one content of a file from another: its size and modification time
+    (a cached copy is kept per version)."""
+    mtime = info.mtime_ns if info.mtime is not None else ""
+    return f"{info.size}:{mtime}"
+
+
+def _list_folder(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    return sorted(
-        i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, root)
-    )
+    files = (i for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, root))
+    return sorted(files, key=lambda i: i.path)
 
 
-def _glob(fs: pafs.FileSystem, pattern: str) -> list[str]:
+def _glob(fs: pafs.FileSystem, pattern: str) -> list[pafs.FileInfo]:
     parts = pattern.split("/")
     fixed = list(itertools.takewhile(lambda p: not _GLOB_CHARS.search(p), parts))
     root = "/".join(fixed) or "/"
@@ -137,7 +150,8 @@ def _glob(fs: pafs.FileSystem, pattern: str) -> list[str]:
         return []
     regex = re.compile(_glob_regex(pattern))
     infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
-    return sorted(i.path for i in infos if i.type == pafs.FileType.File and regex.fullmatch(i.path))
+    files = (i for i in infos if i.type == pafs.FileType.File and regex.fullmatch(i.path))
+    return sorted(files, key=lambda i: i.path)
 
 
 def _glob_regex(pattern: str) -> str:

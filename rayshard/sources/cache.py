@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from rayshard.config.checks import check_int
-from rayshard.errors import ConfigError
+from rayshard.errors import ConfigError, DataError
 
 T = TypeVar("T")
 
@@ -97,11 +97,15 @@ class FileCache:
         self.__dict__.update(state)
         self._init_process_state()
 
-    def local_path(self, fs: pafs.FileSystem, path: str) -> str:
+    def local_path(self, fs: pafs.FileSystem, path: str, version: str = "") -> str:
         """The cached copy of `path` (downloaded first if it is not there yet). Threads of
         this process that ask for one file at once download it once: the others wait for
-        that download (or a prefetch of it), and try themselves only if it failed."""
-        target = self._target(fs, path)
+        that download (or a prefetch of it), and try themselves only if it failed.
+
+        `version` ("size:mtime" when the source was made) is part of the copy's name, so
+        a file rewritten in the store is never read from an older copy; a download whose
+        size differs from it is a `DataError` (the file changed since)."""
+        target = self._target(fs, path, version)
         while True:
             with self._lock:
                 pending = self._pending.get(target)
@@ -118,16 +122,16 @@ class FileCache:
             with contextlib.suppress(pa.ArrowException, OSError):  # then: try ourselves
                 pending.result()
         try:
-            self._download(fs, path, target)
+            self._download(fs, path, target, version)
         except BaseException as error:
             self._settle(target, mine, error)
             raise
         self._settle(target, mine, None)
         return target
 
-    def prefetch(self, fs: pafs.FileSystem, path: str) -> None:
+    def prefetch(self, fs: pafs.FileSystem, path: str, version: str = "") -> None:
         """Download `path` in the background unless it is cached or on its way."""
-        target = self._target(fs, path)
+        target = self._target(fs, path, version)
         with self._lock:
             if target in self._pending or os.path.exists(target):
                 return
@@ -136,7 +140,9 @@ class FileCache:
                     1, thread_name_prefix="rayshard-cache"
                 )
             # Registered before the download can end: it takes this lock to forget itself.
-            self._pending[target] = self._pool.submit(self._download_quietly, fs, path, target)
+            self._pending[target] = self._pool.submit(
+                self._download_quietly, fs, path, target, version
+            )
 
     def _settle(self, target: str, future: Any, error: BaseException | None) -> None:
         """Forget `target`'s download, then wake its waiters: in this order, a woken waiter
@@ -151,25 +157,35 @@ class FileCache:
         with self._lock:
             self._pending.pop(target, None)
 
-    def _download_quietly(self, fs: pafs.FileSystem, path: str, target: str) -> None:
+    def _download_quietly(self, fs: pafs.FileSystem, path: str, target: str, version: str) -> None:
         """A prefetch: forgets itself before its future completes (see `_settle`)."""
         try:
-            with contextlib.suppress(pa.ArrowException, OSError):  # the read retries, reports
-                self._download(fs, path, target)
+            # the read retries, and reports
+            with contextlib.suppress(pa.ArrowException, OSError, DataError):
+                self._download(fs, path, target, version)
         finally:
             self._forget(target)
 
-    def _target(self, fs: pafs.FileSystem, path: str) -> str:
-        digest = hashlib.sha1(f"{fs.type_name}:{path}".encode()).hexdigest()[:16]
+    def _target(self, fs: pafs.FileSystem, path: str, version: str) -> str:
+        digest = hashlib.sha1(f"{fs.type_name}:{path}:{version}".encode()).hexdigest()[:16]
         return os.path.join(self.cache_dir, f"{digest}-{os.path.basename(path)}")
 
-    def _download(self, fs: pafs.FileSystem, path: str, target: str) -> None:
+    def _download(self, fs: pafs.FileSystem, path: str, target: str, version: str) -> None:
+        expected = version.split(":", 1)[0]
+
         def fetch() -> int:
             handle, temporary = tempfile.mkstemp(dir=self.cache_dir, prefix=".partial-")
             try:
                 with os.fdopen(handle, "wb") as out, fs.open_input_stream(path) as remote:
                     shutil.copyfileobj(remote, out, 8 << 20)
                     size = out.tell()
+                if expected and size != int(expected):
+                    raise DataError(
+                        f"{path}: the store holds {size} bytes of it, {expected} when the "
+                        "source was made: the file changed since; make the source (and the "
+                        "loader) again to read the new data. Rows delivered before it stay "
+                        "delivered"
+                    )
                 os.replace(temporary, target)  # whole or nothing: readers never see a part
             except BaseException:
                 if os.path.exists(temporary):

@@ -83,10 +83,20 @@ def merge_schemas(
 
 
 def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """`table` with exactly `schema`'s fields (types, item names, no metadata), so chunks of
-    different files concatenate; a no-op when they already agree. Fields of `schema`
-    missing from `table` are not added."""
-    target = pa.schema([schema.field(n) for n in table.column_names])
+    """`table` with exactly `schema`'s fields, in its order (types, item names, no
+    metadata), so chunks of files that order their columns differently concatenate; a
+    no-op when they already agree. Fields of `schema` missing from `table` are not added;
+    a column `schema` lacks is a `ValueError`."""
+    unknown = [n for n in table.column_names if schema.get_field_index(n) < 0]
+    if unknown:
+        raise ValueError(
+            f"column(s) {unknown} are not in the dataset's schema (did the file change "
+            "after the source was made?)"
+        )
+    names = [n for n in schema.names if n in table.column_names]  # the dataset's order
+    if names != table.column_names:
+        table = table.select(names)
+    target = pa.schema([schema.field(n) for n in names])
     if table.schema.equals(target, check_metadata=True):
         return table
     return table.cast(target)

@@ -157,6 +157,50 @@ def test_arrow_ipc_files(tmp_path):
     assert ids_of(pickle.loads(pickle.dumps(source)).read(0, 40)) == list(range(40))
 
 
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_files_ordering_their_columns_differently_read_in_one_order(tmp_path, kind):
+    """Writers order columns as they please: every chunk comes in the dataset's order (the
+    first file's), so batches of several files concatenate."""
+    first = pa.table({"id": pa.array([0, 1, 2], pa.int64()), "x": [10.0, 11.0, 12.0]})
+    second = pa.table({"x": [13.0, 14.0], "id": pa.array([3, 4], pa.int32())})  # promoted
+    if kind == "parquet":
+        pq.write_table(first, tmp_path / "a.parquet")
+        pq.write_table(second, tmp_path / "b.parquet")
+        source = ParquetSource(tmp_path)
+    else:
+        feather.write_feather(first, tmp_path / "a.arrow")
+        feather.write_feather(second, tmp_path / "b.arrow")
+        source = ArrowFileSource(tmp_path)
+    assert source.schema().names == ["id", "x"]
+    batches = list(source.read(0, 5))
+    assert all(b.schema.names == ["id", "x"] for b in batches)
+    table = pa.Table.from_batches(batches)  # one schema: they concatenate
+    assert table.column("id").to_pylist() == [0, 1, 2, 3, 4]
+    assert table.column("x").to_pylist() == [10.0, 11.0, 12.0, 13.0, 14.0]
+
+
+def test_a_file_rewritten_after_the_source_was_made_is_a_data_error(tmp_path):
+    """Fewer rows, or other columns, than the footer said when the source was made: a
+    `DataError` naming the file, never fewer rows than counted or a raw `KeyError`."""
+    paths = write_dataset(tmp_path, [6, 6], row_group_size=6)
+    source = ParquetSource(tmp_path)
+    pq.write_table(table_of(range(6, 9)), paths[1])  # 3 rows where there were 6
+    assert ids_of(source.read(0, 6)) == list(range(6))
+    with pytest.raises(DataError, match=r"part-001\.parquet: row group 0 has 3 rows, not as"):
+        list(source.read(6, 12))
+    assert ids_of(ParquetSource(tmp_path).read(0, 9)) == list(range(9))  # made again
+    projected = ParquetSource(tmp_path, columns=["id", "value"])
+    whole, unopened = ParquetSource(tmp_path), ParquetSource(tmp_path)
+    pq.write_table(table_of(range(6, 9)).rename_columns(["id", "other", "label"]), paths[1])
+    with pytest.raises(DataError, match=r"part-001\.parquet: row group 0 is unreadable.*missing"):
+        list(projected.read(0, 9))
+    with pytest.raises(DataError, match=r"part-001\.parquet: .*\['value'\] are missing"):
+        list(whole.read(6, 9))
+    pq.write_table(table_of(range(6, 9)).append_column("more", pa.array([1, 2, 3])), paths[1])
+    with pytest.raises(DataError, match=r"part-001\.parquet: .*\['more'\] are not in the data"):
+        list(unopened.read(6, 9))
+
+
 def test_large_row_group_split_reads_slices(tmp_path):
     path = tmp_path / "big.parquet"
     pq.write_table(table_of(range(1000)), path, row_group_size=1000)

@@ -318,6 +318,32 @@ def test_cache_second_epoch_reads_locally_with_the_server_stopped(ray_session, s
     loader.shutdown()
 
 
+def test_cache_never_serves_an_older_copy_of_a_rewritten_file(s3, tmp_path):
+    """A cached copy belongs to the file's size and modification time when the source was
+    made: a source made after the file was rewritten downloads the new one; a source made
+    before reads nothing stale (a `DataError` naming the file)."""
+    fs = s3.filesystem()
+    path = f"{BUCKET}/rewritten/part-0.parquet"
+    pq.write_table(pa.table({"x": pa.array([1, 2, 3], pa.int64())}), path, filesystem=fs)
+    cache = tmp_path / "cache"
+
+    def source() -> ParquetSource:
+        return ParquetSource(f"{BUCKET}/rewritten", filesystem=s3.filesystem(), cache_dir=cache)
+
+    first = source()
+    assert pa.Table.from_batches(first.read(0, 3))["x"].to_pylist() == [1, 2, 3]
+    before = source()  # made before the rewrite, reads after it
+    pq.write_table(pa.table({"x": pa.array([7, 8, 9, 10, 11], pa.int64())}), path, filesystem=fs)
+    after = source()
+    assert after.layout().num_samples == 5
+    assert pa.Table.from_batches(after.read(0, 5))["x"].to_pylist() == [7, 8, 9, 10, 11]
+    assert after.cache_stats()["downloads"] == 1 and after.cache_stats()["hits"] == 0
+    for copy in cache.iterdir():  # no copy left: `before` downloads the new file
+        copy.unlink()
+    with pytest.raises(DataError, match=r"part-0\.parquet: the store holds \d+ bytes of it"):
+        list(before.read(0, 3))
+
+
 def test_cache_evicts_least_recently_used_and_counts_bytes(s3, tmp_path):
     fs = s3.filesystem()
     paths = [f"{BUCKET}/train/part-{i}.parquet" for i in range(len(SIZES))]
