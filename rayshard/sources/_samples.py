@@ -49,7 +49,7 @@ def infer_schema(probes: list[dict], keys: list[str], ragged: Sequence[str] = ()
         values = [_numpy(p[key]) for p in probes]
         arrays = [v for v in values if isinstance(v, np.ndarray) and v.ndim >= 1]
         if len(arrays) != len(values):
-            scalars = [v.item() if isinstance(v, (np.ndarray, np.generic)) else v for v in values]
+            scalars = [_scalar(v) for v in values]
             fields.append(pa.field(key, pa.array(scalars).type))
             continue
         dtype = pa.from_numpy_dtype(arrays[0].dtype)
@@ -93,6 +93,8 @@ def _column(values: list[Any], field: pa.Field, indices: list[int], name: str) -
                     f"probe samples have {shape}: keep one shape, or list the key in "
                     "TorchMapSource(ragged=...) if its length varies (rank 1 only)"
                 )
+        if 0 in shape:  # Arrow cannot build a fixed-size list of size 0 from its values
+            return pa.array([np.asarray(v).tolist() for v in values], type=type_)
         flat = pa.array(np.stack(values).reshape(-1)) if values else pa.array([], type_)
         column = flat
         for size in reversed(shape):
@@ -101,7 +103,7 @@ def _column(values: list[Any], field: pa.Field, indices: list[int], name: str) -
     if pa.types.is_list(type_) and all(isinstance(v, np.ndarray) for v in values):
         column = _nested(values, _depth(type_))
     else:
-        column = pa.array([v.item() if isinstance(v, np.generic) else v for v in values])
+        column = pa.array([_scalar(v) for v in values])
     if column.type.equals(type_):
         return column
     try:
@@ -141,6 +143,13 @@ def _depth(type_: pa.DataType) -> int:
         depth += 1
         type_ = type_.value_type
     return depth
+
+
+def _scalar(value: Any) -> Any:
+    """A numpy scalar or 0-d array (`torch.tensor(5)`, `np.array(5)`) as a Python value."""
+    if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
+        return value.item()
+    return value
 
 
 def _numpy(value: Any) -> Any:

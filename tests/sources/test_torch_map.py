@@ -205,3 +205,25 @@ def test_data_policy_over_a_map_dataset_covers_it():
         seen = [i for r in range(world) for a, b in got.ranges(r) for i in ids(source.read(a, b))]
         assert sorted(seen) == list(range(23))
         assert list(iv.indices(iv.normalize(got.plan.delivered()))) == list(range(23))
+
+
+class ZeroRankAndEmpty(Dataset):
+    """Labels as 0-d tensors and arrays (`torch.tensor(label)`), and a key of empty arrays."""
+
+    def __len__(self):
+        return 6
+
+    def __getitem__(self, i):
+        return (torch.ones(3) * i, torch.tensor(i), np.array(i * 0.5), np.zeros((0,), np.int32))
+
+
+def test_zero_rank_tensors_are_scalars_and_empty_arrays_a_fixed_shape_of_zero():
+    source = TorchMapSource(ZeroRankAndEmpty(), names=["x", "y", "w", "none"], batch_rows=4)
+    schema = source.schema()
+    assert schema.field("y").type == pa.int64() and schema.field("w").type == pa.float64()
+    assert schema.field("none").type == pa.list_(pa.int32(), 0)
+    table = pa.Table.from_batches(list(source.read(0, 6)))
+    assert table["y"].to_pylist() == list(range(6))
+    assert table["w"].to_pylist() == [i * 0.5 for i in range(6)]
+    assert table["none"].to_pylist() == [[]] * 6
+    assert table["x"].to_pylist()[5] == [5.0, 5.0, 5.0]
