@@ -57,9 +57,14 @@ def partition_schema(
                 f"partition key {key!r} ({first_name}) is also a column inside the files: "
                 "rename the folders, or pass partitioning=None"
             )
-        ints = all(re.fullmatch(r"-?\d+", keys[key]) for _, keys in values)
+        ints = all(_is_int64(keys[key]) for _, keys in values)
         fields.append(pa.field(key, pa.int64() if ints else pa.string()))
     return pa.schema(fields)
+
+
+def _is_int64(text: str) -> bool:
+    """Whether a partition value reads as an integer that int64 holds."""
+    return bool(re.fullmatch(r"-?\d+", text)) and -(2**63) <= int(text) < 2**63
 
 
 def constants(schema: pa.Schema, values: dict[str, str], rows: int) -> list[pa.Array]:

@@ -228,6 +228,9 @@ def test_hive_partitions_and_filters():
     files = [("x", {"split": "train", "year": "2024"}), ("y", {"split": "test", "year": "7"})]
     schema = partition_schema(files, pa.schema([("id", pa.int64())]))
     assert schema == pa.schema([("split", pa.string()), ("year", pa.int64())])
+    huge = [("x", {"id": "12345678901234567890"}), ("y", {"id": "-9223372036854775808"})]
+    assert partition_schema(huge, pa.schema([])) == pa.schema([("id", pa.string())])
+    assert partition_schema(huge[1:], pa.schema([])) == pa.schema([("id", pa.int64())])
     with pytest.raises(ConfigError, match="hive partitions disagree: x.*y"):
         partition_schema([files[0], ("y", {"split": "a"})], pa.schema([]))
     full = pa.schema([("id", pa.int64()), *schema])
