@@ -80,6 +80,23 @@ def is_ragged(type_: pa.DataType) -> bool:
     return pa.types.is_integer(value) or pa.types.is_floating(value) or pa.types.is_boolean(value)
 
 
+def is_list_type(type_: pa.DataType) -> bool:
+    """A list of any kind: `list`, `large_list` or `fixed_size_list`."""
+    return (
+        pa.types.is_list(type_)
+        or pa.types.is_large_list(type_)
+        or pa.types.is_fixed_size_list(type_)
+    )
+
+
+def fill_type(type_: pa.DataType) -> pa.DataType:
+    """The type of a `fill_null` value for a column of `type_`: the innermost values of
+    (nested) lists, whose null elements it fills, else `type_` itself."""
+    while is_list_type(type_):
+        type_ = type_.value_type
+    return type_
+
+
 @dataclasses.dataclass(frozen=True)
 class ColumnRules:
     """Per-column conversion options, checked against a schema (`build`)."""
@@ -122,7 +139,7 @@ class ColumnRules:
                 ) from error
         for name, value in fill_null.items():
             field = _field(schema, name, "fill_null", where)
-            target = field.type.value_type if is_ragged(field.type) else field.type
+            target = fill_type(field.type)
             try:
                 pa.array([value]).cast(target)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
@@ -198,4 +215,11 @@ def _field(schema: pa.Schema, name: str, option: str, where: str) -> pa.Field:
     return schema.field(name)
 
 
-__all__ = ["ColumnRules", "Padding", "check_loader_columns", "is_ragged"]
+__all__ = [
+    "ColumnRules",
+    "Padding",
+    "check_loader_columns",
+    "fill_type",
+    "is_list_type",
+    "is_ragged",
+]

@@ -7,6 +7,7 @@ device feed stages, with strings as Python lists and jagged columns as `torch.ne
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,13 +65,24 @@ def arrow_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> pa.RecordB
             offsets = pa.array(batch[key + OFFSETS_SUFFIX], pa.int64())
             columns[key] = pa.LargeListArray.from_arrays(offsets, pa.array(value))
         elif isinstance(value, np.ndarray) and value.ndim >= 2:
-            column = pa.array(value.reshape(-1))
-            for size in reversed(value.shape[1:]):
-                column = pa.FixedSizeListArray.from_arrays(column, size)
-            columns[key] = column
+            columns[key] = fixed_size_lists(value)
         else:
             columns[key] = value
     return pa.RecordBatch.from_pydict(columns)
+
+
+def fixed_size_lists(array: np.ndarray) -> pa.Array:
+    """A `(rows, d_1, ..., d_k)` array as `rows` nested fixed-size lists
+    (`fixed_size_list<...<fixed_size_list<t, d_k>...>, d_1>`), zero-copy where Arrow can
+    view it. A width of 0 is kept (lists of size 0), which
+    `FixedSizeListArray.from_arrays` refuses."""
+    column = pa.array(array.reshape(-1))
+    for depth in range(array.ndim - 1, 0, -1):
+        # (prod(shape[:depth]),) lists of shape[depth] values each
+        type_ = pa.list_(column.type, array.shape[depth])
+        length = math.prod(array.shape[:depth])
+        column = pa.Array.from_buffers(type_, length, [None], children=[column])
+    return column
 
 
 def convert_batch(
@@ -85,4 +97,4 @@ def convert_batch(
     return out if collate_fn is None else collate_fn(out)
 
 
-__all__ = ["FORMATS", "arrow_batch", "convert_batch", "torch_host_batch"]
+__all__ = ["FORMATS", "arrow_batch", "convert_batch", "fixed_size_lists", "torch_host_batch"]

@@ -19,6 +19,8 @@ from rayshard.data.columns import (
     OFFSETS_SUFFIX,
     ColumnRules,
     Padding,
+    fill_type,
+    is_list_type,
     is_ragged,
 )
 from rayshard.errors import DataError
@@ -28,7 +30,8 @@ INDEX_KEY = "_index"
 
 def convert_table(table: pa.Table, rules: ColumnRules | None = None) -> dict[str, np.ndarray]:
     """Columns as numpy arrays: fixed-size lists as (rows, *shape) arrays, variable-length numeric
-    lists padded (or values + offsets), anything else through `to_numpy`. A null is a
+    lists padded (or values + offsets), other lists as Python lists per row, anything else
+    through `to_numpy`. A null (a row, or an element of a list at any depth) is a
     `DataError` naming the column and the sample (`_index`) unless `rules` fill it."""
     rules = rules or ColumnRules()
     index = table.column(INDEX_KEY) if INDEX_KEY in table.column_names else None
@@ -40,25 +43,109 @@ def convert_table(table: pa.Table, rules: ColumnRules | None = None) -> dict[str
         if kind == "ragged":
             has_fill, fill = rules.fill_of(name)
             out.update(pad_list(name, column, rules.padding_of(name), has_fill, fill, index))
-            continue
-        if column.null_count:
-            has_fill, fill = rules.fill_of(name)
-            if not has_fill:
-                raise _null_error(name, column.is_null(), index)
-            column = column.fill_null(pa.scalar(fill).cast(column.type))
-        if kind == "fixed":
-            # fixed_size_list<...<fixed_size_list<t, d_k>...>, d_1> -> (rows, d_1, ..., d_k)
-            flat = column
-            for _ in shape:
-                flat = flat.flatten()
-            out[name] = flat.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
-        elif kind == "list":  # lists of strings, of lists: Python lists per row
-            rows = column.to_pylist()
-            out[name] = np.empty(len(rows), dtype=object)
-            for i, row in enumerate(rows):
-                out[name][i] = row
+        elif kind == "fixed":
+            out[name] = _fixed(name, column, shape, rules, index)
+        elif kind == "list":
+            out[name] = _python_lists(name, column, rules, index)
         else:
+            if column.null_count:
+                has_fill, fill = rules.fill_of(name)
+                if not has_fill:
+                    raise _null_error(name, column.is_null(), index)
+                column = column.fill_null(pa.scalar(fill).cast(column.type))
             out[name] = column.to_numpy(zero_copy_only=False)
+    return out
+
+
+def _fixed(
+    name: str, column: pa.Array, shape: tuple[int, ...], rules: ColumnRules, index: Any
+) -> np.ndarray:
+    """fixed_size_list<...<fixed_size_list<t, d_k>...>, d_1> -> (rows, d_1, ..., d_k). With
+    a fill value, null elements and every element of a null (sub)list become it."""
+    # levels[k]: the lists (or, last, the values) at depth k, null slots' children included
+    levels = [column]
+    for size in shape:
+        parent = levels[-1]
+        levels.append(parent.values.slice(parent.offset * size, len(parent) * size))
+    flat = levels[-1]
+    if any(level.null_count for level in levels):
+        has_fill, fill = rules.fill_of(name)
+        if not has_fill:
+            row, element = _first_fixed_null(levels, shape)
+            detail = " (an element of the list)" if element else ""
+            raise _null_error(name, None, index, row=row, detail=detail)
+        nulls = pa.array(_fixed_nulls(levels, shape))
+        flat = pc.if_else(nulls, pa.scalar(fill).cast(flat.type), flat)
+    return flat.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
+
+
+def _first_fixed_null(levels: list[pa.Array], shape: tuple[int, ...]) -> tuple[int, bool]:
+    """(the first row holding a null at some depth, whether that null is below the row)."""
+    found = []
+    per_row = 1  # slots of one row at this depth
+    for depth, level in enumerate(levels):
+        if level.null_count:
+            first = int(pc.index(level.is_null(), True).as_py())
+            found.append((first // per_row, depth > 0))
+        per_row *= shape[depth] if depth < len(shape) else 1
+    return min(found)
+
+
+def _fixed_nulls(levels: list[pa.Array], shape: tuple[int, ...]) -> np.ndarray:
+    """(values,) bool: the values that are null or lie in a null (sub)list."""
+    nulls = np.zeros(len(levels[0]), dtype=bool)
+    for level, size in zip(levels, (*shape, 1)):
+        if level.null_count:
+            nulls |= level.is_null().to_numpy(zero_copy_only=False)
+        nulls = np.repeat(nulls, size)
+    return nulls
+
+
+def _python_lists(name: str, column: pa.Array, rules: ColumnRules, index: Any) -> np.ndarray:
+    """Lists of strings, of lists, ...: a Python list per row (an object array). With a
+    fill value, a null row or sublist becomes empty and a null element the fill value."""
+    rows = column.to_pylist()
+    if _has_nulls(column):
+        has_fill, fill = rules.fill_of(name)
+        if not has_fill:
+            row = next(i for i, value in enumerate(rows) if _holds_null(value))
+            detail = "" if rows[row] is None else " (an element of the list)"
+            raise _null_error(name, None, index, row=row, detail=detail)
+        fill = pa.scalar(fill).cast(fill_type(column.type)).as_py()
+        rows = _filled(rows, column.type, fill)
+    out = np.empty(len(rows), dtype=object)
+    for i, row in enumerate(rows):
+        out[i] = row
+    return out
+
+
+def _has_nulls(column: pa.Array) -> bool:
+    """Whether `column` or the values of its (nested) lists hold a null."""
+    while True:
+        if column.null_count:
+            return True
+        if not is_list_type(column.type):
+            return False
+        column = column.flatten()
+
+
+def _holds_null(value: Any) -> bool:
+    """Whether a row (as Python) is None or holds None in its (nested) lists."""
+    return value is None or (isinstance(value, list) and any(_holds_null(v) for v in value))
+
+
+def _filled(rows: list[Any], type_: pa.DataType, fill: Any) -> list[Any]:
+    """`rows` (Python values of the list type `type_`) with null (sub)lists empty (or, of a
+    fixed size, full of `fill`) and null values `fill`."""
+    value_type = type_.value_type
+    out = []
+    for row in rows:
+        if row is None:
+            row = [None] * type_.list_size if pa.types.is_fixed_size_list(type_) else []
+        if is_list_type(value_type):
+            out.append(_filled(row, value_type, fill))
+        else:
+            out.append([fill if value is None else value for value in row])
     return out
 
 
@@ -108,17 +195,6 @@ def pad_list(
         if not has_fill:
             raise _null_error(name, column.is_null(), index)
         lengths = np.where(column.is_null().to_numpy(zero_copy_only=False), 0, lengths)
-    # (values,) element i is used by some row: a null there matters
-    used = _used_elements(starts, lengths, len(values))
-    if values.null_count:
-        nulls = np.asarray(values.is_null().to_numpy(zero_copy_only=False)) & used
-        if nulls.any():
-            if not has_fill:
-                element = int(np.flatnonzero(nulls)[0])
-                row = int(np.searchsorted(offsets, element, side="right") - 1)
-                raise _null_error(name, None, index, row=row, detail=" (an element of the list)")
-            values = values.fill_null(pa.scalar(fill).cast(values.type))
-    flat = values.to_numpy(zero_copy_only=False)
     limit = padding.max_length
     if limit is not None and lengths.size and lengths.max() > limit:
         if not padding.truncate:
@@ -129,6 +205,19 @@ def pad_list(
                 "max_length, or allow truncate=True"
             )
         lengths = np.minimum(lengths, limit)
+    if values.null_count:
+        # (values,) element i is kept by some row (after truncation): a null there matters
+        nulls = values.is_null().to_numpy(zero_copy_only=False) & _used_elements(
+            starts, lengths, len(values)
+        )
+        if nulls.any() and not has_fill:
+            element = int(np.flatnonzero(nulls)[0])
+            row = int(np.searchsorted(offsets, element, side="right") - 1)
+            raise _null_error(name, None, index, row=row, detail=" (an element of the list)")
+        # nulls no row keeps are filled too: `to_numpy` would make integers floats
+        filler = fill if has_fill else padding.pad_value
+        values = values.fill_null(pa.scalar(filler).cast(values.type))
+    flat = values.to_numpy(zero_copy_only=False)
     if padding.nested:
         return _jagged(name, flat, starts, lengths)
     width = padding.width(int(lengths.max()) if rows else 0)

@@ -73,7 +73,8 @@ def plan_layout(batch: Mapping[str, Any], device: torch.device) -> Layout:
     num_samples = None
     for key, value in batch.items():
         if isinstance(value, list) and not _numeric_list(value):
-            passthrough[key] = value  # strings, bytes, ragged lists: as the loop gets them
+            # strings, bytes, lists per row (ragged or not): as the loop gets them
+            passthrough[key] = value
             continue
         if isinstance(value, torch.Tensor):
             if value.is_nested:
@@ -170,6 +171,11 @@ def _typed_views(buffer: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
 
 
 def _numeric_list(value: list) -> bool:
+    """A flat list of numbers (a `collate_fn`'s), which is staged as a tensor; a list of
+    lists (one per row) is not, whatever its shape, so its type never depends on the
+    batch."""
+    if any(isinstance(item, (list, tuple)) for item in value):
+        return False
     try:
         return np.asarray(value).dtype.kind in _NUMERIC_KINDS
     except ValueError:  # ragged nesting

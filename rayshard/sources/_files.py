@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import abc
 import bisect
-import collections
-import dataclasses
 import os
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,26 +21,11 @@ from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError, DataError, ReadDeniedError
 from rayshard.plan import DataLayout
 from rayshard.sources import _catalog, _select
+from rayshard.sources._open_files import OpenFiles
 from rayshard.sources._paths import resolve_paths
 from rayshard.sources.base import Source
 from rayshard.sources.cache import FileCache, is_denied, is_remote, with_retries
 from rayshard.sources.schema import conform
-
-#: How many opened files a process keeps (bounded, so huge datasets do not exhaust fds).
-OPEN_FILES_CACHE = 64
-#: Bytes that a process's open remote files may keep buffered between reads, beyond each
-#: reading thread's latest file: Parquet's pre-buffering keeps a file's last row group as
-#: stored until its next read, so 64 open files of 128 MB row groups would hold 8 GB.
-OPEN_FILES_BUFFERED = 256 << 20
-
-
-@dataclasses.dataclass(slots=True)
-class _OpenFile:
-    """A cached reader of one file for one thread."""
-
-    handle: Any
-    remote: bool  # opened on a remote store (not the local cache's copy)
-    buffered: int = 0  # bytes it keeps between reads (Parquet's pre-buffered row group)
 
 
 def check_columns(columns: Sequence[str] | None, schema: pa.Schema, where: str) -> list[str] | None:
@@ -126,17 +108,12 @@ class ChunkedFileSource(Source):
 
     # -- process-local state: never pickled ------------------------------------------------
     def _init_process_state(self) -> None:
-        self._handles: collections.OrderedDict[tuple[int, int], _OpenFile] = (
-            collections.OrderedDict()
-        )
-        # Guards `_handles`: a shard actor may read from several threads at once.
-        self._handles_lock = threading.Lock()
+        self._handles = OpenFiles()
         self._stats = {"chunks_read": 0, "rows_decoded": 0, "files_opened": 0}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_handles", None)
-        state.pop("_handles_lock", None)
         state.pop("_stats", None)
         return state
 
@@ -218,7 +195,7 @@ class ChunkedFileSource(Source):
             table = with_retries(
                 lambda: self._read_through_handle(f, chunk_id, wanted),
                 remote=is_remote(self._filesystems[file.fs_index]),
-                on_retry=lambda: self._drop_handle(f),
+                on_retry=lambda: self._handles.drop(f),
             )
             missing = set(self._file_schema.names if wanted is None else wanted)
             missing -= set(table.column_names)
@@ -261,26 +238,16 @@ class ChunkedFileSource(Source):
     _chunk_name = "chunk"
 
     def _read_through_handle(self, f: int, chunk: int, columns: list[str] | None) -> pa.Table:
-        """Chunk `chunk` of file `f` through this thread's handle, then the byte bound."""
+        """Chunk `chunk` of file `f` through this thread's reader of it."""
         handle = self._handle(f)
         table = self._read_chunk(handle, chunk, columns)
-        key = (threading.get_ident(), f)
-        with self._handles_lock:
-            opened = self._handles.get(key)
-            if opened is not None and opened.remote:
-                opened.buffered = self._buffered_bytes(handle, chunk, columns)
-                self._evict()
+        self._handles.buffered(f, lambda: self._buffered_bytes(handle, chunk, columns))
         return table
 
     def _handle(self, f: int) -> Any:
-        # One handle per (thread, file): pyarrow's file readers are not safe to read from
-        # several threads at once (a shard reader with reader_threads > 1 does).
-        key = (threading.get_ident(), f)
-        with self._handles_lock:
-            opened = self._handles.get(key)
-            if opened is not None:
-                self._handles.move_to_end(key)
-                return opened.handle
+        handle = self._handles.get(f)
+        if handle is not None:
+            return handle
         file = self._files[f]
         fs = self._filesystems[file.fs_index]
         remote = False
@@ -299,34 +266,9 @@ class ChunkedFileSource(Source):
             if is_denied(error):
                 raise _denied(file.display, "opening it", error) from error
             raise DataError(f"{file.display}: cannot open the file any more ({error})") from error
-        with self._handles_lock:
-            self._stats["files_opened"] += 1
-            self._handles[key] = _OpenFile(handle, remote)
-            self._evict()
+        self._stats["files_opened"] += 1
+        self._handles.add(f, handle, remote)
         return handle
-
-    def _evict(self) -> None:
-        """Close the least recently used handles past `OPEN_FILES_CACHE` files, then those
-        whose buffers take the total past `OPEN_FILES_BUFFERED`, sparing each thread's
-        latest file (the one it reads). Called with `_handles_lock` held."""
-        while len(self._handles) > OPEN_FILES_CACHE:
-            self._handles.popitem(last=False)
-        buffered = sum(opened.buffered for opened in self._handles.values())
-        if buffered <= OPEN_FILES_BUFFERED:
-            return
-        latest: dict[int, tuple[int, int]] = {}
-        for key in reversed(self._handles):
-            latest.setdefault(key[0], key)
-        for key in list(self._handles):
-            if buffered <= OPEN_FILES_BUFFERED:
-                break
-            if self._handles[key].buffered and latest[key[0]] != key:
-                buffered -= self._handles.pop(key).buffered
-
-    def _drop_handle(self, f: int) -> None:
-        """Forget this thread's handle of file `f` (a failed remote read reopens it)."""
-        with self._handles_lock:
-            self._handles.pop((threading.get_ident(), f), None)
 
     def cache_stats(self) -> dict[str, int] | None:
         """This process's cache counters (hits, downloads, bytes fetched, evictions)."""

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from rayshard.data.formats import fixed_size_lists
 from rayshard.errors import ConfigError, DataError
 
 
@@ -93,12 +94,7 @@ def _column(values: list[Any], field: pa.Field, indices: list[int], name: str) -
                     f"probe samples have {shape}: keep one shape, or list the key in "
                     "TorchMapSource(ragged=...) if its length varies (rank 1 only)"
                 )
-        if 0 in shape:  # Arrow cannot build a fixed-size list of size 0 from its values
-            return pa.array([np.asarray(v).tolist() for v in values], type=type_)
-        flat = pa.array(np.stack(values).reshape(-1)) if values else pa.array([], type_)
-        column = flat
-        for size in reversed(shape):
-            column = pa.FixedSizeListArray.from_arrays(column, size)
+        column = fixed_size_lists(np.stack(values)) if values else pa.array([], type_)
         return column.cast(type_) if not column.type.equals(type_) else column
     if pa.types.is_list(type_) and all(isinstance(v, np.ndarray) for v in values):
         column = _nested(values, _depth(type_))

@@ -87,6 +87,21 @@ def test_mixed_dtypes_zero_size_and_read_only_arrays_convert_without_warnings():
         assert torch.equal(batch[key], value), key
 
 
+def test_lists_per_row_stay_lists_whatever_their_shape_and_flat_numbers_are_staged():
+    """Rows as Python lists (strings, nested lists: as the README says they arrive under
+    `torch`) pass through as lists in every batch, rectangular or not; a flat list of
+    numbers (what a `collate_fn` may return) becomes a tensor."""
+    source = [
+        {"grid": [[[0.5, 1.0], [2.0, 3.0]], [[4.0, 5.0], [6.0, 7.0]]], "label": [3, 4]},
+        {"grid": [[[0.5, 1.0]], [[4.0], [6.0, 7.0]]], "label": [5, 6]},
+    ]
+    batches = list(DeviceFeed(source, device="cpu"))
+    assert [b["grid"] for b in batches] == [s["grid"] for s in source]
+    assert all(type(b["grid"]) is list for b in batches)
+    assert [b["label"].tolist() for b in batches] == [[3, 4], [5, 6]]
+    assert all(isinstance(b["label"], torch.Tensor) for b in batches)
+
+
 def test_cpu_batches_view_the_source_arrays_without_a_copy():
     """Must-hold 4 (issue 12): on the CPU the feed hands over the host arrays' memory, read-only
     object-store arrays included, with no per-batch copy and no warning."""

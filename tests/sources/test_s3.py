@@ -213,7 +213,7 @@ def test_opening_a_file_during_an_outage_retries(s3):
 
 _HELD_PROBE = """
 import gc, sys, pyarrow as pa, pyarrow.fs as pafs
-import rayshard.sources._files as files
+import rayshard.sources._open_files as files
 from rayshard.sources.parquet import ParquetSource
 endpoint, folder, budget = sys.argv[1], sys.argv[2], int(sys.argv[3])
 files.OPEN_FILES_BUFFERED = budget
@@ -275,7 +275,7 @@ def test_open_remote_files_keep_a_bounded_number_of_row_groups(s3):
 def test_a_threads_latest_remote_file_stays_open_under_a_zero_budget(s3, monkeypatch):
     """Two threads taking turns on two files keep one handle each: the byte bound never
     closes a thread's latest file, so reading on in it opens nothing again."""
-    import rayshard.sources._files as files
+    import rayshard.sources._open_files as files
 
     monkeypatch.setattr(files, "OPEN_FILES_BUFFERED", 0)
     source = ParquetSource(f"{BUCKET}/train", filesystem=s3.filesystem())

@@ -1,0 +1,103 @@
+"""Edge cases of the conversion from Arrow columns to batches, without Ray: empty padded
+widths under `arrow`, nulls inside fixed-size lists and lists of strings, nulls cut away
+by `max_length`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from rayshard.data.columns import ColumnRules, Padding
+from rayshard.data.formats import arrow_batch
+from rayshard.data.ragged import convert_table
+from rayshard.errors import DataError
+
+
+def _table(column: pa.Array, first: int = 10) -> pa.Table:
+    return pa.table({"v": column, "_index": np.arange(first, first + len(column))})
+
+
+@pytest.mark.parametrize("rows", [[[], []], []], ids=["empty-rows", "zero-rows"])
+def test_arrow_format_delivers_ragged_columns_of_width_zero(rows):
+    numpy_batch = convert_table(_table(pa.array(rows, pa.list_(pa.int32()))))
+    assert numpy_batch["v"].shape == (len(rows), 0)
+
+    batch = arrow_batch(numpy_batch)
+
+    assert batch.num_rows == len(rows)
+    assert batch.schema.field("v").type == pa.list_(pa.int32(), 0)
+    assert batch.schema.field("v_mask").type == pa.list_(pa.bool_(), 0)
+    assert batch.column("v").to_pylist() == [[] for _ in rows]
+    assert batch.column("v_lengths").to_pylist() == [0 for _ in rows]
+    # and back: the Arrow batch converts to the numpy one
+    again = convert_table(pa.Table.from_batches([batch]))
+    assert again["v"].shape == (len(rows), 0) and again["v"].dtype == np.int32
+
+
+def test_arrow_format_keeps_a_zero_width_inside_a_fixed_shape():
+    batch = arrow_batch({"g": np.zeros((2, 3, 0), np.float32), "_index": np.arange(2)})
+    assert batch.schema.field("g").type == pa.list_(pa.list_(pa.float32(), 0), 3)
+    assert batch.column("g").to_pylist() == [[[], [], []], [[], [], []]]
+    assert convert_table(pa.Table.from_batches([batch]))["g"].shape == (2, 3, 0)
+
+
+def test_nulls_in_fixed_size_lists_are_errors_unless_filled():
+    values = pa.FixedSizeListArray.from_arrays(pa.array([1, None, 3, 4]), 2)
+    with pytest.raises(DataError, match=r"column 'v' is null at sample 10 \(an element.*fill_null"):
+        convert_table(_table(values))
+    null_row = pa.array([[1, 2], None, [5, 6]], pa.list_(pa.int64(), 2))
+    with pytest.raises(DataError, match=r"column 'v' is null at sample 11: give a fill"):
+        convert_table(_table(null_row))
+    # a slice (a batch of a row group): the null of sample 20 is outside it
+    with pytest.raises(DataError, match=r"'v' is null at sample 22 \(an element"):
+        convert_table(_table(pa.array([[None, 1], [2, 3], [4, None]], null_row.type), 20)[1:])
+
+    rules = ColumnRules.build(None, {"v": 0}, _table(values).schema)
+    out = convert_table(_table(values), rules)
+    assert out["v"].tolist() == [[1, 0], [3, 4]] and out["v"].dtype == np.int64
+    filled = convert_table(_table(null_row), rules)["v"]
+    assert filled.tolist() == [[1, 2], [0, 0], [5, 6]] and filled.dtype == np.int64
+
+
+def test_nulls_in_nested_fixed_size_lists_name_the_sample():
+    inner = pa.list_(pa.float32(), 2)
+    grid = pa.array([[[1, 2], [3, 4]], [[5, 6], None], [[7, None], [8, 9]]], pa.list_(inner, 2))
+    with pytest.raises(DataError, match=r"'v' is null at sample 11 \(an element"):
+        convert_table(_table(grid))
+    rules = ColumnRules.build(None, {"v": -1.0}, _table(grid).schema)
+    out = convert_table(_table(grid), rules)["v"]
+    assert out.shape == (3, 2, 2)
+    assert out.tolist() == [[[1, 2], [3, 4]], [[5, 6], [-1, -1]], [[7, -1], [8, 9]]]
+
+
+def test_nulls_in_lists_of_strings_are_errors_unless_filled():
+    tags = pa.array([["a", None], ["b"], None])
+    with pytest.raises(DataError, match=r"column 'v' is null at sample 10 \(an element.*fill_null"):
+        convert_table(_table(tags))
+    with pytest.raises(DataError, match=r"column 'v' is null at sample 12: give a fill"):
+        convert_table(_table(tags)[1:])
+
+    rules = ColumnRules.build(None, {"v": ""}, _table(tags).schema)
+    assert convert_table(_table(tags), rules)["v"].tolist() == [["a", ""], ["b"], []]
+
+
+def test_nulls_in_lists_of_lists_are_errors_unless_filled():
+    nested = pa.array([[[1], []], [None, [2, None]]], pa.list_(pa.list_(pa.int64())))
+    with pytest.raises(DataError, match=r"'v' is null at sample 11 \(an element"):
+        convert_table(_table(nested))
+    rules = ColumnRules.build(None, {"v": 0}, _table(nested).schema)
+    assert convert_table(_table(nested), rules)["v"].tolist() == [[[1], []], [[], [2, 0]]]
+
+
+def test_null_elements_cut_away_by_max_length_do_not_matter():
+    table = _table(pa.array([[1, 2, None], [3]], pa.list_(pa.int64())))
+    rules = ColumnRules.build({"v": Padding(max_length=2)}, None, table.schema)
+
+    out = convert_table(table, rules)
+
+    assert out["v"].tolist() == [[1, 2], [3, 0]] and out["v"].dtype == np.int64
+    assert out["v_lengths"].tolist() == [2, 1]
+    kept = _table(pa.array([[1, None, 3], [3]], pa.list_(pa.int64())))
+    with pytest.raises(DataError, match=r"'v' is null at sample 10 \(an element"):
+        convert_table(kept, rules)
