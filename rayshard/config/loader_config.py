@@ -238,7 +238,7 @@ def read_yaml(name: str) -> Mapping[str, Any]:
     document = load_yaml_file(name, "configuration file")
     if document is None:
         document = {}
-    if isinstance(document, Mapping) and set(document) == {"rayshard"}:
+    if isinstance(document, Mapping) and "rayshard" in document:  # in a larger configuration
         document = document["rayshard"] or {}
     if not isinstance(document, Mapping):
         raise ConfigError(

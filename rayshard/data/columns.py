@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from rayshard.config.checks import check_int
@@ -141,12 +142,14 @@ class ColumnRules:
             field = _field(schema, name, "fill_null", where)
             target = fill_type(field.type)
             try:
-                pa.array([value]).cast(target)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as error:
+                fits = _same_kind(value, target) and pa.array([value]).cast(target) is not None
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+                fits = False
+            if not fits:
                 raise ConfigError(
                     f"fill_null[{name!r}]={value!r} does not fit column {name!r} ({field.type}) "
                     f"of {where}: give a value of type {target}"
-                ) from error
+                )
         for field in schema:
             if not is_ragged(field.type):
                 continue
@@ -204,6 +207,24 @@ def _mapping(value: Any, name: str) -> dict[str, Any]:
             f"e.g. {name}={{'tokens': ...}}"
         )
     return dict(value)
+
+
+def _same_kind(value: Any, target: pa.DataType) -> bool:
+    """Whether `value` is the kind of value a `target` column holds: text for strings,
+    bytes for binary, integers (not bools) for integers, numbers for floats, bools for
+    bools (Arrow's casts alone would turn 3 into "3" and "7" into 7)."""
+    number = isinstance(value, (int, float, np.integer, np.floating))
+    if pa.types.is_string(target) or pa.types.is_large_string(target):
+        return isinstance(value, str)
+    if pa.types.is_binary(target) or pa.types.is_large_binary(target):
+        return isinstance(value, bytes)
+    if pa.types.is_boolean(target):
+        return isinstance(value, (bool, np.bool_))
+    if pa.types.is_integer(target):
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if pa.types.is_floating(target):
+        return number and not isinstance(value, bool)
+    return True  # other types: Arrow's cast decides
 
 
 def _field(schema: pa.Schema, name: str, option: str, where: str) -> pa.Field:

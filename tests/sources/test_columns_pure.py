@@ -109,6 +109,17 @@ def test_rules_are_validated_on_the_driver():
         ColumnRules.build({"tokens": {"pad_value": 0}}, None, schema)
     with pytest.raises(ConfigError, match=r"fill_null\['tokens'\]='x'.*int32"):
         ColumnRules.build(None, {"tokens": "x"}, schema)
+    # Arrow would cast these; they are not values of the column's kind
+    for column, value in [("text", 3), ("text", b"x"), ("tokens", "7"), ("tokens", True)]:
+        with pytest.raises(ConfigError, match=rf"fill_null\['{column}'\]={value!r} does not"):
+            ColumnRules.build(None, {column: value}, schema)
+    floats = pa.schema([("score", pa.float32()), ("flag", pa.bool_())])
+    assert ColumnRules.build(None, {"score": 0, "flag": False}, floats).fill_of("score") == (
+        True,
+        0,
+    )
+    with pytest.raises(ConfigError, match=r"fill_null\['flag'\]=0 does not"):
+        ColumnRules.build(None, {"flag": 0}, floats)
     with pytest.raises(ConfigError, match=r"pad_value=0.5 does not fit the int32"):
         ColumnRules.build({"tokens": Padding(pad_value=0.5)}, None, schema)
     with pytest.raises(ConfigError, match=r"max_length=0"):

@@ -81,6 +81,10 @@ def test_nested_under_rayshard_key(tmp_path):
     assert (
         LoaderConfig.from_yaml(write(tmp_path, "", "empty.yaml"), environ=NO_ENV) == LoaderConfig()
     )
+    # inside a larger training configuration: the other sections are not the loader's
+    larger = "model:\n  lr: 0.1\nrayshard:\n  batch_size: 8\ntrainer:\n  epochs: 3\n"
+    config = LoaderConfig.from_yaml(write(tmp_path, larger, "train.yaml"), environ=NO_ENV)
+    assert config.batch_size == 8
 
 
 def test_unknown_keys_list_the_known_ones(tmp_path):
