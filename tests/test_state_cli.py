@@ -121,6 +121,13 @@ def test_checkpoint_folder_is_accepted(tmp_path):
     out.mkdir()
     assert invoke("retarget", str(checkpoint), "--world-size", "3", "-o", str(out)).exit_code == 0
     assert read(out / STATE_FILE).world_size == 3
+    # as the README writes it: a new folder, with parents made
+    for name in ("new/", "made/with/parents"):
+        result = invoke(
+            "retarget", str(checkpoint), "--world-size", "5", "-o", str(tmp_path / name)
+        )
+        assert result.exit_code == 0, result.output
+        assert read(tmp_path / name / STATE_FILE).world_size == 5
 
 
 def test_folder_without_a_state_is_refused(tmp_path):

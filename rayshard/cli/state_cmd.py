@@ -31,8 +31,9 @@ _expect_option = click.option(
 _out_option = click.option(
     "-o",
     "--out",
-    type=click.Path(dir_okay=True, path_type=Path),
-    help="Write here (a file, or a folder for rayshard_state.json) instead of in place.",
+    type=click.Path(dir_okay=True),
+    help="Write here instead of in place: a .json file, or a folder for rayshard_state.json "
+    "(any other name; made if missing, parents too).",
 )
 
 
@@ -76,7 +77,7 @@ def show_command(path: Path, data: Path | None, fmt: str, expect_loader: str | N
 @_path_arg
 @_out_option
 @_expect_option
-def skip_epoch_command(path: Path, out: Path | None, expect_loader: str | None) -> None:
+def skip_epoch_command(path: Path, out: str | None, expect_loader: str | None) -> None:
     """Start the next epoch; the rest of the current one is skipped."""
     _rewrite(path, out, expect_loader, state_tools.skip_to_next_epoch)
 
@@ -86,7 +87,7 @@ def skip_epoch_command(path: Path, out: Path | None, expect_loader: str | None) 
 @click.option("--epoch", type=click.IntRange(min=0), required=True, help="Epoch to start.")
 @_out_option
 @_expect_option
-def set_epoch_command(path: Path, epoch: int, out: Path | None, expect_loader: str | None) -> None:
+def set_epoch_command(path: Path, epoch: int, out: str | None, expect_loader: str | None) -> None:
     """Start EPOCH from its beginning (the same epoch restarts it)."""
     _rewrite(path, out, expect_loader, lambda s: state_tools.set_epoch(s, epoch))
 
@@ -97,7 +98,7 @@ def set_epoch_command(path: Path, epoch: int, out: Path | None, expect_loader: s
 @_out_option
 @_expect_option
 def retarget_command(
-    path: Path, world_size: int, out: Path | None, expect_loader: str | None
+    path: Path, world_size: int, out: str | None, expect_loader: str | None
 ) -> None:
     """Set the world size the consumed samples count as planned for.
 
@@ -153,7 +154,7 @@ def _load(path: Path, expect_loader: str | None) -> tuple[Path, LoaderState]:
 
 def _rewrite(
     path: Path,
-    out: Path | None,
+    out: str | None,
     expect_loader: str | None,
     change: Callable[[LoaderState], LoaderState],
 ) -> None:
@@ -162,9 +163,10 @@ def _rewrite(
         new = change(state)
     except (ConfigError, TypeError) as error:
         raise click.ClickException(f"{file}: {error}") from error
-    target = file if out is None else (out / STATE_FILE if out.is_dir() else out)
+    target = file if out is None else _out_file(out)
     payload = new.to_json() + "\n"
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
         if out is None:
             backup = file.with_name(file.name + ".bak")
             _atomic_write(backup, file.read_bytes())
@@ -177,6 +179,14 @@ def _rewrite(
         f"{_count(state)} -> {_count(new)} of {new.num_samples}, "
         f"world_size {state.world_size} -> {new.world_size}"
     )
+
+
+def _out_file(out: str) -> Path:
+    """Where `-o out` writes: `out` itself if it names a .json file, else the state file
+    in the folder `out` (`new/`, `ckpt-retargeted`)."""
+    path = Path(out)
+    folder = out.endswith(("/", os.sep)) or path.is_dir() or path.suffix.lower() != ".json"
+    return path / STATE_FILE if folder else path
 
 
 def _atomic_write(target: Path, payload: bytes) -> None:
