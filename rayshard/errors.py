@@ -32,11 +32,12 @@ class StaleClientError(RayshardError):
 
 
 def unwrap_task_error(error: Any, where: str) -> BaseException:
-    """The rayshard error behind a Ray `RayTaskError` (e.g. a reader's `DataError`), as a
-    new error of its own type whose message starts with `where` (loader, rank, epoch), so
-    a training loop's `except DataError` catches it; anything else is returned as is."""
+    """The rayshard error behind a Ray `RayTaskError` (e.g. a reader's `DataError`, the
+    coordinator's `ConfigError`), as a new error of its own type whose message starts with
+    `where` (loader, rank, epoch), so a training loop's `except DataError` catches it
+    without Ray's remote traceback; anything else is returned as is."""
     cause = getattr(error, "cause", None)
-    if not isinstance(cause, RayshardError):
+    if not isinstance(cause, (RayshardError, ConfigError)):
         return error
     try:
         unwrapped = copy.copy(cause)  # keeps a subclass's attributes (its __reduce__)

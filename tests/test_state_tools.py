@@ -3,6 +3,8 @@ accepts."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
@@ -148,3 +150,22 @@ def test_split_outside_the_dataset_is_refused():
 def test_inconsistent_states_are_refused(state, message):
     with pytest.raises(ConfigError, match=message):
         state_tools.skip_to_next_epoch(state)
+
+
+def test_a_state_of_another_loader_is_refused_naming_what_differs():
+    saved = {"batch_size": 50, "policy": "data", "source": "ParquetSource(a.parquet)"}
+    here = {"batch_size": 64, "policy": "data", "source": "ParquetSource(a.parquet)"}
+    state = LoaderState("train:aa", 0, 0, ((0, 4),), 2, 10, made_by=json.dumps(saved))
+    data = state.to_dict()
+    assert data["made_by"] == saved
+    assert LoaderState.from_dict(data) == state  # made_by round-trips, is not compared
+    with pytest.raises(ConfigError) as refused:
+        LoaderState.from_dict(data, expect_loader="train:bb", expect_made_by=here)
+    assert str(refused.value).endswith("configuration; batch_size: 50 in the state, 64 here")
+    with pytest.raises(ConfigError, match=r"name: 'train' in the state, 'eval' here$"):
+        LoaderState.from_dict(data, expect_loader="eval:aa", expect_made_by=saved)
+    older = dict(data)
+    del older["made_by"]  # saved before `made_by` existed: loads, refused by id alone
+    assert LoaderState.from_dict(older).made_by == ""
+    with pytest.raises(ConfigError, match=r"or configuration$"):
+        LoaderState.from_dict(older, expect_loader="train:bb", expect_made_by=here)

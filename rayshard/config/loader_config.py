@@ -183,6 +183,16 @@ class LoaderConfig:
 
     def fingerprint(self, source_name: str, num_samples: int) -> str:
         """A short id of (settings, source) that a saved state must match."""
+        payload = json.dumps(self._identity(source_name, num_samples), sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def identity_facts(self, source_name: str, num_samples: int) -> dict[str, Any]:
+        """What `fingerprint` hashes, flat (the plan's keys at the top): saved states carry
+        it, so a state refused as another loader's can say what differs."""
+        facts = self._identity(source_name, num_samples)
+        return {**facts.pop("plan"), **facts}
+
+    def _identity(self, source_name: str, num_samples: int) -> dict[str, Any]:
         facts = {
             "plan": self.plan.to_dict(),
             "policy": self.policy.value,
@@ -197,8 +207,7 @@ class LoaderConfig:
             facts["shuffle_blocks"] = self.shuffle_blocks
         if self.packing is not None:
             facts["packing"] = self.packing.to_dict()
-        payload = json.dumps(facts, sort_keys=True)
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+        return facts
 
 
 def _flat(name: str, part: str) -> property:

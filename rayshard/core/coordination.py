@@ -37,6 +37,8 @@ class CoordinatorCore(CoreQueries):
         self.source = source
         self.settings = settings
         self.num_samples = source.layout().num_samples
+        # what the loader's id stands for: saved states carry it, a refusal names changes
+        self.made_by = settings.identity_facts(source.describe(), self.num_samples)
         self.dynamic = settings.policy is ShardingPolicy.DYNAMIC
         self.members: Membership | None = None
         self.started: set[int] = set()  # epochs some rank began (static plans)
@@ -193,7 +195,9 @@ class CoordinatorCore(CoreQueries):
         return cmd.RankLost(c.dp_rank, tuple(requeued))
 
     def _restore(self, c: cmd.Restore) -> cmd.Noted:
-        self.resume = LoaderState.from_dict(c.state, expect_loader=self.loader_id)
+        self.resume = LoaderState.from_dict(
+            c.state, expect_loader=self.loader_id, expect_made_by=self.made_by
+        )
         self._forget_progress()
         self.members.generation += 1
         return cmd.Noted()

@@ -5,6 +5,7 @@ these; only `apply` changes the state)."""
 from __future__ import annotations
 
 import bisect
+import json
 from typing import Any
 
 from rayshard.config.loader_config import LoaderConfig
@@ -25,6 +26,7 @@ class CoreQueries:
     source: Source
     settings: LoaderConfig
     num_samples: int
+    made_by: dict[str, Any]
     dynamic: bool
     members: Membership | None
     started: set[int]
@@ -171,6 +173,7 @@ class CoreQueries:
             world_size=members.dp_size if members else 0,
             num_samples=self.num_samples,
             partial=tuple(partial),
+            made_by=json.dumps(self.made_by, sort_keys=True),
         ).to_dict()
 
     def epoch_complete(self, epoch: int) -> bool:

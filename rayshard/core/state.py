@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from rayshard.errors import ConfigError
@@ -26,8 +27,10 @@ _KEYS = {
     "partial",
     "world_size",
     "num_samples",
+    "made_by",
 }
-_OPTIONAL = {"partial"}  # states saved before packing existed lack it
+# states saved before packing existed lack `partial`, before `made_by` existed that
+_OPTIONAL = {"partial", "made_by"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +44,8 @@ class LoaderState:
     world_size: int
     num_samples: int
     partial: tuple[tuple[int, int], ...] = ()  # (sample index, tokens delivered), sorted
+    # the configuration facts behind `loader`'s id, as JSON (sorted keys); not compared
+    made_by: str = dataclasses.field(default="", compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -52,14 +57,23 @@ class LoaderState:
             "partial": [list(p) for p in self.partial],
             "world_size": self.world_size,
             "num_samples": self.num_samples,
+            **({"made_by": json.loads(self.made_by)} if self.made_by else {}),
         }
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
-    def from_dict(cls, data: Any, *, expect_loader: str | None = None) -> LoaderState:
-        """Strict load: every key present, no unknown key, this loader, this version."""
+    def from_dict(
+        cls,
+        data: Any,
+        *,
+        expect_loader: str | None = None,
+        expect_made_by: Mapping[str, Any] | None = None,
+    ) -> LoaderState:
+        """Strict load: every key present, no unknown key, this loader, this version. A
+        state of another loader is refused naming what differs, when both sides know
+        (`made_by`, `expect_made_by`)."""
         if isinstance(data, (str, bytes)):
             data = json.loads(data)
         if not isinstance(data, dict):
@@ -80,6 +94,7 @@ class LoaderState:
             raise ConfigError(
                 f"this state belongs to loader {data['loader']!r}, not to {expect_loader!r}: "
                 "it was saved by a loader with another name, source or configuration"
+                + _differences(data.get("made_by"), expect_loader, data["loader"], expect_made_by)
             )
         try:
             consumed = iv.normalize(tuple(pair) for pair in data["consumed"])
@@ -91,6 +106,18 @@ class LoaderState:
                 world_size=int(data["world_size"]),
                 num_samples=int(data["num_samples"]),
                 partial=tuple(sorted((int(i), int(t)) for i, t in data.get("partial", []))),
+                made_by=json.dumps(data["made_by"], sort_keys=True) if "made_by" in data else "",
             )
         except (TypeError, ValueError) as error:
             raise ConfigError(f"malformed loader state: {error}") from error
+
+
+def _differences(saved: Any, expect_loader: str, saved_loader: str, here: Any) -> str:
+    """What differs between the loader that saved a state and this one, as a clause."""
+    saved_name, name = saved_loader.rsplit(":", 1)[0], expect_loader.rsplit(":", 1)[0]
+    changes = [] if saved_name == name else [f"name: {saved_name!r} in the state, {name!r} here"]
+    if isinstance(saved, Mapping) and isinstance(here, Mapping):
+        for key in sorted(set(saved) | set(here)):
+            if saved.get(key) != here.get(key):
+                changes.append(f"{key}: {saved.get(key)!r} in the state, {here.get(key)!r} here")
+    return "; " + "; ".join(changes) if changes else ""

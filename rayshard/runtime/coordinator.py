@@ -204,7 +204,9 @@ class Coordinator:
         """Resume from a saved state; idempotent, so every rank may call it. A new state
         starts a new generation (same members), so readers drop what they read ahead.
         Returns (epoch, generation)."""
-        loaded = LoaderState.from_dict(state, expect_loader=self._loader_id)
+        loaded = LoaderState.from_dict(
+            state, expect_loader=self._loader_id, expect_made_by=self._core.made_by
+        )
         if self._core.members is None:
             raise RayshardError("restore() before any rank registered: take an iterator first")
         if self._core.resume != loaded:

@@ -20,6 +20,7 @@ import ray
 from rayshard.config.checks import check_int
 from rayshard.data.batching import Tagged
 from rayshard.data.formats import FORMATS, convert_batch, torch_host_batch
+from rayshard.errors import unwrap_task_error
 from rayshard.plan import DataParallelRank
 from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import BatchMeta
@@ -204,7 +205,11 @@ class ShardIterator:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` was saved: the next iteration yields the rest of its epoch."""
-        epoch, self._generation = ray.get(self._coordinator.restore.remote(state))
+        try:
+            epoch, self._generation = ray.get(self._coordinator.restore.remote(state))
+        except ray.exceptions.RayTaskError as error:  # a refused state: its own error
+            where = f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
+            raise unwrap_task_error(error, f"{where}, load_state_dict") from None
         self._acks.generation = self._generation
         self.set_epoch(epoch)
 

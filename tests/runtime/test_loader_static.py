@@ -159,8 +159,14 @@ def test_state_from_another_loader_is_refused(ray_session, dataset):
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
     state = it.state_dict()
     other = make_loader(dataset, batch_size=4)
-    with pytest.raises(ConfigError, match="belongs to loader"):
+    with pytest.raises(ConfigError, match="belongs to loader") as refused:
         other.iterator(world_rank=0, world_size=1).load_state_dict(state)
+    # its own error, naming what differs, not Ray's wrapper with a remote traceback
+    assert type(refused.value) is ConfigError
+    message = str(refused.value)
+    assert message.startswith("loader ") and "load_state_dict" in message
+    assert "batch_size: 8 in the state, 4 here" in message and "Traceback" not in message
+    assert state["made_by"]["batch_size"] == 8
     loader.shutdown()
     other.shutdown()
 
