@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import collections
-from collections.abc import Callable, Iterator
+import contextlib
+from collections.abc import Callable, Iterable, Iterator
 
 import ray
 
@@ -13,6 +14,7 @@ from rayshard.errors import RayshardError, unwrap_task_error
 from rayshard.runtime.block import Block
 
 STALL_FLUSH_S = 0.02  # a consumer waiting this long for a batch sends its pending acks
+SETTLE_S = 10.0  # at most this long for each request in flight after a reader's error
 
 
 def fetch_batches(
@@ -46,6 +48,7 @@ def fetch_batches(
                 flush()
                 ref = ray.get(request)
         except ray.exceptions.RayTaskError as error:
+            _settle(request for _, request in pending)
             raise unwrap_task_error(error, f"{where}, epoch {epoch}") from error
         if ref is None:
             more = False
@@ -58,3 +61,11 @@ def fetch_batches(
                 f"{(block.generation, block.epoch)}: take a new iterator"
             )
         yield from block.batches
+
+
+def _settle(requests: Iterable[ray.ObjectRef]) -> None:
+    """Take the answers of requests still in flight after a reader's error (they fail
+    the same way at once), so that Ray does not log each as an unhandled error."""
+    for request in requests:
+        with contextlib.suppress(ray.exceptions.RayError):
+            ray.get(request, timeout=SETTLE_S)

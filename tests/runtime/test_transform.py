@@ -202,7 +202,16 @@ def test_filter_resume_counts_dropped_samples_consumed(ray_session, dataset):
 
 
 @pytest.mark.parametrize(("fmt", "workers"), [("torch", 1), ("numpy", 1), ("torch", 2)])
-def test_transform_error_reaches_the_loop_as_transform_error(ray_session, dataset, fmt, workers):
+def test_transform_error_reaches_the_loop_as_transform_error(
+    ray_session, dataset, fmt, workers, monkeypatch
+):
+    import gc
+
+    import ray._private.worker
+
+    unhandled: list[str] = []  # what Ray would log as "Unhandled error" once refs are freed
+    monkeypatch.setattr(ray._private.worker, "_unhandled_error_handler", unhandled.append)
+
     def explode_at_42(batch, ctx):
         if 42 in ctx.indices:
             raise ValueError("sample 42 is cursed")
@@ -220,6 +229,10 @@ def test_transform_error_reaches_the_loop_as_transform_error(ray_session, datase
     assert "ValueError('sample 42 is cursed')" in text and "in explode_at_42" in text
     assert len(received) == 5  # the batches before the failing one were delivered
     assert (info.value.rank, info.value.epoch, info.value.samples) == (0, 0, (40, 48))
+    del its, info  # the requests the iterator had in flight are freed: all were answered
+    gc.collect()
+    ray.get(ray.put(0))
+    assert unhandled == []
     loader.shutdown()
 
 
