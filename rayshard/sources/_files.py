@@ -207,7 +207,7 @@ class ChunkedFileSource(Source):
             table = conform(table, self._file_schema)
         except DataError:
             raise
-        except (pa.ArrowException, OSError, ValueError) as error:
+        except (pa.ArrowException, OSError, ValueError, KeyError) as error:
             if is_denied(error):
                 raise _denied(file.display, f"{self._chunk_name} {chunk_id}", error) from error
             raise DataError(

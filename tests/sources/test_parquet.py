@@ -201,6 +201,14 @@ def test_a_file_rewritten_after_the_source_was_made_is_a_data_error(tmp_path):
         list(unopened.read(6, 9))
 
 
+def test_an_arrow_file_rewritten_without_a_column_is_a_data_error(tmp_path):
+    feather.write_feather(pa.table({"id": [0, 1], "x": [1.0, 2.0]}), tmp_path / "a.arrow")
+    source = ArrowFileSource(tmp_path, columns=["id", "x"])
+    feather.write_feather(pa.table({"id": [0, 1], "y": [1.0, 2.0]}), tmp_path / "a.arrow")
+    with pytest.raises(DataError, match=r"a\.arrow: record batch 0 is unreadable .*\"x\""):
+        list(source.read(0, 2))
+
+
 def test_large_row_group_split_reads_slices(tmp_path):
     path = tmp_path / "big.parquet"
     pq.write_table(table_of(range(1000)), path, row_group_size=1000)
