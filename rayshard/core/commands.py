@@ -124,13 +124,15 @@ def command_from_entry(entry: dict[str, Any]) -> Command:
 # -- decisions ---------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Registered:
-    """The generation the worker registered under and the name of its rank's reader."""
+    """The generation the worker registered under, the name of its rank's reader, and the
+    epoch its rank is at (where a new iterator of the rank starts)."""
 
     generation: int
     reader: str
     dp_size: int
     loader: str
     dynamic: bool
+    epoch: int = 0
 
     def reply(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -98,7 +98,9 @@ class LightningBatches:
 class RayshardCheckpoint(pl.Callback):
     """Puts `batches.snapshot()` into every Lightning checkpoint (key `"rayshard"`) and
     restores it when Lightning loads one (`ckpt_path=`), on every rank: the loader goes on
-    exactly where the model stood, mid-epoch or at an epoch boundary.
+    exactly where the model stood, mid-epoch or at an epoch boundary. It also sets the
+    trainer's `reload_dataloaders_every_n_epochs` to 1, so every epoch is as long as
+    `len()` says (Lightning keeps the first epoch's length otherwise).
 
     `val`: the validation `ShardIterator`, if any. Its state (the next validation epoch) is
     saved and restored too: after a Ray Train restart a new validation iterator would
@@ -111,6 +113,14 @@ class RayshardCheckpoint(pl.Callback):
                 f"{type(batches).__name__}: wrap the iterator, LightningBatches(iterator)"
             )
         self.batches, self.val = batches, val
+
+    def setup(self, trainer: pl.Trainer, pl_module: Any, stage: str) -> None:
+        """Make Lightning ask `len()` again every epoch: it keeps the first epoch's length
+        as a limit otherwise (`reload_dataloaders_every_n_epochs=0`), and an epoch whose
+        batch count differs (shards of other sizes, a resume on another world size) would
+        end early or spill into the next one."""
+        if trainer.reload_dataloaders_every_n_epochs != 1:
+            trainer.reload_dataloaders_every_n_epochs = 1
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = self.batches.snapshot()

@@ -232,7 +232,8 @@ def _file_assignments(
         for rank in range(world_size):
             order = list(range(num_files))
             random.Random(f"rayshard:{config.seed}:{epoch}:{rank}").shuffle(order)
-            out.append((None, (), iv.concat([(0, num_files)]), tuple(order)))
+            # the rank reads the files in its own order (its ranges are a reading order)
+            out.append((None, (), iv.concat((f, f + 1) for f in order), tuple(order)))
         return out
     if config.uneven is Uneven.DROP:
         sitting_out = num_files % num_shards

@@ -73,7 +73,7 @@ class ShardIterator:
         self._collate_fn = collate_fn
         self._feed: Any = None  # the DeviceFeed of the current epoch (torch format)
         self._stream: Iterator[Any] = iter(())
-        self._epoch = 0
+        self._epoch = int(registration.get("epoch", 0))  # where this rank is
         self._started = False  # whether `_epoch` has begun on this worker
         self._ended = False  # whether this worker received all of `_epoch`
         self._received = 0  # batches of `_epoch` this loop received

@@ -268,10 +268,13 @@ def test_replicate_every_rank_reads_all_files_in_its_own_seeded_order(case, epoc
     assert plan == again  # deterministic by seed
     for rank in plan.ranks:
         assert rank.shard is None
-        assert rank.files == iv.concat([(0, f)])
         assert sorted(rank.file_order) == list(range(f))
+        # the files, and their samples, in the rank's own order
+        assert rank.files == iv.concat((i, i + 1) for i in rank.file_order)
         assert rank.samples + rank.dropped == layout.num_samples
-        assert rank.ranges == iv.take(iv.concat([(0, layout.num_samples)]), 0, rank.samples)
+        offsets = layout.offsets
+        in_order = iv.concat((offsets[i], offsets[i + 1]) for i in rank.file_order)
+        assert rank.ranges == iv.take(in_order, 0, rank.samples)
 
 
 def test_replicate_orders_differ_by_rank_epoch_and_seed():

@@ -301,6 +301,43 @@ def test_stale_iterator_is_rejected(ray_session, dataset):
     loader.shutdown()
 
 
+def test_ranks_that_come_back_without_a_checkpoint_go_on_with_their_epoch(ray_session, dataset):
+    """A Train group restarted before any checkpoint held the loader's state: its new
+    iterators start with the epoch their ranks are in (epoch 1 here, two steps in), not at
+    epoch 0, which the loader would refuse as stale. Without a state to resume from, the
+    epoch is read whole again (the model restarted without one too)."""
+    loader = make_loader(dataset)
+    first = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in (0, 1)]
+    epoch0 = run_lockstep(first)
+    part = run_lockstep(first, steps=2)  # into epoch 1, then the group goes away
+    assert [it.epoch for it in first] == [1, 1]
+    again = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in (0, 1)]
+    assert [it.epoch for it in again] == [1, 1]
+    rest = run_lockstep(again)
+    epoch2 = run_lockstep(again)
+    ids = [[i for rank in batches for i in real_ids(rank)] for batches in (epoch0, epoch2)]
+    assert Counter(ids[0]) == Counter(ids[1]) == Counter(range(100))
+    assert len(part[0]) == 2
+    assert Counter(i for rank in rest for i in real_ids(rank)) == Counter(range(100))
+    loader.shutdown()
+
+
+def test_replicate_ranks_read_every_file_each_in_its_own_order(ray_session, tmp_path):
+    """`uneven="replicate"`: every rank reads every file, in the seeded order the plan
+    gives it (they read in dataset order before, so DDP ranks saw identical batches)."""
+    from rayshard.plan import DataLayout, plan_epoch
+
+    data = write_parquet(tmp_path / "files", [4] * 5, row_group_size=4)
+    loader = make_loader(data, batch_size=4, policy="file", uneven="replicate", seed=3)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in (0, 1)]
+    read = [[i // 4 for i in real_ids(rank)] for rank in run_lockstep(its)]
+    plan = plan_epoch(loader.settings.plan, DataLayout.of_files([4] * 5), 2, 0, by_files=True)
+    orders = [list(r.file_order) for r in plan.ranks]
+    assert orders[0] != orders[1]
+    assert read == [[f for f in order for _ in range(4)] for order in orders]
+    loader.shutdown()
+
+
 def test_model_parallel_group_gets_identical_batches(ray_session, dataset):
     loader = make_loader(dataset, model_parallel_size=2)
     its = [loader.iterator(world_rank=r, world_size=4, batch_format="numpy") for r in range(4)]
