@@ -40,9 +40,10 @@ def causal_lm_inputs(batch: dict, column: str = "input_ids") -> dict:
 
 
 def prepare_trainer(trainer: Any) -> Any:
-    """Make `trainer` read an `IterableAdapter` train dataset as it is (one batch per step,
-    no Accelerate re-sharding). Other datasets go through the Trainer's own dataloader.
-    Composes with `ray.train.huggingface.transformers.prepare_trainer` (call either first)."""
+    """Make `trainer` read `IterableAdapter` train and evaluation datasets as they are (one
+    batch per step, no re-batching to `per_device_eval_batch_size`, no Accelerate
+    re-sharding). Other datasets go through the Trainer's own dataloaders. Composes with
+    `ray.train.huggingface.transformers.prepare_trainer` (call either first)."""
     base = trainer.__class__
 
     class RayshardTrainer(base):
@@ -51,6 +52,14 @@ def prepare_trainer(trainer: Any) -> Any:
                 adapter = self.train_dataset
                 return dataloader(adapter.iterator, adapter.transform)
             return super().get_train_dataloader()
+
+        def get_eval_dataloader(self, eval_dataset: Any = None) -> torch.utils.data.DataLoader:
+            dataset = self.eval_dataset if eval_dataset is None else eval_dataset
+            if isinstance(dataset, str):  # a key of a dict of evaluation datasets
+                dataset = self.eval_dataset[dataset]
+            if isinstance(dataset, IterableAdapter):
+                return dataloader(dataset.iterator, dataset.transform)
+            return super().get_eval_dataloader(eval_dataset)
 
     RayshardTrainer.__name__ = RayshardTrainer.__qualname__ = f"Rayshard{base.__name__}"
     trainer.__class__ = RayshardTrainer

@@ -36,6 +36,30 @@ def test_causal_lm_inputs_label_padding_rows_and_drop_rayshard_keys():
     assert (batch["input_ids"][2] == torch.arange(8, 12)).all(), "the batch was modified"
 
 
+def test_prepared_trainer_passes_rayshard_batches_through_for_evaluation_too(tmp_path):
+    """An `IterableAdapter` evaluation set (alone, or in a dict) is read one rayshard batch
+    per step, not re-batched to `per_device_eval_batch_size`; other sets are the Trainer's."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+    from rayshard.frameworks.torch import IterableAdapter
+    from rayshard.frameworks.transformers import prepare_trainer
+
+    batches = [{"input_ids": torch.full((8, 4), i)} for i in range(3)]  # 3 batches of 8 rows
+    adapter = IterableAdapter(batches)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=1, n_embd=8, vocab_size=16))
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=4, report_to=[], use_cpu=True
+    )
+    trainer = prepare_trainer(Trainer(model=model, args=args, eval_dataset=adapter))
+    seen = [b["input_ids"].shape for b in trainer.get_eval_dataloader()]
+    assert seen == [torch.Size([8, 4])] * 3
+    by_name = prepare_trainer(Trainer(model=model, args=args, eval_dataset={"val": adapter}))
+    assert len(list(by_name.get_eval_dataloader("val"))) == 3
+    plain = prepare_trainer(Trainer(model=model, args=args, eval_dataset=[{"input_ids": [1]}] * 8))
+    assert [len(b["input_ids"]) for b in plain.get_eval_dataloader()] == [4, 4]  # its own
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_trainer_num_train_epochs_and_max_steps_exact(ray_session, tmp_path):
