@@ -100,9 +100,7 @@ class CoordinatorCore(CoreQueries):
             members.dp_size,
             self.loader_id,
             self.dynamic,
-            # a rank that comes back (a Train group restarted without a checkpoint) goes on
-            # with its epoch; asking for an earlier one would be refused as stale
-            self.rank_epoch.get(c.dp_rank, 0),
+            self.start_of(c.dp_rank),
         )
 
     def _attach(self, c: cmd.Attach) -> cmd.Noted:

@@ -182,6 +182,17 @@ class CoreQueries:
             self.epoch_samples(epoch), self.all_consumed(epoch)
         )
 
+    def start_of(self, dp_rank: int) -> int:
+        """The epoch a new iterator of `dp_rank` starts with: the one its rank is in, or
+        the next once the rank received all of it. A rank that comes back (a Train group
+        restarted without a checkpoint, an iterator made per epoch) goes on from there;
+        an earlier epoch would be refused as stale."""
+        epoch = self.rank_epoch.get(dp_rank)
+        if epoch is None:
+            return 0
+        received = self.received.get(epoch, {}).get(dp_rank, 0)
+        return epoch + 1 if received >= self.total(epoch, dp_rank) else epoch
+
     def total(self, epoch: int, dp_rank: int) -> int:
         """Batches `dp_rank` receives in a begun `epoch` (a huge number when unknown)."""
         if epoch in self.started:

@@ -322,6 +322,23 @@ def test_ranks_that_come_back_without_a_checkpoint_go_on_with_their_epoch(ray_se
     loader.shutdown()
 
 
+def test_an_iterator_made_per_epoch_reads_epoch_after_epoch(ray_session, dataset):
+    """A loop that makes a new iterator every epoch (closing the last one or not) gets the
+    next epoch each time, in that epoch's shuffle order, not epoch 0 again."""
+    loader = make_loader(dataset, shuffle=True, seed=4)
+    orders = []
+    for epoch in range(3):
+        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        assert it.epoch == epoch
+        ids = real_ids(list(it))
+        assert Counter(ids) == Counter(range(100))
+        orders.append(ids)
+        if epoch == 1:
+            it.close()
+    assert orders[0] != orders[1] != orders[2]
+    loader.shutdown()
+
+
 def test_replicate_ranks_read_every_file_each_in_its_own_order(ray_session, tmp_path):
     """`uneven="replicate"`: every rank reads every file, in the seeded order the plan
     gives it (they read in dataset order before, so DDP ranks saw identical batches)."""
