@@ -190,6 +190,9 @@ class CoreQueries:
         epoch = self.rank_epoch.get(dp_rank)
         if epoch is None:
             return 0
+        members = self.members
+        if members is not None and sum(r == dp_rank for r in members.world.values()) > 1:
+            return epoch  # a model-parallel group: its members read every epoch together
         received = self.received.get(epoch, {}).get(dp_rank, 0)
         return epoch + 1 if received >= self.total(epoch, dp_rank) else epoch
 
