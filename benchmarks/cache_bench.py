@@ -302,7 +302,7 @@ TABLE = (
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.cache_bench", description=__doc__.splitlines()[0]
+        prog="python -m benchmarks.cache_bench", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--rows", type=int, default=400_000, help="rows to upload")
     parser.add_argument("--epochs", type=int, default=3, help="epochs per configuration (>= 2)")

@@ -149,7 +149,7 @@ def naive_padding(lengths: np.ndarray, seq_len: int) -> dict:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.packing_bench", description=__doc__.splitlines()[0]
+        prog="python -m benchmarks.packing_bench", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--docs", type=int, default=40_000, help="documents to write")
     parser.add_argument("--seq-len", type=int, default=512, help="tokens per packed row")

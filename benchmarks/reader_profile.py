@@ -21,6 +21,9 @@ from rayshard.data.batching import iter_rows, reading_pieces
 from rayshard.runtime.pipeline import reader_batches
 from rayshard.sources.parquet import ParquetSource
 
+if {"-h", "--help"} & set(sys.argv[1:]):
+    print(__doc__)
+    sys.exit(0)
 rows = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 400_000
 folder = make_dataset(Path("/tmp/rs_prof_data"), rows)
 paths = parquet_files(folder)

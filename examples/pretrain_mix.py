@@ -216,10 +216,12 @@ def train_loop_per_worker(config: dict) -> None:
             ray.train.report(metrics, checkpoint=Checkpoint.from_directory(folder))
 
 
-def check_epochs(source: MixedSource, seed: int, epochs: int, got: dict) -> bool:
+def check_epochs(
+    source: MixedSource, seed: int, epochs: int, got: dict, *, padded: bool = False
+) -> bool:
     """Print samples and tokens per source and epoch; True when every epoch delivered
     exactly the mix's picks: every position of the mix, each with all its document's
-    tokens once (cut at 256 when padded)."""
+    tokens once (packed: every token; `padded`: cut at 256)."""
     ok = len(got) == epochs
     print(f"{'epoch':>5} {'source':>10} {'samples':>8} {'share':>6} {'tokens':>9} {'exact':>6}")
     for epoch, rows in sorted(got.items()):
@@ -231,7 +233,8 @@ def check_epochs(source: MixedSource, seed: int, epochs: int, got: dict) -> bool
         for position, count in rows:
             tokens[position] += count
         exact = sorted(tokens) == list(range(total)) and all(
-            tokens[p] in (lengths[p], min(lengths[p], SEQ_LEN)) for p in range(total)
+            tokens[p] == (min(lengths[p], SEQ_LEN) if padded else lengths[p])
+            for p in range(total)
         )
         for s, name in enumerate(NAMES):
             mine = [tokens[p] for p in range(total) if source_of[p] == s]
@@ -282,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         f"trained {args.epochs} epochs in {time.perf_counter() - started:.1f} s; final loss "
         f"{result.metrics.get('loss', float('nan')):.3f} per byte"
     )
-    ok = check_epochs(source, loader.settings.plan.seed, args.epochs, ray.get(audit.get.remote()))
+    got = ray.get(audit.get.remote())
+    ok = check_epochs(source, loader.settings.plan.seed, args.epochs, got, padded=args.pad)
     loader.shutdown()
     if not ok:
         print("rayshard mix: FAILED per-source count or coverage check", flush=True)

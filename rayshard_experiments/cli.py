@@ -7,7 +7,7 @@ import click
 from rayshard.errors import ConfigError
 
 
-@click.command("rayshard-experiment")
+@click.command("rayshard-experiment", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("schedule", type=click.Path(dir_okay=False))
 @click.option(
     "--out",

@@ -63,6 +63,11 @@ def plan_command(
     if (samples is None) == (files is None):
         raise click.UsageError("give exactly one of '--samples' or '--files'")
     by_files = files is not None
+    context = click.get_current_context()
+    for name, flag in (("uneven", "--uneven"), ("rows_per_file", "--rows-per-file")):
+        given = context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
+        if given and not by_files:
+            raise click.UsageError(f"{flag} applies to file mode: give --files, not --samples")
     layout = (
         DataLayout.of_files([rows_per_file] * files) if by_files else DataLayout.of_samples(samples)
     )

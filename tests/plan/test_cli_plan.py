@@ -224,6 +224,11 @@ def test_case_insensitive_choices():
         (["--samples", "10", "--world-size", "2", "--format", "xml"], ["'--format'", "xml"]),
         (["--samples", "3", "--files", "3", "--world-size", "2"], ["--samples", "--files"]),
         (["--world-size", "2"], ["--samples", "--files"]),
+        (["--samples", "10", "--world-size", "3", "--uneven", "drop"], ["--uneven", "file mode"]),
+        (
+            ["--samples", "10", "--world-size", "2", "--rows-per-file", "3"],
+            ["--rows-per-file", "file mode"],
+        ),
         (
             ["--samples", "10", "--world-size", "4", "--total-shards", "6", "--rotation", "stride"],
             ["total_shards=6", "world_size=4", "stride"],
