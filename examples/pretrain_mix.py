@@ -233,8 +233,7 @@ def check_epochs(
         for position, count in rows:
             tokens[position] += count
         exact = sorted(tokens) == list(range(total)) and all(
-            tokens[p] == (min(lengths[p], SEQ_LEN) if padded else lengths[p])
-            for p in range(total)
+            tokens[p] == (min(lengths[p], SEQ_LEN) if padded else lengths[p]) for p in range(total)
         )
         for s, name in enumerate(NAMES):
             mine = [tokens[p] for p in range(total) if source_of[p] == s]
