@@ -141,6 +141,18 @@ def test_per_sample_stacks_drops_and_keeps_columns_of_empty_batches():
     assert out["y"].shape == (0, 2) and out["name"] == [] and out["_index"].size == 0
 
 
+def test_per_sample_arrays_of_different_shapes_are_a_clear_error_and_lists_pass():
+    """Token ids per document differ in length: a message naming the key and the way out
+    (not numpy's 'all input arrays must have the same shape'); as lists they pass."""
+    ctx = ctx_for([1, 2, 3])
+    ragged = per_sample(lambda s, r: {"ids": np.arange(s["x"] % 7 + 1, dtype=np.int32)})
+    with pytest.raises(TransformError, match=r"key .ids. holds arrays of different shapes .*lists"):
+        apply_transform(ragged, batch_for(ctx), ctx)
+    as_lists = per_sample(lambda s, r: {"ids": list(range(s["x"] % 7 + 1))})
+    out = apply_transform(as_lists, batch_for(ctx), ctx)
+    assert [len(ids) for ids in out["ids"]] == [4, 7, 3]
+
+
 def test_transform_input_gives_strings_and_bytes_as_lists():
     table = pa.table(
         {

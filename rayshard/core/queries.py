@@ -184,12 +184,18 @@ class CoreQueries:
 
     def start_of(self, dp_rank: int) -> int:
         """The epoch a new iterator of `dp_rank` starts with: the one its rank is in, or
-        the next once the rank received all of it. A rank that comes back (a Train group
-        restarted without a checkpoint, an iterator made per epoch) goes on from there;
-        an earlier epoch would be refused as stale."""
+        the next once the rank received all of it (a rank new to this membership: the
+        resume point's epoch, or the next once that was consumed whole). A rank that comes
+        back (a Train group restarted without a checkpoint, an iterator made per epoch,
+        another world size) goes on from there; an earlier epoch would be refused as stale
+        or come out empty."""
         epoch = self.rank_epoch.get(dp_rank)
-        if epoch is None:
-            return 0
+        if epoch is None:  # new in this membership: from its resume point, if it has one
+            resume = self.resume
+            if resume is None:
+                return 0
+            whole = resume.consumed and not iv.subtract(((0, self.num_samples),), resume.consumed)
+            return resume.epoch + 1 if whole else resume.epoch
         members = self.members
         if members is not None and sum(r == dp_rank for r in members.world.values()) > 1:
             return epoch  # a model-parallel group: its members read every epoch together

@@ -139,7 +139,19 @@ def _stack(outputs: Sequence[Mapping[str, Any]]) -> Batch:
             and not isinstance(v, (np.str_, np.bytes_))
             for v in values
         )
-        out[key] = np.stack([np.asarray(v) for v in values]) if numeric else values
+        if not numeric:
+            out[key] = values
+            continue
+        arrays = [np.asarray(v) for v in values]
+        shapes = {a.shape for a in arrays}
+        if len(shapes) > 1:
+            shown = ", ".join(str(shape) for shape in sorted(shapes)[:4])
+            raise ValueError(
+                f"per_sample: key {key!r} holds arrays of different shapes ({shown}) in one "
+                "batch, which cannot be stacked: return them as Python lists (.tolist()), "
+                "or resize or pad them to one shape"
+            )
+        out[key] = np.stack(arrays)
     return out
 
 

@@ -336,6 +336,11 @@ def test_an_iterator_made_per_epoch_reads_epoch_after_epoch(ray_session, dataset
         if epoch == 1:
             it.close()
     assert orders[0] != orders[1] != orders[2]
+    # on another world size too: the next epoch, whole, not an empty rest of the last one
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in (0, 1)]
+    assert [it.epoch for it in its] == [3, 3]
+    batches = run_lockstep(its)
+    assert Counter(i for rank in batches for i in real_ids(rank)) == Counter(range(100))
     loader.shutdown()
 
 
