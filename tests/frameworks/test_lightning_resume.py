@@ -62,9 +62,9 @@ class SaveAndStop(pl.Callback):
             raise _Stop
 
 
-def _trainer(*callbacks) -> pl.Trainer:
+def _trainer(*callbacks, epochs: int = EPOCHS) -> pl.Trainer:
     return pl.Trainer(
-        max_epochs=EPOCHS,
+        max_epochs=epochs,
         accelerator="cpu",
         devices=1,
         logger=False,
@@ -122,3 +122,26 @@ def test_checkpoint_callback_and_snapshot_errors_name_the_fix():
         RayshardCheckpoint(object())
     with pytest.raises(ValueError, match="'loader' and 'batches'"):
         LightningBatches(object()).restore({"epoch": 1})
+
+
+def test_epochs_of_different_lengths_are_each_one_whole_data_epoch(ray_session, tmp_path):
+    """Lightning keeps the first epoch's `len()` as a limit unless dataloaders reload
+    every epoch (`RayshardCheckpoint` sets that): with two shards of 129 and 128 rows
+    rotating (5 and 4 batches), every Lightning epoch is one whole shard."""
+    data = write_parquet(tmp_path / "data", [257], row_group_size=16)
+    loader = Loader(
+        ParquetSource(data),
+        batch_size=32,
+        rotation="stride",
+        total_shards=2,
+        name=unique_name("pl-len"),
+    )
+    batches = LightningBatches(loader.iterator(world_rank=0, world_size=1))
+    model = Recorder()
+    _trainer(RayshardCheckpoint(batches), epochs=4).fit(model, train_dataloaders=batches)
+    got = {epoch: sorted(seen) for epoch, seen in model.seen.items()}
+    assert sorted(got) == [0, 1, 2, 3]
+    assert sorted(len(got[e]) for e in (0, 1)) == [128, 129], {e: len(v) for e, v in got.items()}
+    assert got[0] == got[2] and got[1] == got[3]
+    assert sorted(got[0] + got[1]) == list(range(257))
+    loader.shutdown()
