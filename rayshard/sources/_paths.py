@@ -132,8 +132,9 @@ def _hidden(path: str, root: str) -> bool:
 def _version(info: pafs.FileInfo) -> str:
     """What tells one content of a file from another: its size and modification time
     (a cached copy is kept per version)."""
+    size = info.size if info.size is not None else ""
     mtime = info.mtime_ns if info.mtime is not None else ""
-    return f"{info.size}:{mtime}"
+    return f"{size}:{mtime}"
 
 
 def _list_folder(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:

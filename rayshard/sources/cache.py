@@ -179,7 +179,7 @@ class FileCache:
                 with os.fdopen(handle, "wb") as out, fs.open_input_stream(path) as remote:
                     shutil.copyfileobj(remote, out, 8 << 20)
                     size = out.tell()
-                if expected and size != int(expected):
+                if expected.isdigit() and size != int(expected):
                     raise DataError(
                         f"{path}: the store holds {size} bytes of it, {expected} when the "
                         "source was made: the file changed since; make the source (and the "
