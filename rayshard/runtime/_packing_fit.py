@@ -16,7 +16,8 @@ import numpy as np
 import pyarrow as pa
 
 from rayshard.core.packing import PackSpec, too_long
-from rayshard.data.batching import FLUSH, INDEX_KEY, PADDED_KEY
+from rayshard.data.batching import FLUSH
+from rayshard.runtime._packed_arrays import packed_batch, placed, token_lists
 
 
 def fit_batches(
@@ -32,7 +33,7 @@ def fit_batches(
     # arrival number -> (sample index, its tokens still to deliver (a view), first token,
     # tokens it occupies with its separator): documents read and not yet emitted
     pending: dict[int, tuple[int, np.ndarray, int, int]] = {}
-    dtype: list[Any] = [np.int64]  # the token column's type, once a batch was seen
+    dtype: Any = np.int64  # the token column's type, once a batch was seen
     sep = spec.separator is not None
     bins: list[list] = []  # open rows: [fill, [arrival numbers]]
     closed: list[list[int]] = []  # rows closed, not yet emitted
@@ -40,12 +41,10 @@ def fit_batches(
     for batch in record_batches:
         if batch is FLUSH or batch.num_rows == 0:
             continue
-        tokens = batch.column(batch.schema.get_field_index(column))
-        index = batch.column(batch.schema.get_field_index(INDEX_KEY)).to_numpy().tolist()
-        bounds = tokens.offsets.to_numpy().tolist()
-        values = tokens.values.to_numpy(zero_copy_only=False)
-        dtype[0] = values.dtype
-        for row, sample in enumerate(index):
+        index, offsets_of_rows, values = token_lists(batch, column)
+        bounds = offsets_of_rows.tolist()
+        dtype = values.dtype
+        for row, sample in enumerate(index.tolist()):
             lo, hi = bounds[row], bounds[row + 1]
             at = offsets.get(sample, 0) if offsets else 0
             size = hi - lo + sep - at
@@ -63,13 +62,13 @@ def fit_batches(
                     closed.append(bins.pop(0)[1])
             arrival += 1
         while len(closed) >= batch_size:
-            yield _batch(closed[:batch_size], pending, spec, pad_id, column, dtype[0])
+            yield _batch(closed[:batch_size], pending, spec, pad_id, column, dtype)
             del closed[:batch_size]
     closed += [members for _, members in bins]
     for first in range(0, len(closed), batch_size):
         rows = closed[first : first + batch_size]
-        yield _batch(rows, pending, spec, pad_id, column, dtype[0])
-    return [], dtype[0]
+        yield _batch(rows, pending, spec, pad_id, column, dtype)
+    return [], dtype
 
 
 def _batch(
@@ -96,28 +95,17 @@ def _batch(
         np.cumsum(row_fill) - row_fill
     )
     where = np.arange(total, dtype=np.int64) + np.repeat(row_shift, row_fill)
-    shape = (len(rows), spec.seq_len)
-    token_rows = np.full(shape, pad_id, dtype=dtype)
-    positions = np.zeros(shape, np.int64)
-    documents = np.full(shape, -1, np.int64)
-    if total:
-        is_body = np.ones(total, bool)
-        if spec.separator is not None:  # every document's last token is its separator
-            last = ends[sizes > 0] - 1
-            is_body[last] = False
-            token_rows.reshape(-1)[where[last]] = spec.separator
-        token_rows.reshape(-1)[where[is_body]] = np.concatenate([t[1] for t in taken])
-        positions.reshape(-1)[where] = np.arange(total, dtype=np.int64) - np.repeat(
-            doc_first - starts, sizes
-        )
-        documents.reshape(-1)[where] = np.repeat(samples, sizes)
-    return {
-        column: token_rows,
-        "position_ids": positions,
-        "document_ids": documents,
-        "mask": documents >= 0,
-        INDEX_KEY: documents[:, 0].copy(),
-        PADDED_KEY: np.zeros(len(rows), bool),
-        "_completed": samples,
-        "_partial": np.zeros((0, 2), np.int64),
-    }
+    flat = np.empty(total, dtype=dtype)
+    if spec.separator is not None:  # every document's last token is its separator
+        last = ends[sizes > 0] - 1
+        flat[last] = spec.separator
+        body = np.ones(total, bool)
+        body[last] = False
+        flat[body] = np.concatenate([t[1] for t in taken])
+    elif total:
+        flat[:] = np.concatenate([t[1] for t in taken])
+    positions = np.arange(total, dtype=np.int64) - np.repeat(doc_first - starts, sizes)
+    arrays = placed(
+        (len(rows), spec.seq_len), where, pad_id, flat, positions, np.repeat(samples, sizes)
+    )
+    return packed_batch(column, *arrays, samples, ())

@@ -12,7 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from rayshard.core.packing import PackSpec
-from rayshard.data.batching import FLUSH, INDEX_KEY, PADDED_KEY
+from rayshard.data.batching import FLUSH
+from rayshard.runtime._packed_arrays import COMPLETED_KEY, packed_batch, placed, token_lists
 
 
 class _Buffer:
@@ -26,10 +27,8 @@ class _Buffer:
         self.empties: list[tuple[int, int]] = []  # (stream position, sample) of empty documents
 
     def add(self, batch: pa.RecordBatch, column: str, spec: PackSpec, offsets: Mapping) -> None:
-        tokens = batch.column(batch.schema.get_field_index(column))
-        index = batch.column(batch.schema.get_field_index(INDEX_KEY)).to_numpy()
-        bounds = tokens.offsets.to_numpy().astype(np.int64)  # (docs + 1,)
-        flat = tokens.values.to_numpy(zero_copy_only=False)[bounds[0] : bounds[-1]]
+        index, bounds, values = token_lists(batch, column)
+        flat = values[bounds[0] : bounds[-1]]
         self.dtype = flat.dtype
         lengths = np.diff(bounds)  # (docs,)
         sep = spec.separator is not None
@@ -82,29 +81,15 @@ class _Buffer:
 def _batch(spec: PackSpec, pad_id: int, column: str, rows: int, head, done_extra, dtype) -> dict:
     """A batch of `rows` rows from flat `head` arrays (padded to `rows * seq_len`)."""
     flat, pos, docs, last = head
-    n, width = len(flat), rows * spec.seq_len
-    tokens = np.full(width, pad_id, dtype=dtype)
-    tokens[:n] = flat
-    positions = np.zeros(width, np.int64)
-    positions[:n] = pos
-    documents = np.full(width, -1, np.int64)
-    documents[:n] = docs
+    n = len(flat)
     done = np.concatenate([docs[last], np.asarray(done_extra, np.int64)]).astype(np.int64)
     partial = np.zeros((0, 2), np.int64)
     if n and not last[-1] and docs[-1] not in set(done.tolist()):
         partial = np.array([[docs[-1], pos[-1] + 1]], np.int64)
-    shape = (rows, spec.seq_len)
-    documents = documents.reshape(shape)
-    return {
-        column: tokens.reshape(shape),
-        "position_ids": positions.reshape(shape),
-        "document_ids": documents,
-        "mask": documents >= 0,
-        INDEX_KEY: documents[:, 0].copy(),
-        PADDED_KEY: np.zeros(rows, bool),
-        "_completed": done,
-        "_partial": partial,
-    }
+    arrays = placed(
+        (rows, spec.seq_len), slice(0, n), pad_id, flat.astype(dtype, copy=False), pos, docs
+    )
+    return packed_batch(column, *arrays, done, partial)
 
 
 def split_batches(
@@ -152,7 +137,7 @@ def split_batches(
         held = _batch(spec, pad_id, column, rows, head, done, buffer.dtype)
         dropped = []
     if held is not None and dropped:
-        held["_completed"] = np.concatenate([held["_completed"], np.asarray(dropped, np.int64)])
+        held[COMPLETED_KEY] = np.concatenate([held[COMPLETED_KEY], np.asarray(dropped, np.int64)])
         dropped = []
     if held is not None:
         yield held

@@ -17,14 +17,17 @@ import numpy as np
 import pyarrow as pa
 
 from rayshard.core.packing import Row, materialize, plan_rows
-from rayshard.data.batching import FLUSH, INDEX_KEY, PADDED_KEY
+from rayshard.data.batching import FLUSH, PADDED_KEY
 from rayshard.data.packing import Packing
 from rayshard.errors import RayshardError
+from rayshard.runtime._packed_arrays import (
+    COMPLETED_KEY,
+    PARTIAL_KEY,
+    packed_batch,
+    token_lists,
+)
 from rayshard.runtime._packing_fit import fit_batches
 from rayshard.runtime._packing_split import split_batches
-
-COMPLETED_KEY = "_completed"  # int64 sample indices finished in this batch
-PARTIAL_KEY = "_partial"  # int64 (k, 2): (sample index, tokens delivered) of split documents
 
 
 def documents(
@@ -34,10 +37,7 @@ def documents(
     for batch in record_batches:
         if batch is FLUSH or batch.num_rows == 0:
             continue
-        tokens = batch.column(batch.schema.get_field_index(column))
-        index = batch.column(batch.schema.get_field_index(INDEX_KEY)).to_numpy()
-        offsets = tokens.offsets.to_numpy()  # (rows + 1,) into the whole child array
-        values = tokens.values.to_numpy(zero_copy_only=False)
+        index, offsets, values = token_lists(batch, column)
         for row in range(batch.num_rows):
             yield int(index[row]), values[offsets[row] : offsets[row + 1]]
 
@@ -71,12 +71,14 @@ def packed_batches(
         partial = [(s.index, s.end) for r in rows for s in r.spans if s.index not in finished]
         for index in done:
             store.pop(index, None)
-        out = {packing.column: arrays.pop("tokens"), **arrays}
-        out[INDEX_KEY] = out["document_ids"][:, 0].copy()  # the row's first token's document
-        out[PADDED_KEY] = np.zeros(len(rows), dtype=bool)
-        out[COMPLETED_KEY] = np.asarray(done, dtype=np.int64)
-        out[PARTIAL_KEY] = np.asarray(partial, dtype=np.int64).reshape(-1, 2)
-        return out
+        return packed_batch(
+            packing.column,
+            arrays["tokens"],
+            arrays["position_ids"],
+            arrays["document_ids"],
+            done,
+            partial,
+        )
 
     made = 0
     if fast:
@@ -132,3 +134,6 @@ def _rows_batches(rows: Iterator[Row], batch: Any, batch_size: int) -> Iterator[
     if held is not None:
         yield held
     return dropped, None
+
+
+__all__ = ["COMPLETED_KEY", "PARTIAL_KEY", "documents", "packed_batches"]
