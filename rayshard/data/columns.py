@@ -141,11 +141,7 @@ class ColumnRules:
         for name, value in fill_null.items():
             field = _field(schema, name, "fill_null", where)
             target = fill_type(field.type)
-            try:
-                fits = _same_kind(value, target) and pa.array([value]).cast(target) is not None
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
-                fits = False
-            if not fits:
+            if not _same_kind(value, target) or not _casts(value, target):
                 raise ConfigError(
                     f"fill_null[{name!r}]={value!r} does not fit column {name!r} ({field.type}) "
                     f"of {where}: give a value of type {target}"
@@ -213,7 +209,6 @@ def _same_kind(value: Any, target: pa.DataType) -> bool:
     """Whether `value` is the kind of value a `target` column holds: text for strings,
     bytes for binary, integers (not bools) for integers, numbers for floats, bools for
     bools (Arrow's casts alone would turn 3 into "3" and "7" into 7)."""
-    number = isinstance(value, (int, float, np.integer, np.floating))
     if pa.types.is_string(target) or pa.types.is_large_string(target):
         return isinstance(value, str)
     if pa.types.is_binary(target) or pa.types.is_large_binary(target):
@@ -223,8 +218,19 @@ def _same_kind(value: Any, target: pa.DataType) -> bool:
     if pa.types.is_integer(target):
         return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
     if pa.types.is_floating(target):
-        return number and not isinstance(value, bool)
+        return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+            value, bool
+        )
     return True  # other types: Arrow's cast decides
+
+
+def _casts(value: Any, target: pa.DataType) -> bool:
+    """Whether Arrow casts `value` to `target` (range and precision checked)."""
+    try:
+        pa.array([value]).cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return False
+    return True
 
 
 def _field(schema: pa.Schema, name: str, option: str, where: str) -> pa.Field:
