@@ -15,7 +15,7 @@ from rayshard.plan import DataLayout, EpochPlan, LastBatch, PlanConfig, Rotation
 # for --world-size), passed to `PlanConfig.resolve` by name; their defaults are its own
 # (None: the `RAYSHARD_*` variable, else the default). tests/plan/test_cli_plan.py checks.
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(PlanConfig)}
-NOT_PLANNING = ("samples", "files", "rows_per_file", "world_size", "epochs", "fmt")
+NOT_PLANNING = ("samples", "files", "rows_per_file", "world_size", "epochs", "fmt", "shuffle")
 
 
 def _choices(enum_cls) -> click.Choice:
@@ -45,6 +45,13 @@ def _choices(enum_cls) -> click.Choice:
 @click.option("--seed", type=click.IntRange(min=0), default=_DEFAULT["seed"], show_default=True)
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
+    "--shuffle",
+    is_flag=True,
+    help="Plan as for a loader that shuffles (shuffle, shuffle_buffer or shuffle_blocks): "
+    "--last-batch drop then leaves out a window that moves with the epoch. The reading "
+    "order of the pieces is not shown.",
+)
+@click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
 def plan_command(
@@ -54,6 +61,7 @@ def plan_command(
     world_size: int,
     epochs: int,
     fmt: str,
+    shuffle: bool,
     **planning: Any,
 ) -> None:
     """Show which shard and sample ranges every rank reads in every epoch.
@@ -74,7 +82,8 @@ def plan_command(
     try:
         config = PlanConfig.resolve(explicit=planning)
         plans = [
-            plan_epoch(config, layout, world_size, e, by_files=by_files) for e in range(epochs)
+            plan_epoch(config, layout, world_size, e, by_files=by_files, shuffled=shuffle)
+            for e in range(epochs)
         ]
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
@@ -82,6 +91,7 @@ def plan_command(
         "config": config.to_dict(),
         "num_samples": layout.num_samples,
         "num_files": layout.num_files if by_files else None,
+        "shuffled": shuffle,
         "epochs": [_epoch_json(p, by_files) for p in plans],
     }
     if fmt == "json":
@@ -128,5 +138,6 @@ def _table(document: dict, by_files: bool) -> str:
         + (f" in {document['num_files']} files" if by_files else "")
         + f", rotation={cfg['rotation']}, batch_size={cfg['batch_size']}, "
         f"last_batch={cfg['last_batch']}, pad_last_batch={cfg['pad_last_batch']}"
+        + (", shuffled" if document["shuffled"] else "")
     )
     return title + "\n" + "\n".join(lines)

@@ -168,6 +168,13 @@ class LoaderConfig:
         return 4 if self.policy is ShardingPolicy.DYNAMIC else 16
 
     @property
+    def reads_shuffled(self) -> bool:
+        """Whether samples reach a rank in a shuffled order (`shuffle`, a shuffle buffer or
+        shuffle blocks): the planner then moves what `last_batch="drop"` leaves out with
+        the epoch instead of cutting every shard's tail."""
+        return self.shuffle or self.shuffle_buffer > 0 or self.shuffle_blocks > 0
+
+    @property
     def blocks_ahead(self) -> int:
         """The one read-ahead budget, `prefetch_depth` batches, in whole object-store blocks:
         a reader actor keeps this many blocks ready beyond those its consumers took, and a

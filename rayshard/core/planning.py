@@ -45,7 +45,8 @@ def _epoch_plan(
     epoch: int,
     resume: LoaderState | None,
 ) -> EpochPlan:
-    assignment = assign(settings.policy, settings.plan, source, dp_size, epoch)
+    shuffled = settings.reads_shuffled
+    assignment = assign(settings.policy, settings.plan, source, dp_size, epoch, shuffled=shuffled)
     if resume is None or resume.epoch != epoch:
         return assignment.plan
     if assignment.policy is ShardingPolicy.OFF:
@@ -63,6 +64,7 @@ def _epoch_plan(
         resume.consumed,
         previous_world_size=resume.world_size,
         by_files=assignment.policy is ShardingPolicy.FILE,
+        shuffled=shuffled,
     )
 
 

@@ -134,11 +134,15 @@ def assign(
     source: Source | DataLayout,
     world_size: int,
     epoch: int,
+    *,
+    shuffled: bool = False,
 ) -> Assignment:
     """Who reads what in `epoch` under `policy` (pure: reads metadata, never data).
 
     `source` is a `Source` (its `layout()` and `splits()` are used) or a bare `DataLayout`
-    (splits are then its files, or the whole dataset).
+    (splits are then its files, or the whole dataset). `shuffled`: the loader reads in a
+    shuffled order, so `last_batch="drop"` leaves out a window that moves with the epoch
+    (see `plan_epoch`).
     - `file`: `plan_epoch(..., by_files=True)`; too few files without `replicate` is an error.
     - `data`: `plan_epoch(..., by_files=False)`.
     - `file_or_data`: `file` when there are at least as many files as shards, else `data`.
@@ -166,11 +170,11 @@ def assign(
                 "policy='file' needs a file-based source (Parquet or Arrow files); this one "
                 "has no files: use policy='data' or 'file_or_data'"
             )
-        return Assignment(
-            **common, plan=plan_epoch(config, layout, world_size, epoch, by_files=True)
-        )
+        plan = plan_epoch(config, layout, world_size, epoch, by_files=True, shuffled=shuffled)
+        return Assignment(**common, plan=plan)
     if effective is ShardingPolicy.DATA:
-        return Assignment(**common, plan=plan_epoch(config, layout, world_size, epoch))
+        plan = plan_epoch(config, layout, world_size, epoch, shuffled=shuffled)
+        return Assignment(**common, plan=plan)
     if effective is ShardingPolicy.OFF:
         return Assignment(
             **common, plan=_plan_off(config, layout, _splits(source), world_size, epoch)

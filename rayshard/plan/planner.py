@@ -1,8 +1,9 @@
 """The planner: a pure function from (configuration, layout, world, epoch, progress) to
 which samples every data-parallel rank reads, in how many batches, with what padding.
 
-No clock, no globals; the only randomness (the per-rank file order under `replicate`) is
-seeded by (seed, epoch, rank).
+No clock, no globals; the only randomness (the per-rank file order under `replicate`, and
+under `last_batch="drop"` with `shuffled=True` where a rank's dropped samples lie) is seeded
+by (seed, epoch, rank).
 """
 
 from __future__ import annotations
@@ -93,11 +94,15 @@ def plan_epoch(
     epoch: int,
     *,
     by_files: bool = False,
+    shuffled: bool = False,
 ) -> EpochPlan:
     """Plan one whole epoch for `world_size` data-parallel ranks.
 
     `by_files=True` splits whole files (file-level modes, with the uneven-file policy);
-    otherwise samples are split directly.
+    otherwise samples are split directly. `shuffled=True` (the samples are read in a
+    shuffled order) moves the samples `last_batch="drop"` leaves out with the epoch: a
+    seeded window of each rank's share, wrapping around, instead of its tail, so no
+    sample is left out of every epoch (PyTorch's `drop_last` over a shuffled sampler).
     """
     validate(config, layout, world_size, by_files=by_files)
     _check_epoch(epoch)
@@ -122,7 +127,15 @@ def plan_epoch(
         config.equal_steps and world_size > 1,
     )
     ranks = tuple(
-        rank_plan_for(rank, shard, ranges, lay, layout, files, order)
+        rank_plan_for(
+            rank,
+            shard,
+            _without_drop(ranges, lay, config.seed, epoch, rank) if shuffled else ranges,
+            lay,
+            layout,
+            files,
+            order,
+        )
         for rank, ((shard, _, files, order), ranges, lay) in enumerate(
             zip(assigned, sample_ranges, layouts)
         )
@@ -139,6 +152,7 @@ def plan_remaining(
     *,
     previous_world_size: int | None = None,
     by_files: bool = False,
+    shuffled: bool = False,
 ) -> EpochPlan:
     """Plan the rest of `epoch` after the real samples in `consumed` were delivered.
 
@@ -147,12 +161,15 @@ def plan_remaining(
     On a different world size the remaining samples are re-balanced over the new ranks
     (balanced slices of what is left, in dataset order). Either way every sample of the
     epoch not yet consumed is read exactly once; the rest of an epoch never drops a real
-    sample (a `drop` policy behaves like `partial` for it).
+    sample (a `drop` policy behaves like `partial` for it). `shuffled` as for `plan_epoch`:
+    the samples the uninterrupted epoch drops are not read.
     """
     consumed_set = iv.normalize(consumed)
     if previous_world_size is None:
         previous_world_size = world_size
-    full = plan_epoch(config, layout, previous_world_size, epoch, by_files=by_files)
+    full = plan_epoch(
+        config, layout, previous_world_size, epoch, by_files=by_files, shuffled=shuffled
+    )
     if world_size == previous_world_size:
         kept = [
             (r.shard, iv.subtract(r.ranges, consumed_set), r.files, r.file_order)
@@ -216,6 +233,21 @@ def _rotated(source: iv.Intervals, offset: int) -> iv.Intervals:
         return source
     offset %= size
     return iv.concat(iv.take(source, offset, size) + iv.take(source, 0, offset))
+
+
+def _without_drop(
+    ranges: iv.Intervals, lay: BatchLayout, seed: int, epoch: int, rank: int
+) -> iv.Intervals:
+    """`ranges` without the `lay.dropped` samples of a window at a seeded position that
+    wraps around the end (in reading order), so every sample is left out equally often."""
+    size = iv.total(ranges)
+    if lay.dropped == 0 or size == 0:
+        return ranges
+    start = random.Random(f"rayshard-drop:{seed}:{epoch}:{rank}").randrange(size)
+    end = start + lay.dropped
+    if end <= size:
+        return iv.concat(iv.take(ranges, 0, start) + iv.take(ranges, end, size))
+    return iv.take(ranges, end - size, start)
 
 
 def _check_epoch(epoch: int) -> None:

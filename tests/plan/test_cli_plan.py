@@ -126,17 +126,18 @@ def cli_args(options, w, samples, files, rows, epochs):
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cli_cases())
-def test_json_agrees_with_the_python_planner(case):
+@given(cli_cases(), st.booleans())
+def test_json_agrees_with_the_python_planner(case, shuffled):
     options, w, samples, files, rows, epochs = case
-    doc = plan_json(*cli_args(*case))
+    doc = plan_json(*cli_args(*case), *(["--shuffle"] if shuffled else []))
     assert_documented_types(doc)
+    assert doc["shuffled"] is shuffled
     config = PlanConfig(**options)
     by_files = files is not None
     layout = DataLayout.of_files([rows] * files) if by_files else DataLayout.of_samples(samples)
     assert [e["epoch"] for e in doc["epochs"]] == list(range(epochs))
     for e, epoch_doc in enumerate(doc["epochs"]):
-        plan = plan_epoch(config, layout, w, e, by_files=by_files)
+        plan = plan_epoch(config, layout, w, e, by_files=by_files, shuffled=shuffled)
         assert len(epoch_doc["ranks"]) == w
         for rank_doc, rank in zip(epoch_doc["ranks"], plan.ranks):
             assert rank_doc["rank"] == rank.rank

@@ -112,6 +112,61 @@ def test_same_configuration_same_plan(case, n, epoch):
     assert plan_epoch(config, layout, w, epoch) == plan_epoch(again, layout, w, epoch)
 
 
+@settings(max_examples=300, deadline=None)
+@given(configs(max_w=16), N, EPOCH, st.booleans())
+@example((PlanConfig(batch_size=4, last_batch="drop"), 2), 30, 3, False)
+def test_shuffled_plans_drop_a_window_of_each_share_and_change_nothing_else(case, n, epoch, files):
+    config, w = case
+    if files:  # file mode: a rank's share is its files' samples (in reading order)
+        layout = DataLayout.of_files([n % 97, n % 13, 5, (n // 7) % 50] * config.shards_for(w))
+    else:
+        layout = DataLayout.of_samples(n)
+    tail = plan_epoch(config, layout, w, epoch, by_files=files)
+    moved = plan_epoch(config, layout, w, epoch, by_files=files, shuffled=True)
+    for cut, window in zip(tail.ranks, moved.ranks, strict=True):
+        # Counts, shards, files and padding are the unshuffled plan's; only which samples.
+        same = ("shard", "samples", "padded", "dropped", "batches", "files", "file_order")
+        assert [getattr(window, f) for f in same] == [getattr(cut, f) for f in same]
+        order = list(iv.indices(_share(cut, layout, config, w, files)))
+        assert list(iv.indices(cut.ranges)) == order[: cut.samples]  # unshuffled: the tail
+        kept = set(iv.indices(window.ranges))
+        assert len(kept) == window.samples
+        left_out = [position for position, i in enumerate(order) if i not in kept]
+        assert len(left_out) == cut.dropped
+        if left_out:  # one window of the share's reading order, wrapping around its end
+            size, d = len(order), cut.dropped
+            windows = [sorted((a + k) % size for k in range(d)) for a in left_out]
+            assert left_out in windows
+        else:
+            assert window.ranges == cut.ranges
+        # Kept samples keep the share's reading order.
+        assert list(iv.indices(window.ranges)) == [i for i in order if i in kept]
+
+
+def _share(rank, layout, config, w, files):
+    """The samples of a rank's shard (its files' samples in file mode), in reading order."""
+    if files:
+        offsets = layout.offsets
+        return iv.concat((offsets[a], offsets[b]) for a, b in rank.files)
+    return iv.concat([balanced_range(rank.shard, config.shards_for(w), layout.num_samples)])
+
+
+def test_shuffled_drop_leaves_out_every_sample_in_some_epoch_and_none_in_all():
+    config = PlanConfig(batch_size=8, last_batch="drop", rotation="none")
+    layout = DataLayout.of_samples(100)  # 3 ranks: shards 33/33/34, 1-2 dropped each
+    left_out_of = {i: 0 for i in range(100)}
+    epochs = 400
+    for epoch in range(epochs):
+        plan = plan_epoch(config, layout, 3, epoch, shuffled=True)
+        read = set(iv.indices(plan.delivered()))
+        for i in set(range(100)) - read:
+            left_out_of[i] += 1
+    assert min(left_out_of.values()) > 0  # the tail cut never leaves out sample 0
+    assert max(left_out_of.values()) < epochs  # nothing is left out of every epoch
+    unshuffled = plan_epoch(config, layout, 3, 0).delivered()
+    assert all(plan_epoch(config, layout, 3, e).delivered() == unshuffled for e in range(5))
+
+
 # --- File-level modes and uneven files ----------------------------------------
 
 

@@ -81,17 +81,25 @@ def in_step_progress(full, k: int, batch_size: int):
 
 
 @settings(max_examples=300, deadline=None)
-@given(epochs(), st.data())
-@example((PlanConfig(batch_size=4), DataLayout.of_samples(0), 3, 0, False), None)  # no samples
-@example((PlanConfig(batch_size=4), DataLayout.of_samples(2), 5, 1, False), None)  # N < W
-def test_same_world_resume_equals_the_tail_of_the_uninterrupted_plan(case, data):
+@given(epochs(), st.booleans(), st.data())
+@example(
+    (PlanConfig(batch_size=4), DataLayout.of_samples(0), 3, 0, False), False, None
+)  # no samples
+@example((PlanConfig(batch_size=4), DataLayout.of_samples(2), 5, 1, False), False, None)  # N < W
+@example(
+    (PlanConfig(batch_size=4, last_batch="drop"), DataLayout.of_samples(30), 2, 1, False),
+    True,
+    None,
+)
+def test_same_world_resume_equals_the_tail_of_the_uninterrupted_plan(case, shuffled, data):
     config, layout, w, epoch, by_files = case
     b = config.batch_size
-    full = plan_epoch(config, layout, w, epoch, by_files=by_files)
+    full = plan_epoch(config, layout, w, epoch, by_files=by_files, shuffled=shuffled)
     ks = [0, full.steps] + ([data.draw(st.integers(0, full.steps))] if data else [])
     for k in ks:  # k = 0: nothing consumed; k = steps: everything consumed
+        consumed = in_step_progress(full, k, b)
         rest = plan_remaining(
-            config, layout, w, epoch, in_step_progress(full, k, b), by_files=by_files
+            config, layout, w, epoch, consumed, by_files=by_files, shuffled=shuffled
         )
         assert rest.steps == full.steps - k
         for before, after in zip(full.ranks, rest.ranks, strict=True):
@@ -107,13 +115,14 @@ def test_same_world_resume_equals_the_tail_of_the_uninterrupted_plan(case, data)
 
 
 @settings(max_examples=150, deadline=None)
-@given(epochs(max_w=6, small=True), st.data())
-def test_same_world_resume_enumerates_the_tail_batch_for_batch(case, data):
+@given(epochs(max_w=6, small=True), st.booleans(), st.data())
+def test_same_world_resume_enumerates_the_tail_batch_for_batch(case, shuffled, data):
     config, layout, w, epoch, by_files = case
     b = config.batch_size
-    full = plan_epoch(config, layout, w, epoch, by_files=by_files)
+    full = plan_epoch(config, layout, w, epoch, by_files=by_files, shuffled=shuffled)
     k = data.draw(st.integers(0, full.steps))
-    rest = plan_remaining(config, layout, w, epoch, in_step_progress(full, k, b), by_files=by_files)
+    consumed = in_step_progress(full, k, b)
+    rest = plan_remaining(config, layout, w, epoch, consumed, by_files=by_files, shuffled=shuffled)
     for before, after in zip(full.ranks, rest.ranks, strict=True):
         tail = list(iter_batches(before, b))[k:]
         resumed = list(iter_batches(after, b))
@@ -148,21 +157,39 @@ def assert_exactly_once(config, full, consumed, rest):
 
 
 @settings(max_examples=300, deadline=None)
-@given(epochs(), st.integers(1, 40), st.data())
-@example((PlanConfig(batch_size=3), DataLayout.of_samples(10), 2, 0, False), 5, None)
+@given(epochs(), st.integers(1, 40), st.booleans(), st.data())
+@example((PlanConfig(batch_size=3), DataLayout.of_samples(10), 2, 0, False), 5, False, None)
 @example(
-    (PlanConfig(batch_size=3, last_batch="drop"), DataLayout.of_samples(10), 3, 0, False), 1, None
+    (PlanConfig(batch_size=3, last_batch="drop"), DataLayout.of_samples(10), 3, 0, False),
+    1,
+    False,
+    None,
 )
-def test_resume_on_any_world_size_reads_every_remaining_sample_exactly_once(case, new_w, data):
+@example(
+    (PlanConfig(batch_size=3, last_batch="drop"), DataLayout.of_samples(10), 3, 2, False),
+    2,
+    True,
+    None,
+)
+def test_resume_on_any_world_size_reads_every_remaining_sample_exactly_once(
+    case, new_w, shuffled, data
+):
     config, layout, w, epoch, by_files = case
-    full = plan_epoch(config, layout, w, epoch, by_files=by_files)
+    full = plan_epoch(config, layout, w, epoch, by_files=by_files, shuffled=shuffled)
     consumed = data.draw(progress(full)) if data else []
     try:  # the new world must be a valid world for this configuration too
         validate(config, layout, new_w, check_expected=False)
     except ConfigError:
         new_w = w
     rest = plan_remaining(
-        config, layout, new_w, epoch, consumed, previous_world_size=w, by_files=by_files
+        config,
+        layout,
+        new_w,
+        epoch,
+        consumed,
+        previous_world_size=w,
+        by_files=by_files,
+        shuffled=shuffled,
     )
     assert rest.world_size == new_w and len(rest.ranks) == new_w
     assert_exactly_once(config, full, consumed, rest)

@@ -62,6 +62,24 @@ def test_drop_policy_drops_exactly_what_plan_says(ray_session, dataset):
     loader.shutdown()
 
 
+@pytest.mark.parametrize(
+    "shuffling", [{"shuffle": True}, {"shuffle_buffer": 16}, {"shuffle_blocks": 16}]
+)
+def test_drop_with_shuffling_leaves_out_other_samples_every_epoch(ray_session, dataset, shuffling):
+    loader = make_loader(dataset, last_batch="drop", batch_size=8, **shuffling)
+    iterators = [
+        loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)
+    ]
+    left_out = []
+    for _ in range(4):
+        ids = [i for rank in run_lockstep(iterators) for i in real_ids(rank)]
+        assert len(ids) == len(set(ids)) == 96  # still 4 full batches a rank
+        left_out.append(frozenset(range(100)) - set(ids))
+    # The cut moves with the epoch: not the same 4 samples left out of every epoch.
+    assert len(set(left_out)) > 1, left_out
+    loader.shutdown()
+
+
 def test_pad_last_batch_marks_padding(ray_session, dataset):
     loader = make_loader(dataset, pad_last_batch=True, batch_size=8)
     iterators = [
