@@ -35,8 +35,11 @@ def unwrap_task_error(error: Any, where: str) -> BaseException:
     """The rayshard error behind a Ray `RayTaskError` (e.g. a reader's `DataError`, the
     coordinator's `ConfigError`), as a new error of its own type whose message starts with
     `where` (loader, rank, epoch), so a training loop's `except DataError` catches it
-    without Ray's remote traceback; anything else is returned as is."""
+    without Ray's remote traceback; anything else is returned as is. A task error raised
+    through another task (a reader waiting on the coordinator) is unwrapped to the end."""
     cause = getattr(error, "cause", None)
+    while _is_task_error(cause) and getattr(cause, "cause", None) is not None:
+        cause = cause.cause
     if not isinstance(cause, (RayshardError, ConfigError)):
         return error
     try:
@@ -45,6 +48,12 @@ def unwrap_task_error(error: Any, where: str) -> BaseException:
         return RayshardError(f"{where}: {cause}")
     unwrapped.args = (f"{where}: {cause}", *cause.args[1:])
     return unwrapped
+
+
+def _is_task_error(error: Any) -> bool:
+    """Ray's `RayTaskError` and the dual classes it makes (`RayTaskError(DataError)`),
+    without importing Ray here."""
+    return any(cls.__name__ == "RayTaskError" for cls in type(error).__mro__)
 
 
 class TransformError(DataError):

@@ -232,10 +232,14 @@ class ShardIterator:
             self._reader.stop.remote(self._watch_key)
 
     def _begin(self) -> None:
-        if self._local is not None:
-            started = self._local.start(self._generation, self._epoch)
-        else:
-            started = ray.get(self._reader.start.remote(self._generation, self._epoch))
+        where = f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
+        try:  # the coordinator plans the epoch here (under packing it reads token counts)
+            if self._local is not None:
+                started = self._local.start(self._generation, self._epoch)
+            else:
+                started = ray.get(self._reader.start.remote(self._generation, self._epoch))
+        except ray.exceptions.RayTaskError as error:
+            raise unwrap_task_error(error, f"{where}, epoch {self._epoch}") from error
         self._length, self._exact = started["batches"], started["exact"]
         self._dynamic_steps_checked = None if self._dynamic else self._epoch
         self._started, self._ended = True, False
@@ -243,7 +247,6 @@ class ShardIterator:
         # epoch's reader is released by that (see `ShardReader.next`).
         self._close_feed()
         self._received = 0
-        where = f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
         # Under `dynamic` a rank that waits for data sends its acknowledgements at once: at
         # an epoch's end the other ranks wait for exactly those. Static ranks wait for no
         # one's; their acknowledgements go out every `ack_interval_s`.

@@ -24,7 +24,7 @@ def reading_threads(configured: int | None) -> int:
         return configured
     mask = parse_affinity_mask()
     if mask:
-        return len(mask)
+        return threads_for_cpus(len(mask))
     return threads_for_cpus(_cpus_of_this_process())
 
 

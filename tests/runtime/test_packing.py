@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from collections import Counter
 
@@ -15,6 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rayshard.data.packing import Packing
+from rayshard.errors import DataError
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import end_rank_watch, run_lockstep, unique_name
@@ -205,3 +207,32 @@ def test_packing_a_weighted_mix_delivers_each_picked_document_once_per_epoch(ray
         }
         assert got == {p: d for p, d in expected.items() if d}
     loader.shutdown()
+
+
+@pytest.mark.parametrize("consumer_reads", [False, True])
+def test_a_null_token_list_reaches_the_loop_as_a_data_error_naming_the_rank(
+    ray_session, tmp_path, consumer_reads
+):
+    """The coordinator counts tokens when an epoch starts; its `DataError` arrives as the
+    README says: itself, not Ray's `RayTaskError`, naming loader, rank and epoch."""
+    tokens = pa.array([[1] * 5, None, [3] * 3], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"tokens": tokens}), tmp_path / "part.parquet")
+    loader = Loader(
+        ParquetSource(str(tmp_path)),
+        name=unique_name("null"),
+        batch_size=2,
+        packing=Packing(column="tokens", seq_len=4),
+        consumer_reads=consumer_reads,
+    )
+    iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    try:
+        with pytest.raises(DataError) as caught:
+            list(iterator)
+        assert type(caught.value) is DataError, type(caught.value).__mro__
+        message = str(caught.value)
+        where = rf"loader '{loader.name}:\w+', data-parallel rank 0, epoch 0: sample 1 "
+        assert re.match(where, message), message
+        assert "'tokens'" in message and "Traceback" not in message
+    finally:
+        iterator.close()
+        loader.shutdown()

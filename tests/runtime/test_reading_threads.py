@@ -45,6 +45,13 @@ def test_an_affinity_mask_gives_one_thread_per_cpu_it_names(monkeypatch):
     assert reading_threads(None) == 3
 
 
+def test_an_affinity_mask_of_many_ids_reads_with_at_most_eight_threads(monkeypatch):
+    cpu = min(allowed_cpus())
+    monkeypatch.setenv(env.AFFINITY_MASK, ",".join([str(cpu)] * 12))
+    assert reading_threads(None) == AUTO_READER_THREADS_MAX == 8
+    assert reading_threads(12) == 12  # a configured count is still used as is
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize(("num_cpus", "threads"), [(0, 1), (2, 2)])
 def test_a_rank_in_a_ray_task_reads_with_the_cpus_the_task_asked_for(
