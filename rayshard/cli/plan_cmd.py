@@ -41,8 +41,12 @@ def _choices(enum_cls) -> click.Choice:
 @click.option("--last-batch", type=_choices(LastBatch), help="Policy for the last short batch.")
 @click.option("--pad-last-batch/--no-pad-last-batch", default=None, help="Pad to equal batches.")
 @click.option("--uneven", type=_choices(Uneven), help="Uneven-file policy (file mode).")
-@click.option("--equal-steps/--no-equal-steps", default=_DEFAULT["equal_steps"], show_default=True)
-@click.option("--seed", type=click.IntRange(min=0), default=_DEFAULT["seed"], show_default=True)
+@click.option(
+    "--equal-steps/--no-equal-steps",
+    default=None,
+    help="Ranks yield equal batch counts [default: RAYSHARD_EQUAL_STEPS, else on].",
+)
+@click.option("--seed", type=click.IntRange(min=0), help="Seed [default: RAYSHARD_SEED, else 0].")
 @click.option("--epochs", type=click.IntRange(min=1), default=1, show_default=True)
 @click.option(
     "--shuffle",

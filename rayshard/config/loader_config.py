@@ -233,6 +233,7 @@ def canonical(values: Mapping[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(values, Mapping):
         raise ConfigError(f"{where} must be a mapping of settings, not {type(values).__name__}")
     out: dict[str, Any] = {}
+    given_as: dict[str, str] = {}  # canonical name -> the key that set it (an alias or not)
     for key, value in values.items():
         name = ALIASES.get(key, key)
         if name not in OWNER:
@@ -240,12 +241,15 @@ def canonical(values: Mapping[str, Any], where: str) -> dict[str, Any]:
                 f"unknown loader option {key!r} in {where}: known options are "
                 f"{', '.join(LoaderConfig.known_keys())}"
             )
-        if name in out and key in ALIASES and value is not None and out[name] != value:
+        if name in given_as and value is not None and out[name] != value:
             raise ConfigError(
-                f"{where} sets both {key}={value!r} and {name}={out[name]!r}: keep one"
+                f"{where} sets both {given_as[name]}={out[name]!r} and {key}={value!r} "
+                "(the same option): keep one"
             )
         if value is not None or name not in out:
             out[name] = value
+            if value is not None:
+                given_as[name] = key
     return out
 
 

@@ -207,6 +207,17 @@ def test_environment_applies_and_flags_win():
     assert [r["shard"] for r in doc["epochs"][1]["ranks"]] == [1, 2]
 
 
+def test_every_planning_variable_applies_unless_a_flag_is_given():
+    env = {"RAYSHARD_EQUAL_STEPS": "0", "RAYSHARD_SEED": "5", "RAYSHARD_PAD_LAST_BATCH": "0"}
+    base = ("--samples", "10", "--world-size", "3", "--batch-size", "1")
+    config = plan_json(*base, env=env)["config"]
+    assert (config["equal_steps"], config["seed"]) == (False, 5)
+    assert [r["batches"] for r in plan_json(*base, env=env)["epochs"][0]["ranks"]] == [3, 3, 4]
+    flags = plan_json(*base, "--equal-steps", "--seed", "7", env=env)["config"]
+    assert (flags["equal_steps"], flags["seed"]) == (True, 7)
+    assert plan_json(*base)["config"]["equal_steps"] is True  # the default without either
+
+
 def test_case_insensitive_choices():
     doc = plan_json("--samples", "4", "--world-size", "2", "--rotation", "SHIFT")
     assert doc["config"]["rotation"] == "shift"

@@ -127,8 +127,22 @@ def test_bad_files(tmp_path):
         LoaderConfig.from_yaml(write(tmp_path, "a: [1, 2\n"))
     with pytest.raises(ConfigError, match="must hold a mapping"):
         LoaderConfig.from_yaml(write(tmp_path, "- 1\n- 2\n"))
-    with pytest.raises(ConfigError, match="sets both dist_world_size=2 and expected_world_size=4"):
-        LoaderConfig.from_yaml(write(tmp_path, "expected_world_size: 4\ndist_world_size: 2\n"))
+    for text in (
+        "expected_world_size: 4\ndist_world_size: 2\n",
+        "dist_world_size: 2\nexpected_world_size: 4\n",
+    ):
+        with pytest.raises(ConfigError, match="sets both .*world_size=. and .*world_size=."):
+            LoaderConfig.from_yaml(write(tmp_path, text))
+    for given in (
+        {"expected_world_size": 4, "dist_world_size": 2},
+        {"dist_world_size": 2, "expected_world_size": 4},
+    ):
+        with pytest.raises(ConfigError, match="arguments sets both"):
+            LoaderConfig.resolve(given)
+    assert (
+        LoaderConfig.resolve({"dist_world_size": 2, "expected_world_size": 2}).expected_world_size
+        == 2
+    )
 
 
 def test_make_source(tmp_path):
