@@ -17,6 +17,7 @@ from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.packing import PackSpec, count_rows, plan_rows, resume_point, unpack
 from rayshard.core.state import LoaderState
 from rayshard.data.batching import iter_rows
+from rayshard.data.columns import Padding
 from rayshard.data.packing import Packing
 from rayshard.errors import ConfigError, DataError
 from rayshard.loader import Loader
@@ -92,6 +93,27 @@ def test_bad_packing_options_are_config_errors(options, message):
             {"packing": Packing(column="tokens", seq_len=8), "last_batch": "drop"},
             ConfigError,
             r"packing with last_batch='drop' would drop documents",
+        ),
+        (
+            table([3]),
+            {"packing": Packing(column="tokens", seq_len=8), "last_batch": "fill"},
+            ConfigError,
+            r"packing with last_batch='fill': .* leave last_batch='partial'",
+        ),
+        (
+            table([3]),
+            {"packing": Packing(column="tokens", seq_len=8), "pad_last_batch": True},
+            ConfigError,
+            r"packing with pad_last_batch: .* pad_last_batch=False",
+        ),
+        (
+            table([3]),
+            {
+                "packing": Packing(column="tokens", seq_len=8),
+                "padding": {"tokens": Padding(max_length=4)},
+            },
+            ConfigError,
+            r"padding\['tokens'\] with packing on the same column",
         ),
         (
             table([3]),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from rayshard.config.loader_config import LoaderConfig
@@ -73,3 +74,31 @@ def test_reader_workers_and_transform_workers_are_one_or_the_other():
     assert settings(reader_workers=3).worker_count == 3
     assert settings(transform_workers=2).worker_count == 2
     assert settings(reader_workers=2, reader_threads=4).reader_threads == 4  # threads per worker
+
+
+@pytest.mark.parametrize(
+    ("groups", "needle"),
+    [
+        (5, "is not a list of non-empty lists"),
+        ([], "is not a list of non-empty lists"),
+        ([[]], "is not a list of non-empty lists"),
+        (["01"], "is not a list of non-empty lists"),
+        ([["a"]], r"dp_groups\[0\]\[0\]='a' must be an integer"),
+        ([[0.7], [1.9]], r"dp_groups\[0\]\[0\]=0.7 must be an integer"),
+        ([[0, True]], r"dp_groups\[0\]\[1\]=True must be an integer"),
+        ([[0, -1]], r"dp_groups\[0\]\[1\]=-1 is not in the range"),
+        ([[0, 1], [1, 2]], r"names ranks \[1\] more than once"),
+        ([[0, 1], [2]], "groups of different sizes"),
+    ],
+)
+def test_bad_dp_groups_are_config_errors_naming_them(groups, needle):
+    with pytest.raises(ConfigError, match=needle):
+        LoaderConfig(dp_groups=groups)
+
+
+def test_dp_groups_and_a_disagreeing_model_parallel_size_are_refused():
+    with pytest.raises(ConfigError, match="model_parallel_size=2 and dp_groups=.* disagree"):
+        LoaderConfig(dp_groups=[[0], [1]], model_parallel_size=2)
+    agreeing = LoaderConfig(dp_groups=[[0, 2], [1, 3]], model_parallel_size=2)
+    assert agreeing.dp_groups == ((0, 2), (1, 3))
+    assert LoaderConfig(dp_groups=[(0, np.int64(1))]).dp_groups == ((0, 1),)

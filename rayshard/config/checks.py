@@ -76,8 +76,32 @@ def check_resources(resources: Any) -> tuple[tuple[str, float], ...]:
 
 
 def as_tuple_groups(groups: Sequence[Sequence[int]] | None) -> Any:
-    """`dp_groups` as a tuple of tuples of ranks (hashable, frozen), or None."""
-    return None if groups is None else tuple(tuple(int(r) for r in g) for g in groups)
+    """`dp_groups` as a tuple of tuples of ranks (hashable, frozen), or None. Each group is
+    a non-empty list of world ranks (integers >= 0), every rank in one group, all groups of
+    one size; that they cover the world is checked against its size (`plan.groups`)."""
+    if groups is None:
+        return None
+    fix = "give the model-parallel groups as lists of world ranks, e.g. [[0, 1], [2, 3]]"
+    if not _is_sequence(groups) or not groups or not all(_is_sequence(g) and g for g in groups):
+        raise ConfigError(f"dp_groups={groups!r} is not a list of non-empty lists: {fix}")
+    out = tuple(
+        tuple(
+            int(check_int(r, f"dp_groups[{i}][{j}]", minimum=0, fix=fix, integral=True))
+            for j, r in enumerate(g)
+        )
+        for i, g in enumerate(groups)
+    )
+    ranks = [r for g in out for r in g]
+    if len(set(ranks)) != len(ranks):
+        twice = sorted({r for r in ranks if ranks.count(r) > 1})
+        raise ConfigError(f"dp_groups={groups!r} names ranks {twice} more than once: {fix}")
+    if len({len(g) for g in out}) > 1:
+        raise ConfigError(f"dp_groups={groups!r} has groups of different sizes: {fix}")
+    return out
+
+
+def _is_sequence(value: Any) -> bool:
+    return isinstance(value, Sequence) and not isinstance(value, (str, bytes))
 
 
 def strings(value: Any, name: str) -> tuple[str, ...] | None:

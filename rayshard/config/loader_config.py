@@ -87,6 +87,14 @@ class LoaderConfig:
                 "packing with last_batch='drop' would drop documents: set last_batch="
                 "'partial' and choose Packing(last_row='pad' or 'drop') for the last row"
             )
+        if self.packing is not None and (self.last_batch is LastBatch.FILL or self.pad_last_batch):
+            given = "last_batch='fill'" if self.last_batch is LastBatch.FILL else "pad_last_batch"
+            raise ConfigError(
+                f"packing with {given}: packed batches are planned in packed rows, and a "
+                "short last batch or rank gets marked padding rows under equal steps; leave "
+                "last_batch='partial' and pad_last_batch=False, and choose Packing(last_row=...) "
+                "for the last row"
+            )
 
     # -- building -------------------------------------------------------------------------
     @classmethod

@@ -130,6 +130,14 @@ class ReadConfig:
                 f"rows are planned in reading order; use shuffle=True (shuffled pieces) and "
                 f"leave shuffle_blocks unset"
             )
+        column = self.packing.column
+        if column in dict(self.padding or ()):
+            raise ConfigError(
+                f"padding[{column!r}] with packing on the same column: packing fills rows "
+                f"of seq_len={self.packing.seq_len} itself (and splits or refuses longer "
+                f"documents), so a padding rule there would not apply; remove it, or cut "
+                f"documents in a transform before packing"
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -204,6 +212,13 @@ class RuntimeConfig:
         check_number(self.reader_num_cpus, "reader_num_cpus", positive=False)
         check_int(self.model_parallel_size, "model_parallel_size", minimum=1)
         set_(self, "dp_groups", as_tuple_groups(self.dp_groups))
+        if self.dp_groups and self.model_parallel_size not in (1, len(self.dp_groups[0])):
+            raise ConfigError(
+                f"model_parallel_size={self.model_parallel_size} and dp_groups="
+                f"{[list(g) for g in self.dp_groups]} (groups of {len(self.dp_groups[0])}) "
+                "disagree: give dp_groups alone, or model_parallel_size alone for groups of "
+                "consecutive ranks"
+            )
         check_int(
             self.reader_workers,
             "reader_workers",
