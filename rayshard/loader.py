@@ -29,6 +29,7 @@ from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.iterator import ShardIterator
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
+from rayshard.runtime.placement_check import warn_about_actor_resources
 from rayshard.runtime.process_watch import process_watch
 from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.reader import ShardReader
@@ -94,6 +95,7 @@ class Loader:
         self.journal_path = journal_path or default_journal_path(self.namespace, name)
         if journal_path is not None:
             Journal(self.journal_path, self.loader_id).check_reusable()
+        warn_about_actor_resources(settings)
         here = ray.get_runtime_context().get_node_id()
         try:
             self._coordinator = (

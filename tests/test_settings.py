@@ -53,7 +53,17 @@ def test_transform_resources_are_normalized_to_sorted_pairs():
 
 
 @pytest.mark.parametrize(
-    "resources", [{}, {"CPU": 0}, {"gpu_free": -1}, {"": 1}, {"CPU": "many"}, [1, 2]]
+    "resources",
+    [
+        {},
+        {"CPU": 0},
+        {"gpu_free": -1},
+        {"": 1},
+        {"CPU": "many"},
+        [1, 2],
+        {"CPU": float("inf")},
+        {"CPU": float("nan")},
+    ],
 )
 def test_bad_transform_resources_are_refused_naming_the_value(resources):
     with pytest.raises(ConfigError, match="transform_resources="):

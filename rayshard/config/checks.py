@@ -65,11 +65,15 @@ def check_resources(resources: Any) -> tuple[tuple[str, float], ...]:
             f"transform_resources={resources!r} must map Ray resource names to amounts, "
             f"e.g. {{'CPU': 1, 'preprocess': 1}}"
         ) from error
-    bad = [(name, amount) for name, amount in checked if not amount > 0 or not name]
+    bad = [
+        (name, amount)
+        for name, amount in checked
+        if not (amount > 0 and math.isfinite(amount)) or not name
+    ]
     if bad or not checked:
         raise ConfigError(
-            f"transform_resources={resources!r}: every resource needs a name and an amount "
-            f"> 0 (bad: {bad or 'none given'}); leave it unset to run the workers on the "
+            f"transform_resources={resources!r}: every resource needs a name and a finite "
+            f"amount > 0 (bad: {bad or 'none given'}); leave it unset to run the workers on the "
             f"reader's node"
         )
     return checked

@@ -31,10 +31,21 @@ class Journal:
         self._handle: Any = None
 
     def check_reusable(self) -> None:
-        """Refuse a file at this path that is corrupt or another loader's (run on the
-        driver, before the coordinator starts, so the error reaches the user as is)."""
+        """Refuse a file at this path that is corrupt or another loader's, and a path whose
+        folder cannot be made or written (run on the driver, before the coordinator
+        starts on the same node, so the error reaches the user as is)."""
         if os.path.exists(self.path):
             self._read_header()
+        folder = os.path.dirname(os.path.abspath(self.path))
+        fix = "choose a journal_path in a folder the coordinator can write"
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(
+                f"journal_path={self.path!r}: its folder cannot be made ({error}): {fix}"
+            ) from None
+        if not os.access(folder, os.W_OK | os.X_OK):
+            raise ConfigError(f"journal_path={self.path!r}: its folder is not writable: {fix}")
 
     def start_fresh(self, *, replace_any: bool = False) -> None:
         """Begin a new journal (first start of a coordinator), replacing this loader's

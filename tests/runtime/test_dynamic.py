@@ -254,6 +254,10 @@ def test_journal_of_another_loader_is_refused(ray_session, dataset, tmp_path):
     journal.write_text("not json\n")
     with pytest.raises(ConfigError, match="corrupt"):
         dynamic_loader(dataset, journal_path=str(journal))
+    (tmp_path / "a-file").write_text("")
+    unwritable = tmp_path / "a-file" / "journal.jsonl"  # its folder would be a file
+    with pytest.raises(ConfigError, match=r"journal_path=.*a-file/journal.jsonl'.*cannot be made"):
+        dynamic_loader(dataset, journal_path=str(unwritable))
 
 
 @pytest.mark.slow
