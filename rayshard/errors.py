@@ -56,6 +56,16 @@ def _is_task_error(error: Any) -> bool:
     return any(cls.__name__ == "RayTaskError" for cls in type(error).__mro__)
 
 
+def epoch_broken(cause: BaseException, epoch: int, received: int, length: int) -> RayshardError:
+    """The error of iterating again after an error ended an epoch's batches: the epoch
+    cannot go on in this iterator, and ending it there would skip the rest silently."""
+    return RayshardError(
+        f"epoch {epoch} stopped after {received} of {length} batches on {cause!r}; this "
+        "iterator cannot go on with it (its batches after the error would be skipped): "
+        "resume from a saved state_dict() in a new run or a new iterator, as after a restart"
+    )
+
+
 class TransformError(DataError):
     """A loader's transform failed (raised, or returned something unusable) in a reader.
 

@@ -9,7 +9,6 @@ loader-wide: after every rank received the same number of batches, any rank's
 
 from __future__ import annotations
 
-import contextlib
 import time
 import weakref
 from collections.abc import Iterator
@@ -20,11 +19,12 @@ import ray
 from rayshard.config.checks import check_int
 from rayshard.data.batching import Tagged
 from rayshard.data.formats import FORMATS, convert_batch, torch_host_batch
-from rayshard.errors import unwrap_task_error
+from rayshard.errors import epoch_broken, unwrap_task_error
 from rayshard.plan import DataParallelRank
 from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import BatchMeta
 from rayshard.runtime.fetch import STALL_FLUSH_S, fetch_batches
+from rayshard.runtime.local_reads import abandon_rank
 
 
 class ShardIterator:
@@ -62,7 +62,7 @@ class ShardIterator:
         self._dropped: Any = None  # releases the key if this iterator is dropped unclosed
         if self._watch_key is not None:
             self._dropped = weakref.finalize(
-                self, _abandon, local_reads, self._reader, self._watch_key
+                self, abandon_rank, local_reads, self._reader, self._watch_key
             )
         self._local = local_reads  # a `LocalReads`: this worker reads for itself
         self._placement = placement
@@ -83,6 +83,7 @@ class ShardIterator:
         self._dynamic_steps_checked: int | None = None  # epoch whose step count was re-read
         self._next_length: tuple | None = None  # ((generation, epoch), batches) for len()
         self._iterations = 0  # calls of iter(): a generator of an older call yields nothing
+        self._failure: Exception | None = None  # what ended the current epoch's stream
         self.samples_received = 0
         self.stall_seconds = 0.0
         self._loader_name = registration.get("loader", "")
@@ -138,6 +139,8 @@ class ShardIterator:
         Breaking out of the loop and iterating again continues the same epoch: batches
         already requested or prefetched are kept, not lost.
         """
+        if self._failure is not None and not self._ended:
+            raise epoch_broken(self._failure, self._epoch, self._received, self._length)
         if not self._started or self._ended:
             if self._started:
                 self._epoch, self._received = self._epoch + 1, 0
@@ -153,6 +156,9 @@ class ShardIterator:
             except StopIteration:
                 self._end_epoch()
                 return
+            except Exception as error:  # the stream is dead: the epoch did not end with it
+                self._failure = error
+                raise
             stall = time.perf_counter() - waited
             self._received += 1
             self._acknowledge(epoch, meta, stall)
@@ -242,7 +248,7 @@ class ShardIterator:
             raise unwrap_task_error(error, f"{where}, epoch {self._epoch}") from error
         self._length, self._exact = started["batches"], started["exact"]
         self._dynamic_steps_checked = None if self._dynamic else self._epoch
-        self._started, self._ended = True, False
+        self._started, self._ended, self._failure = True, False, None
         # After the reader moved on: a staging thread still waiting on the previous
         # epoch's reader is released by that (see `ShardReader.next`).
         self._close_feed()
@@ -300,17 +306,6 @@ class ShardIterator:
 
 def _no_flush() -> None:
     """A static rank's wait sends nothing early (see `ShardIterator._begin`)."""
-
-
-def _abandon(local_reads: Any, watch: Any, key: str) -> None:
-    """An iterator dropped without `close()`: its reading thread is told to stop (not
-    waited for: this runs in the garbage collector) and its key in the process's watch is
-    released, so the coordinator treats the rank as lost and hands its unfinished work to
-    the others, as when a watch actor of its own ended with it."""
-    if local_reads is not None:
-        local_reads.abandon()
-    with contextlib.suppress(Exception):  # Ray already shut down: nothing left to release
-        watch.stop.remote(key)
 
 
 __all__ = ["FORMATS", "ShardIterator"]

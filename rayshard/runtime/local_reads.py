@@ -13,6 +13,7 @@ worker that owns it. `prefetch_depth` batches wait in a bounded channel.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -156,4 +157,15 @@ def _produce(stream: Iterator[Any], channel: Channel, cancel: threading.Event) -
             close()
 
 
-__all__ = ["LocalReads", "reads_in_consumer"]
+def abandon_rank(local_reads: Any, watch: Any, key: str) -> None:
+    """An iterator dropped without `close()`: its reading thread is told to stop (not
+    waited for: this runs in the garbage collector) and its key in the process's watch is
+    released, so the coordinator treats the rank as lost and hands its unfinished work to
+    the others, as when a watch actor of its own ended with it."""
+    if local_reads is not None:
+        local_reads.abandon()
+    with contextlib.suppress(Exception):  # Ray already shut down: nothing left to release
+        watch.stop.remote(key)
+
+
+__all__ = ["LocalReads", "abandon_rank", "reads_in_consumer"]

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from rayshard.cli import main as cli
-from rayshard.errors import ConfigError, StaleClientError
+from rayshard.errors import ConfigError, RayshardError, StaleClientError
 from rayshard.loader import Loader
 from rayshard.plan import intervals as iv
 from rayshard.sources.parquet import ParquetSource
@@ -420,6 +420,48 @@ def test_break_and_iterate_again_continues_epoch_through_device_feed(ray_session
     assert sorted(seen) == list(range(100))
     assert it.epoch == 1
     loader.shutdown()
+
+
+class FailsOnce:
+    """A collate_fn that raises on its second batch (a transient error in the loop's process)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("transient")
+        return batch
+
+
+@pytest.mark.parametrize("batch_format", ["numpy", "torch"])
+def test_iterating_again_after_an_error_does_not_skip_the_rest_of_the_epoch(
+    ray_session, dataset, batch_format
+):
+    loader = make_loader(dataset, batch_size=10)
+    it = loader.iterator(
+        world_rank=0, world_size=1, batch_format=batch_format, collate_fn=FailsOnce()
+    )
+    seen = []
+    with pytest.raises(RuntimeError, match="transient"):
+        for batch in it:
+            seen += [int(i) for i in batch["id"]]
+    assert len(seen) == 10
+    # Iterating again must not end epoch 0 quietly with 90 samples never delivered.
+    with pytest.raises(RayshardError, match=r"epoch 0 stopped after 1 of 10 batches"):
+        list(it)
+    assert it.epoch == 0 and len(it) == 9
+    state = it.state_dict()
+    assert state["epoch"] == 0 and iv.total(state["consumed"]) == 10
+    loader.shutdown()
+    # The way on: a new run resumed from the state delivers exactly the rest.
+    again = Loader(ParquetSource(dataset), batch_size=10, name=loader.name)
+    resumed = again.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    resumed.load_state_dict(state)
+    rest = [int(i) for b in resumed for i in b["id"]]
+    assert sorted(seen + rest) == list(range(100))
+    again.shutdown()
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
