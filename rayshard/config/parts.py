@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
 from typing import Any
 
 from rayshard.config.checks import (
@@ -20,6 +19,7 @@ from rayshard.config.checks import (
     check_resources,
     strings,
 )
+from rayshard.config.conversions import packing_of, padding_rule, pairs
 from rayshard.config.env import parse_bool
 from rayshard.core.sharding import ShardingPolicy
 from rayshard.data.columns import Padding
@@ -82,8 +82,8 @@ class ReadConfig:
         set_(self, "source_format", fmt)
         if self.split_rows is not None:
             check_int(self.split_rows, "split_rows", minimum=1, fix="or leave it unset")
-        set_(self, "padding", _pairs(self.padding, "padding", _padding))
-        set_(self, "fill_null", _pairs(self.fill_null, "fill_null", lambda _, v: v))
+        set_(self, "padding", pairs(self.padding, "padding", padding_rule))
+        set_(self, "fill_null", pairs(self.fill_null, "fill_null", lambda _, v: v))
         set_(self, "shuffle", parse_bool(self.shuffle, "shuffle"))
         check_int(self.shuffle_buffer, "shuffle_buffer", minimum=0, fix="0 turns shuffling off")
         check_int(self.shuffle_blocks, "shuffle_blocks", minimum=0, fix="rows per block; 0 is off")
@@ -106,7 +106,7 @@ class ReadConfig:
                 minimum=1,
                 fix="or None (the default): as many as the CPUs Ray gave the reading process",
             )
-        set_(self, "packing", _packing(self.packing))
+        set_(self, "packing", packing_of(self.packing))
         if self.packing is not None:
             self._check_packing()
 
@@ -286,42 +286,3 @@ class RuntimeConfig:
                 f"{self.ack_interval_s!r} and lease_poll_s={self.lease_poll_s!r}, or healthy "
                 "ranks would look silent: raise it (well above a training step's time)"
             )
-
-
-def _pairs(value: Any, name: str, convert: Any) -> tuple[tuple[str, Any], ...] | None:
-    """A {column: option} mapping as sorted (column, option) pairs; other values stay for
-    `rayshard.data.columns` to refuse with its own message."""
-    if value is None or not isinstance(value, Mapping):
-        return value
-    return tuple(sorted((str(k), convert(k, v)) for k, v in value.items()))
-
-
-def _padding(column: str, value: Any) -> Any:
-    if not isinstance(value, Mapping):
-        return value  # a Padding, or something `rayshard.data.columns` refuses by name
-    known = [f.name for f in dataclasses.fields(Padding)]
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise ConfigError(
-            f"padding[{column!r}]: unknown option(s) {unknown}: known options are {known}"
-        )
-    return Padding(**value)
-
-
-def _packing(value: Any) -> Packing | None:
-    if value is None or isinstance(value, Packing):
-        return value
-    if not isinstance(value, Mapping):
-        raise TypeError(
-            f"packing={value!r} must be a rayshard.data.packing.Packing, e.g. "
-            f"Packing(column='tokens', seq_len=2048), or a mapping of packing options, e.g. "
-            f"{{column: tokens, seq_len: 2048}}"
-        )
-    known = [f.name for f in dataclasses.fields(Packing)]
-    unknown = sorted(set(value) - set(known))
-    if unknown:
-        raise ConfigError(f"unknown packing option(s) {unknown}: known options are {known}")
-    try:
-        return Packing(**value)
-    except TypeError as error:  # a required option missing
-        raise ConfigError(f"packing={dict(value)!r}: {error} (column and seq_len)") from None
