@@ -168,6 +168,30 @@ def test_transform_input_gives_strings_and_bytes_as_lists():
     assert batch["v"].shape == (3, 2) and isinstance(batch["_index"], np.ndarray)
 
 
+def test_transform_input_applies_the_column_rules_as_without_a_transform():
+    from rayshard.data.batching import to_numpy
+    from rayshard.data.columns import ColumnRules, Padding
+
+    table = pa.table(
+        {
+            "tok": pa.array([[7, 0, 3], [1], [2, 0]], pa.list_(pa.int32())),
+            "x": pa.array([1.0, None, 3.0]),
+            "s": pa.array(["a", None, "c"]),
+            "_index": pa.array([0, 1, 2], pa.int64()),
+        }
+    )
+    padding = {"tok": Padding(max_length=2, pad_value=-1)}
+    rules = ColumnRules.build(padding, {"x": 0.0, "s": "?"}, table.schema)
+    batch = transform_input(table, rules)
+    plain = to_numpy(table.drop_columns(["s"]), rules)
+    assert set(batch) == set(plain) | {"s"}  # tok_lengths and tok_mask included
+    for key, value in plain.items():
+        np.testing.assert_array_equal(batch[key], value)
+    assert batch["tok"].tolist() == [[7, 0], [1, -1], [2, 0]]
+    assert batch["tok_mask"].tolist() == [[True, True], [True, False], [True, True]]
+    assert batch["x"].tolist() == [1.0, 0.0, 3.0] and batch["s"] == ["a", "?", "c"]
+
+
 def test_stream_passes_flush_markers_and_builds_contexts():
     from rayshard.data.batching import FLUSH
 

@@ -21,25 +21,39 @@ FORMATS = ("torch", "numpy", "arrow")
 
 def torch_host_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> dict[str, Any]:
     """The batch the device feed stages: numeric arrays as they are, string, binary and
-    other object columns as Python lists, `nested` columns (values + `_offsets`) as one
-    `torch.nested` jagged tensor each."""
+    other object columns as Python lists, `nested` columns as one `torch.nested` jagged
+    tensor each: from values + `_offsets`, or from the list of per-row arrays a transform
+    returned for them."""
     out: dict[str, Any] = {}
     for key, value in batch.items():
         if key.endswith(OFFSETS_SUFFIX) and key[: -len(OFFSETS_SUFFIX)] in nested:
             continue
-        if key in nested:
+        jagged = _values_and_offsets(batch, key) if key in nested else None
+        if jagged is not None:
             import torch
 
             from rayshard.device._staging import host_tensor
 
-            values = _tensor(np.asarray(value), host_tensor)
-            offsets = _tensor(np.asarray(batch[key + OFFSETS_SUFFIX], dtype=np.int64), host_tensor)
+            values, offsets = (_tensor(np.asarray(a), host_tensor) for a in jagged)
             out[key] = torch.nested.nested_tensor_from_jagged(values, offsets)
         elif isinstance(value, np.ndarray) and value.dtype.kind in "OUS":
             out[key] = value.tolist()
         else:
             out[key] = value
     return out
+
+
+def _values_and_offsets(batch: dict[str, Any], key: str) -> tuple | None:
+    """A nested column's flat values and int64 offsets, or None if it is neither values
+    with offsets nor a list of 1-D numeric arrays (a transform made something else)."""
+    value = batch[key]
+    if key + OFFSETS_SUFFIX in batch:
+        return value, np.asarray(batch[key + OFFSETS_SUFFIX], dtype=np.int64)
+    rows = [np.asarray(row) for row in value] if isinstance(value, list) else None
+    if not rows or any(row.ndim != 1 or row.dtype.kind not in "biuf" for row in rows):
+        return None
+    offsets = np.concatenate([[0], np.cumsum([len(row) for row in rows])]).astype(np.int64)
+    return np.concatenate(rows), offsets
 
 
 def _tensor(array: np.ndarray, host_tensor: Callable[[np.ndarray], Any]) -> Any:

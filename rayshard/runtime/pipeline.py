@@ -27,12 +27,12 @@ def reader_batches(
     rank: int,
 ) -> Iterator[Any]:
     """Batches of `batch_size` rows from `rows`, through `transform` if there is one: in
-    the processes `workers()` returns when `workers` is given, here otherwise. Without a
-    transform, columns are converted under `rules` (padding, null fills); a transform sees
-    the rows as they are and its output is delivered as it returns it."""
+    the processes `workers()` returns when `workers` is given, here otherwise. Columns are
+    converted under `rules` (padding, null fills) either way: a transform sees them as
+    they would arrive without it, and its output is delivered as it returns it."""
     if transform is None:
         return flush_before_error(rebatch(rows, batch_size, lambda t: to_numpy(t, rules)))
-    batches = rebatch(rows, batch_size, convert=transform_input)
+    batches = rebatch(rows, batch_size, convert=lambda t: transform_input(t, rules))
     if workers is not None:
         return flush_before_error(parallel_transform_stream(batches, workers(), epoch))
     stream = transform_stream(batches, transform, loader=loader, seed=seed, epoch=epoch, rank=rank)

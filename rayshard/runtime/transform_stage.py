@@ -18,14 +18,19 @@ import numpy as np
 import pyarrow as pa
 
 from rayshard.data.batching import FLUSH, to_numpy
+from rayshard.data.columns import OFFSETS_SUFFIX, ColumnRules
 from rayshard.data.transforms import INDEX_KEY, PADDED_KEY, TransformContext
 from rayshard.errors import TransformError
 
 DROPPED_KEY = "_dropped"  # real samples a transform dropped from this batch (int64)
 
 
-def transform_input(table: pa.Table) -> dict[str, Any]:
-    """Numpy columns as `to_numpy` makes them; string and binary columns as Python lists."""
+def transform_input(table: pa.Table, rules: ColumnRules | None = None) -> dict[str, Any]:
+    """The columns as the loader delivers them without a transform (`to_numpy` under the
+    loader's column rules: padded lists with their `_lengths`/`_mask`, filled nulls),
+    except string and binary columns: Python lists (nulls filled under `fill_null`, else
+    None), and `nested` columns: a list of per-row arrays (one entry per row, as every
+    column of a transform's batch has)."""
     as_lists = [
         name
         for name, kind in zip(table.column_names, table.schema.types)
@@ -35,9 +40,22 @@ def transform_input(table: pa.Table) -> dict[str, Any]:
         or pa.types.is_large_binary(kind)
         or pa.types.is_fixed_size_binary(kind)
     ]
-    arrays = to_numpy(table.drop_columns(as_lists)) if as_lists else to_numpy(table)
-    lists = {name: table.column(name).to_pylist() for name in as_lists}
-    return {name: lists[name] if name in lists else arrays[name] for name in table.column_names}
+    rules = rules or ColumnRules()
+    arrays = to_numpy(table.drop_columns(as_lists), rules)
+    lists = {}
+    for name in as_lists:
+        column = table.column(name)
+        has_fill, fill = rules.fill_of(name)
+        if has_fill and column.null_count:
+            column = column.fill_null(pa.scalar(fill).cast(column.type))
+        lists[name] = column.to_pylist()
+    for key in [k for k in arrays if k.endswith(OFFSETS_SUFFIX)]:  # nested: rows as arrays
+        name, offsets = key[: -len(OFFSETS_SUFFIX)], arrays.pop(key)
+        values = arrays[name]
+        arrays[name] = [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
+    out = {name: lists[name] if name in lists else arrays[name] for name in table.column_names}
+    out.update((key, value) for key, value in arrays.items() if key not in out)  # derived
+    return out
 
 
 def transform_stream(

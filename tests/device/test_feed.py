@@ -100,6 +100,19 @@ def test_lists_per_row_stay_lists_whatever_their_shape_and_flat_numbers_are_stag
     assert all(type(b["grid"]) is list for b in batches)
     assert [b["label"].tolist() for b in batches] == [[3, 4], [5, 6]]
     assert all(isinstance(b["label"], torch.Tensor) for b in batches)
+    # Rows as arrays (a tokenizer's per-row ids): a list whether or not they share a length.
+    ids = [
+        {"ids": [np.arange(2, dtype=np.int32), np.arange(3, dtype=np.int32)]},
+        {"ids": [np.arange(5, dtype=np.int32), np.arange(5, dtype=np.int32)]},
+        {"ids": [torch.arange(4)]},
+    ]
+    staged = [b["ids"] for b in DeviceFeed(ids, device="cpu")]
+    assert all(type(rows) is list for rows in staged)
+    assert [[list(map(int, row)) for row in rows] for rows in staged] == [
+        [[0, 1], [0, 1, 2]],
+        [[0, 1, 2, 3, 4]] * 2,
+        [[0, 1, 2, 3]],
+    ]
 
 
 def test_cpu_batches_view_the_source_arrays_without_a_copy():

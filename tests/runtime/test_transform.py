@@ -317,3 +317,54 @@ def alive(pid: int) -> bool:
 def test_transform_workers_need_a_transform(ray_session, dataset):
     with pytest.raises(ValueError, match="transform_workers=2 needs a transform"):
         make_loader(dataset, transform_workers=2)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_transform_sees_columns_under_the_loaders_padding_and_fill_rules(
+    ray_session, tmp_path, workers
+):
+    from rayshard.data.columns import Padding
+    from tests.runtime.transform_fns import identity
+
+    tokens = pa.array([[7, 0, 3, 4, 5], [1], [2, 0], [3]], pa.list_(pa.int32()))
+    table = pa.table({"tok": tokens, "x": pa.array([1.0, None, 3.0, 4.0])})
+    pq.write_table(table, tmp_path / "part.parquet")
+    rules = {"padding": {"tok": Padding(max_length=2, pad_value=-1)}, "fill_null": {"x": 0.0}}
+    batches = {}
+    for transform in (None, identity):
+        loader = Loader(
+            ParquetSource(str(tmp_path)),
+            batch_size=4,
+            name=unique_name(),
+            transform=transform,
+            transform_workers=workers if transform else 1,
+            **rules,
+        )
+        (batch,) = list(loader.iterator(world_rank=0, world_size=1, batch_format="numpy"))
+        batches[transform] = {k: np.asarray(v).tolist() for k, v in batch.items()}
+        loader.shutdown()
+    assert batches[identity] == batches[None]
+    assert batches[None]["tok"] == [[7, 0], [1, -1], [2, 0], [3, -1]]
+    assert batches[None]["tok_mask"] == [[True, True], [True, False], [True, True], [True, False]]
+    assert batches[None]["x"] == [1.0, 0.0, 3.0, 4.0]
+
+
+def test_a_nested_column_a_transform_replaced_reaches_torch_as_it_returned_it(
+    ray_session, tmp_path
+):
+    from rayshard.data.columns import Padding
+    from tests.runtime.transform_fns import identity
+
+    tokens = pa.array([[7, 0, 3], [1], [2, 0], [3]], pa.list_(pa.int32()))
+    pq.write_table(pa.table({"tok": tokens}), tmp_path / "part.parquet")
+    loader = Loader(
+        ParquetSource(str(tmp_path)),
+        batch_size=4,
+        name=unique_name(),
+        transform=identity,
+        padding={"tok": Padding(nested=True)},
+    )
+    (batch,) = list(loader.iterator(world_rank=0, world_size=1))
+    loader.shutdown()
+    assert batch["tok"].is_nested  # values + offsets came back: still one jagged tensor
+    assert [t.tolist() for t in batch["tok"].unbind()] == [[7, 0, 3], [1], [2, 0], [3]]
