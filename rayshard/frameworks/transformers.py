@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from rayshard.data.batching import PADDED_KEY
+from rayshard.data.columns import MASK_SUFFIX
 from rayshard.frameworks.torch import IterableAdapter, dataloader
 
 IGNORE_INDEX = -100  # the label transformers' losses ignore
@@ -27,16 +28,21 @@ IGNORE_INDEX = -100  # the label transformers' losses ignore
 
 def causal_lm_inputs(batch: dict, column: str = "input_ids") -> dict:
     """A rayshard batch of token rows as a causal LM's inputs: `input_ids`, an
-    `attention_mask` of ones and `labels` = `input_ids` with padding rows set to -100 (no
-    loss, no token count); `_index`, `_padded` and other columns are dropped."""
+    `attention_mask` and `labels` = `input_ids` with every token that is not real set to
+    -100 (no loss, no token count): padding rows, and the padded tail of a row where the
+    batch marks its real tokens (`{column}_mask` of a `Padding` rule, or packing's `mask`).
+    The mask is the attention mask (ones without one); `_index`, `_padded` and other
+    columns are dropped."""
     input_ids = batch[column]
+    mask = batch.get(column + MASK_SUFFIX, batch.get("mask"))
     labels = input_ids.clone()
     labels[batch[PADDED_KEY]] = IGNORE_INDEX
-    return {
-        "input_ids": input_ids,
-        "attention_mask": torch.ones_like(input_ids),
-        "labels": labels,
-    }
+    if mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    else:
+        labels[~mask.bool()] = IGNORE_INDEX
+        attention_mask = mask.to(input_ids.dtype)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "labels": labels}
 
 
 def prepare_trainer(trainer: Any) -> Any:

@@ -34,6 +34,25 @@ def test_causal_lm_inputs_label_padding_rows_and_drop_rayshard_keys():
     assert (inputs["labels"][:2] == batch["input_ids"][:2]).all()
     assert (inputs["labels"][2] == IGNORE_INDEX).all()
     assert (batch["input_ids"][2] == torch.arange(8, 12)).all(), "the batch was modified"
+    assert (inputs["attention_mask"] == 1).all()
+
+
+@pytest.mark.parametrize("mask_key", ["input_ids_mask", "mask"])  # a Padding rule's; packing's
+def test_causal_lm_inputs_ignore_the_padded_tail_of_rows(mask_key):
+    import torch
+
+    from rayshard.frameworks.transformers import IGNORE_INDEX, causal_lm_inputs
+
+    mask = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    batch = {
+        "input_ids": torch.tensor([[5, 6, 7, 0], [8, 0, 0, 0]]),
+        mask_key: mask,
+        "_padded": torch.tensor([False, False]),
+    }
+    inputs = causal_lm_inputs(batch)
+    assert inputs["labels"].tolist() == [[5, 6, 7, IGNORE_INDEX], [8] + [IGNORE_INDEX] * 3]
+    assert inputs["attention_mask"].tolist() == mask.long().tolist()
+    assert inputs["attention_mask"].dtype == batch["input_ids"].dtype
 
 
 def test_prepared_trainer_passes_rayshard_batches_through_for_evaluation_too(tmp_path):
