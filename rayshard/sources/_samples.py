@@ -50,8 +50,7 @@ def infer_schema(probes: list[dict], keys: list[str], ragged: Sequence[str] = ()
         values = [_numpy(p[key]) for p in probes]
         arrays = [v for v in values if isinstance(v, np.ndarray) and v.ndim >= 1]
         if len(arrays) != len(values):
-            scalars = [_scalar(v) for v in values]
-            fields.append(pa.field(key, pa.array(scalars).type))
+            fields.append(pa.field(key, _scalars(values).type))
             continue
         dtype = pa.from_numpy_dtype(arrays[0].dtype)
         if key in ragged and arrays[0].ndim != 1:
@@ -99,7 +98,7 @@ def _column(values: list[Any], field: pa.Field, indices: list[int], name: str) -
     if pa.types.is_list(type_) and all(isinstance(v, np.ndarray) for v in values):
         column = _nested(values, _depth(type_))
     else:
-        column = pa.array([_scalar(v) for v in values])
+        column = _scalars(values)
     if column.type.equals(type_):
         return column
     try:
@@ -141,6 +140,17 @@ def _depth(type_: pa.DataType) -> int:
     return depth
 
 
+def _scalars(values: list[Any]) -> pa.Array:
+    """Scalar values as a column: numpy scalars or 0-d arrays (`torch.tensor(5,
+    dtype=torch.int8)`) of one numeric dtype keep it; anything else is Arrow's inference
+    over the Python values."""
+    numeric = [v for v in values if isinstance(v, (np.generic, np.ndarray))]
+    dtypes = {v.dtype for v in numeric}
+    if len(numeric) == len(values) and len(dtypes) == 1 and next(iter(dtypes)).kind in "biuf":
+        return pa.array(np.array([np.asarray(v) for v in values]))
+    return pa.array([_scalar(v) for v in values])
+
+
 def _scalar(value: Any) -> Any:
     """A numpy scalar or 0-d array (`torch.tensor(5)`, `np.array(5)`) as a Python value."""
     if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
@@ -149,7 +159,12 @@ def _scalar(value: Any) -> Any:
 
 
 def _numpy(value: Any) -> Any:
+    """Tensors as numpy arrays; bfloat16, which neither numpy nor Arrow holds, as float32."""
     if type(value).__module__.startswith("torch"):
+        import torch
+
+        if value.dtype == torch.bfloat16:
+            value = value.float()
         return value.detach().cpu().numpy()
     return value
 

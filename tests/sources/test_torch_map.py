@@ -227,3 +227,34 @@ def test_zero_rank_tensors_are_scalars_and_empty_arrays_a_fixed_shape_of_zero():
     assert table["w"].to_pylist() == [i * 0.5 for i in range(6)]
     assert table["none"].to_pylist() == [[]] * 6
     assert table["x"].to_pylist()[5] == [5.0, 5.0, 5.0]
+
+
+class TypedScalars(torch.utils.data.Dataset):
+    def __len__(self):
+        return 5
+
+    def __getitem__(self, i):
+        return {
+            "label": torch.tensor(i, dtype=torch.int8),
+            "weight": torch.tensor(0.1 * i, dtype=torch.float32),
+            "half": np.float16(i / 4),
+            "count": i,  # a Python int: Arrow's int64
+            "bf": torch.full((2,), i, dtype=torch.bfloat16),
+        }
+
+
+def test_scalars_keep_their_dtype_and_bfloat16_is_read_as_float32():
+    source = TorchMapSource(TypedScalars(), batch_rows=2)
+    types = {f.name: f.type for f in source.schema()}
+    assert types == {
+        "label": pa.int8(),
+        "weight": pa.float32(),
+        "half": pa.float16(),
+        "count": pa.int64(),
+        "bf": pa.list_(pa.float32(), 2),
+    }
+    table = pa.Table.from_batches(list(source.read(0, 5)))
+    assert table.schema.field("weight").type == pa.float32()
+    assert table["label"].to_pylist() == list(range(5))
+    assert table["weight"].to_pylist() == [np.float32(0.1 * i).item() for i in range(5)]
+    assert table["bf"].to_pylist()[3] == [3.0, 3.0]
