@@ -188,7 +188,7 @@ def test_refuses_consumed_outside_the_dataset(tmp_path):
     path = write(tmp_path / "s.json", {**STATE, "consumed": [[90, 120]]})
     result = invoke("show", path)
     assert result.exit_code == 1
-    assert "span [90, 120), outside the dataset's [0, 100)" in result.output
+    assert "consumed interval [90, 120] is not within [0, num_samples=100]" in result.output
 
 
 @pytest.mark.parametrize(

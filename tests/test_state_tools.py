@@ -169,3 +169,27 @@ def test_a_state_of_another_loader_is_refused_naming_what_differs():
     assert LoaderState.from_dict(older).made_by == ""
     with pytest.raises(ConfigError, match=r"or configuration$"):
         LoaderState.from_dict(older, expect_loader="train:bb", expect_made_by=here)
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"epoch": True}, r"epoch=True is not an integer >= 0"),
+        ({"epoch": 0.9}, r"epoch=0.9 is not an integer >= 0"),
+        ({"epoch": -1}, r"epoch=-1 is not an integer >= 0"),
+        ({"world_size": -3}, r"world_size=-3 is not an integer >= 0"),
+        ({"seed": "1"}, r"seed='1' is not an integer >= 0"),
+        ({"consumed": [[30, 0]]}, r"consumed interval \[30, 0\] is not within"),
+        ({"consumed": [[0, 1000]]}, r"consumed interval \[0, 1000\] is not within"),
+        ({"consumed": [[0, 2.5]]}, r"consumed bound=2.5 is not an integer"),
+        ({"num_samples": 50}, r"this state counts 50 samples, the loader's source 100"),
+    ],
+)
+def test_a_state_edited_into_nonsense_is_refused_before_it_is_used(edit, message):
+    """What `load_state_dict` sends the coordinator, which journals a state it accepts:
+    a bad one must be refused here, or it would break the loader for every later run."""
+    data = {**LoaderState("x:1", 0, 0, ((0, 30),), 1, 100).to_dict(), **edit}
+    with pytest.raises(ConfigError, match=message):
+        LoaderState.from_dict(data, expect_loader="x:1", expect_num_samples=100)
+    good = LoaderState("x:1", 2, 0, ((0, 30), (40, 100)), 1, 100)
+    assert LoaderState.from_dict(good.to_dict(), expect_num_samples=100) == good

@@ -70,10 +70,12 @@ class LoaderState:
         *,
         expect_loader: str | None = None,
         expect_made_by: Mapping[str, Any] | None = None,
+        expect_num_samples: int | None = None,
     ) -> LoaderState:
-        """Strict load: every key present, no unknown key, this loader, this version. A
-        state of another loader is refused naming what differs, when both sides know
-        (`made_by`, `expect_made_by`)."""
+        """Strict load: every key present, no unknown key, this loader, this version,
+        integers >= 0, consumed intervals within the dataset (of `expect_num_samples`
+        samples when given). A state of another loader is refused naming what differs,
+        when both sides know (`made_by`, `expect_made_by`)."""
         if isinstance(data, (str, bytes)):
             data = json.loads(data)
         if not isinstance(data, dict):
@@ -97,19 +99,57 @@ class LoaderState:
                 + _differences(data.get("made_by"), expect_loader, data["loader"], expect_made_by)
             )
         try:
-            consumed = iv.normalize(tuple(pair) for pair in data["consumed"])
+            num_samples = _count(data["num_samples"], "num_samples")
+            if expect_num_samples is not None and num_samples != expect_num_samples:
+                raise ConfigError(
+                    f"this state counts {num_samples} samples, the loader's source "
+                    f"{expect_num_samples}: it was saved for another dataset or edited by hand"
+                )
             return cls(
                 loader=str(data["loader"]),
-                epoch=int(data["epoch"]),
-                seed=int(data["seed"]),
-                consumed=consumed,
-                world_size=int(data["world_size"]),
-                num_samples=int(data["num_samples"]),
-                partial=tuple(sorted((int(i), int(t)) for i, t in data.get("partial", []))),
+                epoch=_count(data["epoch"], "epoch"),
+                seed=_count(data["seed"], "seed"),
+                consumed=_intervals(data["consumed"], num_samples),
+                world_size=_count(data["world_size"], "world_size"),
+                num_samples=num_samples,
+                partial=tuple(
+                    sorted(
+                        (_count(i, "partial index"), _count(t, "partial tokens"))
+                        for i, t in data.get("partial", [])
+                    )
+                ),
                 made_by=json.dumps(data["made_by"], sort_keys=True) if "made_by" in data else "",
             )
         except (TypeError, ValueError) as error:
+            if isinstance(error, ConfigError):
+                raise
             raise ConfigError(f"malformed loader state: {error}") from error
+
+
+def _count(value: Any, name: str) -> int:
+    """A state's integer, as JSON holds it: an int >= 0 (not a bool, not a float)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(
+            f"malformed loader state: {name}={value!r} is not an integer >= 0 (the state was "
+            "edited by hand or damaged): resume from the state as saved"
+        )
+    return value
+
+
+def _intervals(pairs: Any, num_samples: int) -> iv.Intervals:
+    """`consumed` as normalized intervals, each `[start, end]` with 0 <= start <= end <=
+    `num_samples`."""
+    out = []
+    for pair in pairs:
+        start, end = (_count(v, "consumed bound") for v in pair)
+        if not start <= end <= num_samples:
+            raise ConfigError(
+                f"malformed loader state: consumed interval {list(pair)} is not within "
+                f"[0, num_samples={num_samples}] in order (the state was edited by hand or "
+                "saved for another dataset): resume from the state as saved"
+            )
+        out.append((start, end))
+    return iv.normalize(out)
 
 
 def _differences(saved: Any, expect_loader: str, saved_loader: str, here: Any) -> str:

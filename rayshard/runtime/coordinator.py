@@ -1,11 +1,9 @@
 """The coordinator actor: the Ray shell around the pure `CoordinatorCore`.
 
 One actor per loader. A request is checked (stale generation or epoch), turned into a
-command, applied to the core, written to the journal and answered: load, step, journal,
-reply. A restarted coordinator (Ray `max_restarts`) loads the journal's latest snapshot
-and replays the commands after it. The journal is compacted to one snapshot at the end of
-every epoch, at every restore and every `COMPACT_EVERY` commands, so a restart replays
-little and the file stays small at any number of ranks.
+command, applied to the core, journaled and answered. A restarted coordinator (Ray
+`max_restarts`) loads the journal's latest snapshot and replays the commands after it; the
+journal is compacted at each epoch's end, each restore and every `COMPACT_EVERY` commands.
 
 It is an async actor: one event loop, so its fields need no lock, and `state()` can wait
 for other ranks' acknowledgements without blocking them. Clients carry the membership
@@ -205,7 +203,10 @@ class Coordinator:
         starts a new generation (same members), so readers drop what they read ahead.
         Returns (epoch, generation)."""
         loaded = LoaderState.from_dict(
-            state, expect_loader=self._loader_id, expect_made_by=self._core.made_by
+            state,
+            expect_loader=self._loader_id,
+            expect_made_by=self._core.made_by,
+            expect_num_samples=self._core.num_samples,
         )
         if self._core.members is None:
             raise RayshardError("restore() before any rank registered: take an iterator first")

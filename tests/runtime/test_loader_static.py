@@ -538,3 +538,18 @@ def test_the_restart_check_keeps_rays_deprecation_warning_out_of_the_log(ray_ses
         pytest.skip("this Ray's restart property raises no warning: nothing to keep out")
     assert not restarted  # a first start
     assert ours == [], ours  # Ray's property warns (`rays`); the coordinator's check does not
+
+
+def test_a_bad_state_is_refused_and_leaves_the_loader_working(ray_session, dataset):
+    loader = make_loader(dataset, batch_size=10)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    gen = iter(it)
+    taken = [int(i) for _ in range(3) for i in next(gen)["id"]]
+    state = it.state_dict()
+    for edit in ({"epoch": -1}, {"consumed": [[30, 0]]}, {"num_samples": 50}):
+        with pytest.raises(ConfigError, match="malformed loader state|counts 50 samples"):
+            it.load_state_dict({**state, **edit})
+    it.load_state_dict(state)  # the loader took none of them: the good state still resumes
+    rest = [int(i) for b in it for i in b["id"]]
+    assert sorted(taken + rest) == list(range(100))
+    loader.shutdown()
