@@ -31,6 +31,7 @@ def checked_config(source: Source, config: Any, options: dict, transform: Any) -
     if settings.packing is not None:
         check_packing_input(source, settings.packing, settings.columns, transform)
     _check_workers(settings, transform)
+    _check_source_options(settings, source)
     check_not_empty(source.layout(), source.describe())
     return dataclasses.replace(settings, column_rules=rules)
 
@@ -51,6 +52,18 @@ def _check_workers(settings: LoaderConfig, transform: Any) -> None:
             f"transform_resources={dict(settings.transform_resources)!r} places worker "
             f"processes, and there are none: pass transform=fn with transform_workers, or set "
             f"reader_workers > 1, or leave transform_resources unset"
+        )
+
+
+def _check_source_options(settings: LoaderConfig, source: Source) -> None:
+    """`split_rows` says how `make_source` cuts the files it opens: given with a source made
+    otherwise, it must be the source's own, or it would be ignored without a word."""
+    wanted = settings.split_rows
+    if wanted is not None and getattr(source, "split_rows", None) != wanted:
+        raise ConfigError(
+            f"split_rows={wanted} applies to the source the loader makes from paths; "
+            f"{source.describe()} was made without it: pass it to the source "
+            f"(e.g. ParquetSource(paths, split_rows={wanted})), or leave it out here"
         )
 
 

@@ -143,6 +143,11 @@ class ChunkedFileSource(Source):
             return self._full_schema
         return pa.schema([self._full_schema.field(c) for c in self._columns])
 
+    @property
+    def split_rows(self) -> int | None:
+        """The most rows a split holds (None: whole chunks), as constructed."""
+        return self._split_rows
+
     def splits(self, split_rows: int | None = None) -> list[tuple[int, int]]:
         """Chunks (row groups) as sample ranges; chunks larger than `split_rows` are cut."""
         limit = split_rows if split_rows is not None else self._split_rows

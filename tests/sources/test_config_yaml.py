@@ -155,3 +155,9 @@ def test_make_source(tmp_path):
     assert ids_of(source.read(0, 12)) == list(range(12))
     with pytest.raises(ConfigError, match="no paths configured"):
         LoaderConfig().make_source()
+    # Given with a source made otherwise, split_rows would be ignored: refused instead.
+    from rayshard.config.checked import checked_config
+
+    assert checked_config(source, config, {}, None).split_rows == 2  # the source's own
+    with pytest.raises(ConfigError, match=r"split_rows=2 applies to the source the loader makes"):
+        checked_config(ParquetSource(str(tmp_path / "data")), config, {}, None)
