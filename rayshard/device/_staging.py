@@ -56,16 +56,21 @@ class Layout:
     passthrough: dict[str, Any]
     nbytes: int
     num_samples: int | None
+    sequence: type | None = None  # tuple or list: the batch was one (keys "0", "1", ...)
 
 
-def plan_layout(batch: Mapping[str, Any], device: torch.device) -> Layout:
+def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -> Layout:
     """Decide the offset of every column; tensors already on `device` and Python lists
     that are not numbers are passed through, nested (jagged) tensors moved to `device` on
-    their own."""
+    their own. A tuple or list of arrays (a `collate_fn`'s `(x, y)`) is staged the same
+    way and comes back as one."""
+    sequence = type(batch) if type(batch) in (tuple, list) else None
+    if sequence is not None:
+        batch = {str(i): value for i, value in enumerate(batch)}
     if not isinstance(batch, Mapping):
         raise TypeError(
-            f"a batch must be a dict of column name -> array, got {type(batch).__name__}; "
-            f"pass collate_fn= to turn it into one"
+            f"a batch must be a dict of column name -> array, or a tuple of arrays, got "
+            f"{type(batch).__name__}; make the collate_fn return one of those"
         )
     columns: list[Column] = []
     passthrough: dict[str, Any] = {}
@@ -95,7 +100,7 @@ def plan_layout(batch: Mapping[str, Any], device: torch.device) -> Layout:
         nbytes = math.prod(shape) * dtype.itemsize
         columns.append(Column(key, offset, nbytes, shape, dtype, value))
         offset = _aligned(offset + nbytes)
-    return Layout(tuple(batch), tuple(columns), passthrough, offset, num_samples)
+    return Layout(tuple(batch), tuple(columns), passthrough, offset, num_samples, sequence)
 
 
 def fill(buffer: torch.Tensor, layout: Layout) -> None:
@@ -125,6 +130,14 @@ def host_views(layout: Layout) -> dict[str, Any]:
                 value = torch.from_numpy(native)
         staged[column.key] = value
     staged.update(layout.passthrough)
+    return _assembled(staged, layout)
+
+
+def _assembled(staged: dict[str, Any], layout: Layout) -> Any:
+    """The staged values in the batch's own shape: a dict in its key order, or the tuple
+    or list it was."""
+    if layout.sequence is not None:
+        return layout.sequence(staged[key] for key in layout.keys)
     return {key: staged[key] for key in layout.keys}
 
 
@@ -161,7 +174,7 @@ def views(buffer: torch.Tensor, layout: Layout) -> dict[str, Any]:
     """The batch as tensors viewing `buffer` (host or device), in the source's key order."""
     staged = {c.key: t for c, t in zip(layout.columns, _typed_views(buffer, layout), strict=True)}
     staged.update(layout.passthrough)
-    return {key: staged[key] for key in layout.keys}
+    return _assembled(staged, layout)
 
 
 def _typed_views(buffer: torch.Tensor, layout: Layout) -> list[torch.Tensor]:

@@ -206,8 +206,8 @@ def test_collate_fn_is_applied_and_its_errors_arrive_in_place():
 
 
 def test_non_dict_batch_and_unsupported_dtype_fail_with_a_named_fix():
-    with pytest.raises(TypeError, match="collate_fn="):
-        next(DeviceFeed([[1, 2, 3]], device="cpu"))
+    with pytest.raises(TypeError, match="make the collate_fn return one of those"):
+        next(DeviceFeed(["text"], device="cpu"))
     with pytest.raises(TypeError, match="column 'name' has numpy dtype"):
         next(DeviceFeed([{"name": np.array(["a", "b"])}], device="cpu"))
 
@@ -367,3 +367,19 @@ def test_tags_travel_with_their_batches_through_the_staging_thread():
     for i, item in enumerate(out):
         assert isinstance(item.batch["x"], torch.Tensor)
         assert item.batch["x"].tolist() == [2 * i] * 3
+
+
+@pytest.mark.parametrize("shape", [tuple, list])
+def test_a_collate_fn_may_return_a_tuple_or_list_of_arrays(shape):
+    source = [{"x": np.arange(6.0).reshape(3, 2), "y": np.arange(3), "s": ["a", "b", "c"]}]
+
+    def collate(batch):
+        return shape([batch["x"], batch["y"], batch["s"]])
+
+    (batch,) = list(DeviceFeed(source, device="cpu", collate_fn=collate))
+    assert type(batch) is shape and len(batch) == 3
+    x, y, s = batch
+    assert isinstance(x, torch.Tensor) and x.tolist() == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    assert isinstance(y, torch.Tensor) and y.tolist() == [0, 1, 2] and s == ["a", "b", "c"]
+    with pytest.raises(TypeError, match="got int; make the collate_fn return one of those"):
+        list(DeviceFeed(source, device="cpu", collate_fn=lambda batch: 5))
