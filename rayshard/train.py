@@ -16,9 +16,8 @@ import json
 import os
 from typing import Any
 
+from rayshard.core.state_file import STATE_FILE, atomic_write, read_state_json
 from rayshard.runtime.iterator import ShardIterator
-
-STATE_FILE = "rayshard_state.json"
 
 
 def iterator(
@@ -37,10 +36,10 @@ def iterator(
 
 
 def save_state(batches: ShardIterator, directory: str | os.PathLike) -> dict:
-    """Write the loader-wide state (what the model received) into a checkpoint folder."""
+    """Write the loader-wide state (what the model received) into a checkpoint folder,
+    atomically: a crash leaves the folder's old state file or the new one, never half."""
     state = batches.state_dict()
-    with open(os.path.join(directory, STATE_FILE), "w") as handle:
-        json.dump(state, handle)
+    atomic_write(os.path.join(directory, STATE_FILE), json.dumps(state).encode("utf-8"))
     return state
 
 
@@ -59,8 +58,10 @@ def restore(batches: ShardIterator, checkpoint: Any = None) -> bool:
         path = os.path.join(directory, STATE_FILE)
         if not os.path.exists(path):
             return False
-        with open(path) as handle:
-            batches.load_state_dict(json.load(handle))
+        origin = getattr(checkpoint, "path", None)
+        where = f" (of checkpoint {origin})" if origin and str(origin) != str(directory) else ""
+        fix = f"resume from an earlier checkpoint, or delete this file{where} to start afresh"
+        batches.load_state_dict(read_state_json(path, fix))
     return True
 
 

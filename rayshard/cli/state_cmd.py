@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,10 +16,10 @@ import click
 
 from rayshard.core import state_tools
 from rayshard.core.state import STATE_VERSION, LoaderState
+from rayshard.core.state_file import STATE_FILE, WHAT_TO_PASS, atomic_write, read_state_json
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout
 
-STATE_FILE = "rayshard_state.json"  # as `rayshard.train.STATE_FILE`, without importing Ray
 _SHOWN = 8  # consumed intervals the table lists
 
 _path_arg = click.argument("path", type=click.Path(exists=True, path_type=Path))
@@ -123,18 +121,10 @@ def _resolve(path: Path) -> Path:
 def _load(path: Path, expect_loader: str | None) -> tuple[Path, LoaderState]:
     """The state file PATH names, and its strictly loaded, consistent state (else exit 1)."""
     file = _resolve(path)
-    what = "pass the JSON written by rayshard.train.save_state or iterator.state_dict()"
     try:
-        data = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise click.ClickException(
-            f"{file} is not a rayshard loader state (not readable JSON: {error}): {what}"
-        ) from error
-    if not isinstance(data, dict):
-        raise click.ClickException(
-            f"{file} is not a rayshard loader state (a JSON {type(data).__name__}, not an "
-            f"object): {what}"
-        )
+        data = read_state_json(file)
+    except ConfigError as error:
+        raise click.ClickException(str(error)) from error
     if "loader" in data and data.get("version", STATE_VERSION) != STATE_VERSION:
         raise click.ClickException(
             f"{file} holds loader state version {data['version']!r}, but this rayshard reads "
@@ -146,7 +136,7 @@ def _load(path: Path, expect_loader: str | None) -> tuple[Path, LoaderState]:
         hint = (
             f"; pass the state of loader {expect_loader!r}, or drop --expect-loader"
             if expect_loader is not None and data.get("loader") != expect_loader
-            else f"; {what}"
+            else f"; {WHAT_TO_PASS}"
         )
         raise click.ClickException(f"{file}: {error}{hint}") from error
     return file, state
@@ -169,8 +159,8 @@ def _rewrite(
         target.parent.mkdir(parents=True, exist_ok=True)
         if out is None:
             backup = file.with_name(file.name + ".bak")
-            _atomic_write(backup, file.read_bytes())
-        _atomic_write(target, payload.encode("utf-8"))
+            atomic_write(backup, file.read_bytes())
+        atomic_write(target, payload.encode("utf-8"))
     except OSError as error:
         raise click.ClickException(f"cannot write {target}: {error}") from error
     kept = f" (the old one is in {backup})" if out is None else ""
@@ -187,32 +177,6 @@ def _out_file(out: str) -> Path:
     path = Path(out)
     folder = out.endswith(("/", os.sep)) or path.is_dir() or path.suffix.lower() != ".json"
     return path / STATE_FILE if folder else path
-
-
-def _atomic_write(target: Path, payload: bytes) -> None:
-    """Write a temp file beside `target`, fsync it, then rename it over `target`."""
-    handle, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
-    try:
-        os.chmod(temp, _mode_for(target))
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(payload)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(temp, target)
-    except BaseException:
-        if os.path.exists(temp):
-            os.unlink(temp)
-        raise
-
-
-def _mode_for(target: Path) -> int:
-    """The permissions `target` has, or a new file's (mkstemp's 0o600 would hide it)."""
-    try:
-        return stat.S_IMODE(os.stat(target).st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
 
 
 def _count(state: LoaderState) -> int:

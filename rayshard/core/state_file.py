@@ -1,0 +1,66 @@
+"""A saved loader state on disk: read it (a `ConfigError` naming the file if it is not
+one) and write it atomically. Shared by `rayshard.train` and `rayshard state`; no Ray.
+
+Writes go to a temporary file in the target's folder, fsynced, then `os.replace`d over
+the target: a crash leaves the old file or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+from rayshard.errors import ConfigError
+
+STATE_FILE = "rayshard_state.json"  # in a checkpoint folder
+WHAT_TO_PASS = "pass the JSON written by rayshard.train.save_state or iterator.state_dict()"
+
+
+def read_state_json(path: str | os.PathLike, fix: str = WHAT_TO_PASS) -> dict:
+    """The JSON object in state file `path`; unreadable or malformed JSON, or JSON that is
+    not an object, is a `ConfigError` naming the file and ending with `fix`."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(
+            f"{path} is not a rayshard loader state (not readable JSON: {error}): {fix}"
+        ) from error
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{path} is not a rayshard loader state (a JSON {type(data).__name__}, not an "
+            f"object): {fix}"
+        )
+    return data
+
+
+def atomic_write(target: str | os.PathLike, payload: bytes) -> None:
+    """Write a temp file beside `target`, fsync it, then rename it over `target`."""
+    target = Path(target)
+    handle, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    try:
+        os.chmod(temp, _mode_for(target))
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(payload)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temp, target)
+    except BaseException:
+        if os.path.exists(temp):
+            os.unlink(temp)
+        raise
+
+
+def _mode_for(target: Path) -> int:
+    """The permissions `target` has, or a new file's (mkstemp's 0o600 would hide it)."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+__all__ = ["STATE_FILE", "atomic_write", "read_state_json"]
