@@ -124,8 +124,9 @@ def strings(value: Any, name: str) -> tuple[str, ...] | None:
 
 
 def load_yaml_file(path: str, what: str) -> Any:
-    """The document in YAML file `path` (None for an empty file); a missing file or bad
-    YAML is a `ConfigError` naming the file and `what` it should have been."""
+    """The document in YAML file `path` (None for an empty file); a missing, unreadable or
+    binary file, a folder, or bad YAML is a `ConfigError` naming the file and `what` it
+    should have been."""
     import yaml
 
     try:
@@ -133,5 +134,14 @@ def load_yaml_file(path: str, what: str) -> Any:
             return yaml.safe_load(handle)
     except FileNotFoundError as error:
         raise ConfigError(f"{path}: no such {what}") from error
+    except IsADirectoryError as error:
+        raise ConfigError(f"{path} is a folder, not a {what}: pass a YAML file") from error
+    except OSError as error:
+        raise ConfigError(f"cannot read {what} {path}: {error.strerror or error}") from error
+    except UnicodeDecodeError as error:
+        raise ConfigError(
+            f"{path} is not a {what}: not UTF-8 text (byte {error.start}), so not YAML; "
+            "pass a YAML file"
+        ) from error
     except yaml.YAMLError as error:
         raise ConfigError(f"{path} is not valid YAML: {error}") from error

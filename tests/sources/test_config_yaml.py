@@ -125,6 +125,12 @@ def test_bad_files(tmp_path):
         LoaderConfig.from_yaml(tmp_path / "missing.yaml")
     with pytest.raises(ConfigError, match="is not valid YAML"):
         LoaderConfig.from_yaml(write(tmp_path, "a: [1, 2\n"))
+    with pytest.raises(ConfigError, match=f"{tmp_path} is a folder, not a configuration file"):
+        LoaderConfig.from_yaml(tmp_path)
+    binary = tmp_path / "part-0.parquet"
+    binary.write_bytes(b"PAR1\x15\x04\x15\xa0\xff\x00")
+    with pytest.raises(ConfigError, match=f"{binary} is not a configuration file: not UTF-8"):
+        LoaderConfig.from_yaml(binary)
     with pytest.raises(ConfigError, match="must hold a mapping"):
         LoaderConfig.from_yaml(write(tmp_path, "- 1\n- 2\n"))
     for text in (
