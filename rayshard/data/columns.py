@@ -132,7 +132,7 @@ class ColumnRules:
                 )
             try:
                 pa.array([options.pad_value]).cast(field.type.value_type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError) as error:
                 raise ConfigError(
                     f"padding[{name!r}]: pad_value={options.pad_value!r} does not fit the "
                     f"{field.type.value_type} values of column {name!r}: pick a value of "
@@ -225,10 +225,11 @@ def _same_kind(value: Any, target: pa.DataType) -> bool:
 
 
 def _casts(value: Any, target: pa.DataType) -> bool:
-    """Whether Arrow casts `value` to `target` (range and precision checked)."""
+    """Whether Arrow casts `value` to `target` (range and precision checked; an int
+    beyond 64 bits does not even become an Arrow array: OverflowError)."""
     try:
         pa.array([value]).cast(target)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OverflowError):
         return False
     return True
 

@@ -122,6 +122,12 @@ def test_rules_are_validated_on_the_driver():
         ColumnRules.build(None, {"flag": 0}, floats)
     with pytest.raises(ConfigError, match=r"pad_value=0.5 does not fit the int32"):
         ColumnRules.build({"tokens": Padding(pad_value=0.5)}, None, schema)
+    # beyond 64 bits: Arrow cannot even hold the value (OverflowError, not a cast error)
+    wide = pa.schema([("x", pa.int64()), ("ids", pa.list_(pa.int64()))])
+    with pytest.raises(ConfigError, match=r"fill_null\['x'\]=1180591620717411303424 does not"):
+        ColumnRules.build(None, {"x": 2**70}, wide)
+    with pytest.raises(ConfigError, match=r"pad_value=-1180591620717411303424 does not fit"):
+        ColumnRules.build({"ids": Padding(pad_value=-(2**70))}, None, wide)
     with pytest.raises(ConfigError, match=r"max_length=0"):
         Padding(max_length=0)
     with pytest.raises(ConfigError, match=r"pad_value='a'"):
