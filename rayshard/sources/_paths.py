@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -31,13 +31,12 @@ def resolve_paths(
     Without `filesystem`, URIs go through `pyarrow.fs.FileSystem.from_uri` and anything
     else is a local path.
     """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
+    paths = _path_list(paths, kind)
     if not paths:
         raise ConfigError(f"no paths given: pass a folder, a glob or a list of {kind} files")
     out: list[tuple[pafs.FileSystem, str, str, str, str]] = []
     for raw in paths:
-        fs, path, display = _filesystem_of(os.fspath(raw), filesystem)
+        fs, path, display = _filesystem_of(raw, filesystem)
         if _GLOB_CHARS.search(path):
             matched = _glob(fs, path)
             if not matched:
@@ -70,6 +69,24 @@ def resolve_paths(
         else:
             out.append((fs, path, display, path.rsplit("/", 1)[-1], _version(info)))
     return out
+
+
+def _path_list(paths: object, kind: str) -> list[str]:
+    """`paths` (one path or a list of them) as a list of strings; anything else is a
+    `ConfigError` naming what was given."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else paths
+    if isinstance(items, Iterable) and not isinstance(items, (bytes, bytearray, Mapping)):
+        named = [os.fspath(p) if isinstance(p, (str, os.PathLike)) else p for p in items]
+        bad = [p for p in named if not isinstance(p, str)]
+        if not bad:
+            return named
+        given = f"{bad[0]!r} (a {type(bad[0]).__name__}) in paths"
+    else:
+        given = f"paths={paths!r} (a {type(paths).__name__})"
+    raise ConfigError(
+        f"{kind} source: {given} is not a path: pass a file, a folder or a glob (a str or "
+        "os.PathLike, local or a URI), or a list of them"
+    )
 
 
 def _filesystem_of(

@@ -60,11 +60,17 @@ class TableSource(Source):
     """An in-memory `pyarrow.Table`, split by row ranges without copying (slices)."""
 
     def __init__(self, table: pa.Table, columns: Sequence[str] | None = None) -> None:
+        from rayshard.errors import ConfigError
+
+        if not isinstance(table, pa.Table):
+            raise ConfigError(
+                f"TableSource(table=...) got a {type(table).__module__}."
+                f"{type(table).__qualname__}; it takes a pyarrow.Table: convert a dict of "
+                "columns with pyarrow.table(data), a DataFrame with pyarrow.Table.from_pandas"
+            )
         if columns is not None:
             missing = [c for c in columns if c not in table.column_names]
             if missing:
-                from rayshard.errors import ConfigError
-
                 raise ConfigError(
                     f"columns {missing} are not in the table; it has {table.column_names}"
                 )

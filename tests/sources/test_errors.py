@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pickle
+import re
 import warnings
 
 import pyarrow as pa
@@ -13,6 +14,7 @@ from parquet_fixtures import ids_of, table_of, truncate, write_dataset
 
 from rayshard.errors import ConfigError, DataError
 from rayshard.sources.arrow_files import ArrowFileSource
+from rayshard.sources.base import TableSource
 from rayshard.sources.parquet import ParquetSource
 
 
@@ -161,3 +163,18 @@ def test_no_warning_for_a_clean_dataset(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ParquetSource(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("paths", "given"),
+    [(5, "paths=5 (a int)"), ([5], "5 (a int) in paths"), ({"a": 1}, "paths={'a': 1} (a dict)")],
+)
+def test_paths_that_are_not_paths_are_refused_naming_them(paths, given):
+    with pytest.raises(ConfigError, match=re.escape(f"Parquet source: {given} is not a path")):
+        ParquetSource(paths)
+
+
+def test_table_source_needs_a_pyarrow_table():
+    with pytest.raises(ConfigError, match=r"got a builtins.dict; it takes a pyarrow.Table"):
+        TableSource({"x": [1, 2, 3]})
+    assert TableSource(pa.table({"x": [1, 2, 3]})).layout().num_samples == 3
