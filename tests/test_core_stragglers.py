@@ -279,5 +279,6 @@ def test_straggler_timeout_is_validated(options, match):
     options = {"policy": "dynamic", **options}
     with pytest.raises(ConfigError, match=match):
         LoaderConfig(plan=PlanConfig(batch_size=8), **options)
-    with pytest.raises(TypeError, match="number of seconds"):
+    # a string is a ConfigError like every other numeric option's, not a TypeError
+    with pytest.raises(ConfigError, match=r"straggler_timeout_s='5' must be a number in the"):
         LoaderConfig(plan=PlanConfig(batch_size=8), policy="dynamic", straggler_timeout_s="5")

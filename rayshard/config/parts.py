@@ -265,16 +265,12 @@ class RuntimeConfig:
         timeout = self.straggler_timeout_s
         if timeout is None:
             return
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-            raise TypeError(
-                f"straggler_timeout_s={timeout!r} must be a number of seconds, or None (off)"
-            )
-        check_number(
+        seconds = check_number(
             timeout,
             "straggler_timeout_s",
             fix="give the seconds a rank may hold work silently, or None to turn it off",
         )
-        object.__setattr__(self, "straggler_timeout_s", float(timeout))
+        object.__setattr__(self, "straggler_timeout_s", seconds)
 
     def check_straggler_margin(self) -> None:
         """The straggler timeout must exceed twice the slowest heartbeat (ack or poll)."""
