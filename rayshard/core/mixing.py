@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -45,7 +46,8 @@ def check_weights(weights: Sequence[float], num_sources: int) -> tuple[float, ..
         )
     out = []
     for i, w in enumerate(weights):
-        if isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w):
+        # numbers.Real: NumPy scalars too (list(np.array([0.7, 0.3], dtype=np.float32)))
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w):
             raise ConfigError(
                 f"weights[{i}]={w!r} is not a finite number: use a number >= 0 per source"
             )

@@ -160,3 +160,14 @@ def test_bad_weights_name_the_value_and_the_fix(weights, words):
         check_weights(weights, 2)
     for word in words:
         assert word in str(error.value)
+
+
+def test_numpy_weights_are_numbers():
+    weights = list(np.array([0.7, 0.3], dtype=np.float32))
+    assert check_weights(weights, 2) == pytest.approx((0.7, 0.3))
+    assert check_weights([np.int64(3), np.float16(1)], 2) == (3.0, 1.0)
+    assert apportion(10, check_weights(weights, 2)) == (7, 3)
+    with pytest.raises(ConfigError, match=r"weights\[0\]=np.float32\(nan\) is not a finite"):
+        check_weights([np.float32("nan"), 1.0], 2)
+    with pytest.raises(ConfigError, match="is not a finite number"):
+        check_weights([np.bool_(True), 1.0], 2)
