@@ -4,6 +4,7 @@ is explicit > file or LoaderConfig > environment > default, and the loader id is
 from __future__ import annotations
 
 import pickle
+import re
 
 import pyarrow as pa
 import pytest
@@ -213,3 +214,23 @@ def test_seed_and_equal_steps_from_the_environment_at_every_level(tmp_path):
         loader_config(None, {}, environ={"RAYSHARD_SEED": "x1"})
     with pytest.raises(ConfigError, match=r"equal_steps='maybe' is not a yes/no value"):
         loader_config(None, {}, environ={"RAYSHARD_EQUAL_STEPS": "maybe"})
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "message"),
+    [
+        ("RAYSHARD_ROTATION", "spin", "rotation='spin' is not a valid choice"),
+        ("RAYSHARD_SEED", "-1", "seed=-1 is not in the range seed>=0"),
+        ("RAYSHARD_LAST_BATCH", "trim", "last_batch='trim' is not a valid choice"),
+        ("RAYSHARD_PAD_LAST_BATCH", "maybe", "pad_last_batch='maybe' is not a yes/no value"),
+    ],
+)
+def test_a_bad_environment_value_names_its_variable(variable, value, message):
+    expected = re.escape(f"{variable}={value!r} in the environment: {message}")
+    for resolve in (
+        lambda env: loader_config(None, {}, environ=env),
+        lambda env: PlanConfig.resolve(environ=env),
+    ):
+        with pytest.raises(ConfigError, match=expected) as info:
+            resolve({variable: value})
+        assert str(info.value).endswith(f"; fix it, or unset {variable}")

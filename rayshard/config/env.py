@@ -29,7 +29,8 @@ PLAN_VARIABLES = {
 
 def plan_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str | int]:
     """The planner settings present in the environment, keyed by option name (raw strings;
-    the seed as an integer)."""
+    the seed as an integer). A value the option refuses is a `ConfigError` naming the
+    variable it came from, whether or not an argument or file overrides it."""
     environ = os.environ if environ is None else environ
     found: dict[str, str | int] = {
         option: environ[variable]
@@ -38,7 +39,23 @@ def plan_overrides(environ: Mapping[str, str] | None = None) -> dict[str, str | 
     }
     if "seed" in found:
         found["seed"] = _parse_seed(str(found["seed"]))
+    for option, value in found.items():
+        _check_variable(option, value, environ[PLAN_VARIABLES[option]])
     return found
+
+
+def _check_variable(option: str, value: str | int, raw: str) -> None:
+    """The planner's own check of one option, its error prefixed with the variable."""
+    from rayshard.errors import ConfigError
+    from rayshard.plan.options import PlanConfig  # the planner imports this module
+
+    try:
+        PlanConfig(**{option: value})
+    except ConfigError as error:
+        variable = PLAN_VARIABLES[option]
+        raise ConfigError(
+            f"{variable}={raw!r} in the environment: {error}; fix it, or unset {variable}"
+        ) from None
 
 
 def _parse_seed(text: str) -> int:
