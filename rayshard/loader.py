@@ -27,6 +27,7 @@ from rayshard.errors import ConfigError
 from rayshard.plan import data_parallel_rank
 from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.iterator import ShardIterator
+from rayshard.runtime.iterator_args import check_iterator_args
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
 from rayshard.runtime.placement_check import warn_about_actor_resources
@@ -178,6 +179,9 @@ class Loader:
         """
         if world_rank is None or world_size is None:
             world_rank, world_size = _train_world(world_rank, world_size)
+        world_rank, world_size = check_iterator_args(
+            world_rank, world_size, batch_format, device, collate_fn
+        )
         self.check_world(world_size)
         dp = data_parallel_rank(
             world_rank, world_size, self.settings.model_parallel_size, self.settings.dp_groups

@@ -19,7 +19,7 @@ import ray
 from rayshard.config.checks import check_int
 from rayshard.data.batching import Tagged
 from rayshard.data.formats import FORMATS, convert_batch, torch_host_batch
-from rayshard.errors import epoch_broken, unwrap_task_error
+from rayshard.errors import ConfigError, epoch_broken, unwrap_task_error
 from rayshard.plan import DataParallelRank
 from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import BatchMeta
@@ -46,7 +46,7 @@ class ShardIterator:
         nested_columns: tuple[str, ...] = (),
     ) -> None:
         if batch_format not in FORMATS:
-            raise ValueError(
+            raise ConfigError(
                 f"batch_format={batch_format!r} is not a valid choice: use one of {FORMATS}"
             )
         if collate_fn is not None and not callable(collate_fn):

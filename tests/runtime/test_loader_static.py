@@ -4,6 +4,7 @@ determinism, rotation as `rayshard plan` says, resume, namespaces, stale clients
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 
 import pytest
@@ -316,6 +317,27 @@ def test_stale_iterator_is_rejected(ray_session, dataset):
     loader.iterator(world_rank=0, world_size=3, batch_format="numpy")  # new membership
     with pytest.raises(StaleClientError, match="generation"):
         list(old)
+    loader.shutdown()
+
+
+def test_bad_iterator_arguments_are_refused_before_the_rank_registers(ray_session, dataset):
+    """Each is refused before any remote call: no rank joined, no reader started (a bool
+    rank was rank 1, a bad device failed only at the first batch)."""
+    loader = make_loader(dataset)
+    for args, error, message in [
+        ({"world_rank": True, "world_size": 2}, ConfigError, "world_rank=True must be an int"),
+        ({"world_rank": 0.5}, ConfigError, "world_rank=0.5 must be an integer"),
+        ({"world_size": "1"}, ConfigError, "world_size='1' must be an integer"),
+        ({"device": "bogus"}, ConfigError, "device='bogus' is not a torch device"),
+        ({"batch_format": "pandas"}, ConfigError, "batch_format='pandas' is not a valid"),
+        ({"batch_format": "numpy", "collate_fn": "x"}, TypeError, "collate_fn='x' is not"),
+    ]:
+        with pytest.raises(error, match=re.escape(message)):
+            loader.iterator(**{"world_rank": 0, "world_size": 1, **args})
+    stats = loader.stats()
+    assert (stats["ranks"], stats["readers"]) == ([], 0)
+    batches = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    assert loader.stats()["ranks"] == [0] and len(batches) == 13
     loader.shutdown()
 
 

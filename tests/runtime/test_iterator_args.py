@@ -1,0 +1,55 @@
+"""`Loader.iterator`'s arguments, checked without Ray before the rank registers
+(`rayshard.runtime.iterator_args`); tests/runtime/test_loader_static.py checks that the
+loader runs the check before any remote call."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+import torch
+
+from rayshard.errors import ConfigError
+from rayshard.runtime.iterator_args import check_iterator_args
+
+GOOD = {"world_rank": 0, "world_size": 2, "batch_format": "numpy", "device": None}
+
+
+def check(**changes):
+    args = {**GOOD, "collate_fn": None, **changes}
+    return check_iterator_args(
+        args["world_rank"], args["world_size"], args["batch_format"], args["device"],
+        args["collate_fn"],
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"world_rank": 0.5}, "world_rank=0.5 must be an integer >= 0"),
+        ({"world_rank": "0"}, "world_rank='0' must be an integer >= 0"),
+        ({"world_rank": True}, "world_rank=True must be an integer >= 0"),
+        ({"world_rank": -1}, "world_rank=-1 is not in the range world_rank>=0"),
+        ({"world_size": 2.0}, "world_size=2.0 must be an integer >= 1"),
+        ({"world_size": "2"}, "world_size='2' must be an integer >= 1"),
+        ({"world_size": True}, "world_size=True must be an integer >= 1"),
+        ({"batch_format": "pandas"}, "batch_format='pandas' is not a valid choice: use one of"),
+        ({"batch_format": ["numpy"]}, "batch_format=['numpy'] is not a valid choice"),
+        ({"device": "bogus"}, "device='bogus' is not a torch device (Expected one of"),
+        ({"device": 1.5}, "device=1.5 is not a torch device"),
+    ],
+)
+def test_bad_arguments_are_config_errors_naming_them(changes, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check(**changes)
+
+
+def test_good_arguments_pass_as_ints():
+    assert check() == (0, 2)
+    rank, size = check(world_rank=np.int64(1), world_size=np.int32(2))
+    assert (rank, size) == (1, 2) and type(rank) is int and type(size) is int
+    for device in ("cpu", "cuda", "cuda:1", torch.device("cpu")):
+        check(batch_format="torch", device=device)  # parsed only: no device is needed
+    with pytest.raises(TypeError, match="collate_fn='x' is not callable"):
+        check(collate_fn="x")
