@@ -10,6 +10,7 @@ import pyarrow as pa
 
 from rayshard.data.batching import FLUSH, rebatch, to_numpy
 from rayshard.data.columns import ColumnRules
+from rayshard.data.transforms import INDEX_KEY
 from rayshard.runtime.transform_stage import transform_input, transform_stream
 from rayshard.runtime.transform_workers import parallel_transform_stream
 
@@ -34,9 +35,26 @@ def reader_batches(
         return flush_before_error(rebatch(rows, batch_size, lambda t: to_numpy(t, rules)))
     batches = rebatch(rows, batch_size, convert=lambda t: transform_input(t, rules))
     if workers is not None:
-        return flush_before_error(parallel_transform_stream(batches, workers(), epoch))
-    stream = transform_stream(batches, transform, loader=loader, seed=seed, epoch=epoch, rank=rank)
-    return flush_before_error(stream)
+        stream = parallel_transform_stream(batches, workers(), epoch)
+    else:
+        stream = transform_stream(
+            batches, transform, loader=loader, seed=seed, epoch=epoch, rank=rank
+        )
+    return flush_before_error(empty_batches_keep_columns(stream))
+
+
+def empty_batches_keep_columns(batches: Iterator[Any]) -> Iterator[Any]:
+    """A batch a transform emptied (every sample dropped) gets the columns of the last
+    batch with rows, zero rows each, when it lacks them: whichever process ran the
+    transform, the loop sees the same columns."""
+    empty: dict[str, Any] | None = None
+    for batch in batches:
+        if batch is not FLUSH and isinstance(batch, dict):
+            if len(batch[INDEX_KEY]):
+                empty = {key: value[:0] for key, value in batch.items()}
+            elif empty is not None:
+                batch = {**empty, **batch}
+        yield batch
 
 
 def flush_before_error(batches: Iterator[Any]) -> Iterator[Any]:

@@ -368,3 +368,25 @@ def test_a_nested_column_a_transform_replaced_reaches_torch_as_it_returned_it(
     loader.shutdown()
     assert batch["tok"].is_nested  # values + offsets came back: still one jagged tensor
     assert [t.tolist() for t in batch["tok"].unbind()] == [[7, 0, 3], [1], [2, 0], [3]]
+
+
+@pytest.mark.parametrize("workers", [{"transform_workers": 2}, {"reader_workers": 2}])
+def test_batches_a_filter_emptied_keep_the_columns_whichever_process_ran_it(
+    ray_session, tmp_path, workers
+):
+    from rayshard.data.transforms import per_sample
+    from tests.runtime.transform_fns import keep_below_4
+
+    pq.write_table(pa.table({"id": np.arange(12)}), tmp_path / "part.parquet")
+    loader = Loader(
+        ParquetSource(str(tmp_path)),
+        batch_size=4,
+        name=unique_name(),
+        transform=per_sample(keep_below_4),
+        **workers,
+    )
+    batches = list(loader.iterator(world_rank=0, world_size=1, batch_format="numpy"))
+    loader.shutdown()
+    assert [sorted(b) for b in batches] == [["_index", "_padded", "v"]] * 3
+    assert [len(b["v"]) for b in batches] == [4, 0, 0]
+    assert batches[0]["v"].tolist() == [0, 2, 4, 6] and batches[1]["v"].dtype == np.int64

@@ -43,3 +43,8 @@ def drop_below_16(batch, ctx):
 def identity(batch, ctx):
     """Every column as it came: the batches must equal the loader's without a transform."""
     return dict(batch)
+
+
+def keep_below_4(sample, rng):
+    """A `per_sample` filter: only samples 0..3 are kept (the first batch of 4)."""
+    return {"v": sample["id"] * 2} if sample["id"] < 4 else None
