@@ -164,6 +164,8 @@ def test_transform_input_gives_strings_and_bytes_as_lists():
     )
     batch = transform_input(table)
     assert list(batch) == ["s", "b", "v", "_index"]
+    encoded = table.set_column(0, "s", table.column("s").dictionary_encode())
+    assert transform_input(encoded)["s"] == ["a", None, "ccc"]  # as pandas writes strings
     assert batch["s"] == ["a", None, "ccc"] and batch["b"] == [b"\x00", b"xy", b""]
     assert batch["v"].shape == (3, 2) and isinstance(batch["_index"], np.ndarray)
 

@@ -32,19 +32,15 @@ def transform_input(table: pa.Table, rules: ColumnRules | None = None) -> dict[s
     None), and `nested` columns: a list of per-row arrays (one entry per row, as every
     column of a transform's batch has)."""
     as_lists = [
-        name
-        for name, kind in zip(table.column_names, table.schema.types)
-        if pa.types.is_string(kind)
-        or pa.types.is_large_string(kind)
-        or pa.types.is_binary(kind)
-        or pa.types.is_large_binary(kind)
-        or pa.types.is_fixed_size_binary(kind)
+        name for name, kind in zip(table.column_names, table.schema.types) if _text(kind)
     ]
     rules = rules or ColumnRules()
     arrays = to_numpy(table.drop_columns(as_lists), rules)
     lists = {}
     for name in as_lists:
         column = table.column(name)
+        if pa.types.is_dictionary(column.type):
+            column = column.cast(column.type.value_type)
         has_fill, fill = rules.fill_of(name)
         if has_fill and column.null_count:
             column = column.fill_null(pa.scalar(fill).cast(column.type))
@@ -56,6 +52,19 @@ def transform_input(table: pa.Table, rules: ColumnRules | None = None) -> dict[s
     out = {name: lists[name] if name in lists else arrays[name] for name in table.column_names}
     out.update((key, value) for key, value in arrays.items() if key not in out)  # derived
     return out
+
+
+def _text(kind: pa.DataType) -> bool:
+    """String and binary types, dictionary-encoded ones included (as pandas writes them)."""
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_fixed_size_binary(kind)
+    )
 
 
 def transform_stream(
