@@ -239,3 +239,35 @@ def test_a_rank_read_in_its_consumer_is_watched_by_its_process_watch_until_lost(
     assert Membership.from_dict(saved).watches == {}
     core.apply(cmd.Lost(0, "reader died", 2.0))
     assert core.members.watches == {}
+
+
+def test_group_members_registering_again_share_one_new_reader():
+    """World ranks 0 and 1 form data-parallel rank 0. When both register again (new
+    iterators, a restarted group), the first replaces the group's reader and the second
+    joins that replacement: one new reader, not one each."""
+    core = CoordinatorCore(
+        "core-test", _source(), LoaderConfig(batch_size=8, model_parallel_size=2)
+    )
+    first = [core.apply(cmd.Register(w, 4, w // 2, 2, 0.0)).reader for w in range(4)]
+    assert first[0] == first[1] != first[2] == first[3]
+    again = [core.apply(cmd.Register(w, 4, w // 2, 2, 1.0)).reader for w in range(4)]
+    assert again[0] == again[1] != again[2] == again[3]
+    assert not set(again) & set(first)
+    replaced = [e for e in core.events if e.get("reason") == "replaced"]
+    assert len(replaced) == 2  # once per group, not once per member
+    saved = json.loads(json.dumps(core.members.to_dict()))
+    assert Membership.from_dict(saved).given == core.members.given
+    del saved["given"]  # a journal written before this
+    assert Membership.from_dict(saved).given == {}
+
+
+def test_dynamic_registration_from_a_smaller_world_after_the_others_left_shrinks_it():
+    core = _core("dynamic", True)
+    for rank in range(3):
+        core.apply(cmd.Register(rank, 3, rank, 3, 0.0))
+    core.apply(cmd.Register(0, 2, 0, 2, 1.0))  # rank 2 still registered: no shrink
+    assert core.members.dp_size == 3
+    for rank in range(3):
+        core.apply(cmd.Lost(rank, "left", 2.0))
+    core.apply(cmd.Register(0, 2, 0, 2, 3.0))
+    assert core.members.dp_size == 2

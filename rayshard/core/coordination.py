@@ -73,11 +73,11 @@ class CoordinatorCore(CoreQueries):
 
     def _register(self, c: cmd.Register) -> cmd.Registered:
         members = self.members
-        if members is None or (not self.dynamic and members.dp_size != c.dp_size):
+        if members is None or (
+            members.shrunk_to(c.dp_size) if self.dynamic else members.dp_size != c.dp_size
+        ):
             members = self._new_generation(c.dp_size, c.world_size, c.time)
-        if members.world.get(c.world_rank) == c.dp_rank and c.dp_rank in members.ranks:
-            # The same worker registers again (a restarted worker, a new iterator): the old
-            # one is gone, even if its reader's death has not been noticed yet.
+        if members.registers_again(c.world_rank, c.dp_rank):
             self._lost(cmd.Lost(c.dp_rank, "replaced", c.time))
         members.world[c.world_rank] = c.dp_rank
         if self.dynamic and c.dp_rank not in members.ranks:
@@ -94,6 +94,7 @@ class CoordinatorCore(CoreQueries):
             members.readers[c.dp_rank] = (
                 f"{self.loader_id}:reader:g{members.generation}:r{c.dp_rank}:{self.readers_named}"
             )
+        members.given[c.world_rank] = members.readers[c.dp_rank]
         return cmd.Registered(
             members.generation,
             members.readers[c.dp_rank],

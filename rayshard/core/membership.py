@@ -19,11 +19,32 @@ class Membership:
     # dp rank -> the shared watch actor that watches it under its reader name (a rank that
     # reads in its consumer: `rayshard.runtime.watch`); other ranks' readers watch themselves
     watches: dict[int, str] = dataclasses.field(default_factory=dict)
+    # world rank -> the reader name it was given: a member registering again under the
+    # group's current reader is a replaced worker; one given an older name is not
+    given: dict[int, str] = dataclasses.field(default_factory=dict)
 
     def shared_watch(self, dp_rank: int, name: str) -> str | None:
         """The shared watch actor that watches reader `name` of `dp_rank` under that
         name, or None: the reader is an actor of its own and watches itself."""
         return self.watches.get(dp_rank) if self.readers.get(dp_rank) == name else None
+
+    def registers_again(self, world_rank: int, dp_rank: int) -> bool:
+        """Whether a registration is the same worker again (a restarted worker, a new
+        iterator): the old one is gone, even if its reader's death was not noticed yet. A
+        member given an older reader name than its group's current one is not: it joins
+        the replacement another member of its group made, rather than replacing it too."""
+        reader = self.readers.get(dp_rank)
+        return (
+            self.world.get(world_rank) == dp_rank
+            and dp_rank in self.ranks
+            and self.given.get(world_rank, reader) == reader
+        )
+
+    def shrunk_to(self, dp_size: int) -> bool:
+        """Whether a registration for `dp_size` ranks comes from a smaller world after every
+        rank beyond it left (a Train group that shrank): `dynamic` books must then not keep
+        shares for ranks that will not come back."""
+        return dp_size < self.dp_size and max(self.ranks, default=-1) < dp_size
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (a journal snapshot holds it)."""
@@ -35,6 +56,7 @@ class Membership:
             "world": [[w, d] for w, d in sorted(self.world.items())],
             "readers": [[d, n] for d, n in sorted(self.readers.items())],
             "watches": [[d, n] for d, n in sorted(self.watches.items())],
+            "given": [[w, n] for w, n in sorted(self.given.items())],
         }
 
     @classmethod
@@ -47,6 +69,7 @@ class Membership:
             {w: d for w, d in m["world"]},
             {d: n for d, n in m["readers"]},
             {d: n for d, n in m.get("watches", ())},  # journals from before shared watches
+            {w: n for w, n in m.get("given", ())},  # and from before this
         )
 
 

@@ -196,9 +196,6 @@ class CoreQueries:
                 return 0
             whole = resume.consumed and not iv.subtract(((0, self.num_samples),), resume.consumed)
             return resume.epoch + 1 if whole else resume.epoch
-        members = self.members
-        if members is not None and sum(r == dp_rank for r in members.world.values()) > 1:
-            return epoch  # a model-parallel group: its members read every epoch together
         received = self.received.get(epoch, {}).get(dp_rank, 0)
         return epoch + 1 if received >= self.total(epoch, dp_rank) else epoch
 

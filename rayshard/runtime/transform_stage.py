@@ -31,9 +31,7 @@ def transform_input(table: pa.Table, rules: ColumnRules | None = None) -> dict[s
     except string and binary columns: Python lists (nulls filled under `fill_null`, else
     None), and `nested` columns: a list of per-row arrays (one entry per row, as every
     column of a transform's batch has)."""
-    as_lists = [
-        name for name, kind in zip(table.column_names, table.schema.types) if _text(kind)
-    ]
+    as_lists = [name for name, kind in zip(table.column_names, table.schema.types) if _text(kind)]
     rules = rules or ColumnRules()
     arrays = to_numpy(table.drop_columns(as_lists), rules)
     lists = {}

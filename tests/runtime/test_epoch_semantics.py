@@ -221,3 +221,73 @@ def test_model_parallel_group_members_starting_together(ray_session, dataset, po
         assert got[0][epoch] == got[1][epoch] and got[2][epoch] == got[3][epoch]
         assert Counter(got[0][epoch] + got[2][epoch]) == Counter(range(sum(SIZES)))
     loader.shutdown()
+
+
+def _run_threads(iterators) -> list[list]:
+    """Each iterator read to the end of its epoch in a thread of its own (as ranks do):
+    every rank's batches."""
+    got: list = [None] * len(iterators)
+
+    def run(rank):
+        got[rank] = list(iter(iterators[rank]))
+
+    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(got))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert all(g is not None for g in got), "a rank hung"
+    return got
+
+
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_model_parallel_members_making_new_iterators_share_one_reader_and_go_on(
+    ray_session, dataset, policy
+):
+    """Each epoch every rank makes a new iterator (as a loop per epoch, or a restarted
+    group, does): the members of a group get one new reader between them (one each left
+    both waiting for the other forever) and the epochs go on (they stayed at 0)."""
+    loader = Loader(
+        ParquetSource(dataset),
+        batch_size=8,
+        name=unique_name("mpnew"),
+        policy=policy,
+        model_parallel_size=2,
+        batches_per_object=1,
+        shuffle=True,
+    )
+    seen = []
+    for epoch in range(3):
+        its = [loader.iterator(world_rank=r, world_size=4, batch_format="numpy") for r in range(4)]
+        assert [it.epoch for it in its] == [epoch] * 4
+        assert its[0]._reader._actor_id == its[1]._reader._actor_id != its[2]._reader._actor_id
+        got = [_ids(batches) for batches in _run_threads(its)]
+        assert got[0] == got[1] and got[2] == got[3]
+        assert Counter(got[0] + got[2]) == Counter(range(sum(SIZES)))
+        seen.append(got[0])
+        for it in its:
+            it.close()
+    assert seen[0] != seen[1] or seen[1] != seen[2]  # shuffled anew: not epoch 0 each time
+    loader.shutdown()
+
+
+def test_dynamic_loader_kept_over_a_smaller_group_plans_for_the_smaller_group(ray_session, dataset):
+    """A Train group of 3 shrinks to 2 while the loader (and its coordinator) lives on: the
+    new ranks' lengths are exact and equal, and the rest of the epoch is read once."""
+    loader = Loader(ParquetSource(dataset), batch_size=8, name=unique_name("shr"), policy="dynamic")
+    old = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
+    gens = [iter(it) for it in old]
+    first = [int(i) for g in gens for i in next(g)["_index"]]
+    state = old[0].state_dict()
+    for it in old:
+        it.close()
+    new = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    for it in new:
+        it.load_state_dict(state)
+    lengths = [len(it) for it in new]
+    batches = _run_threads(new)
+    assert [len(b) for b in batches] == lengths  # exact len(), as for every policy
+    rest = _ids(batches[0]) + _ids(batches[1])
+    assert Counter(first + rest) == Counter(range(sum(SIZES)))
+    assert lengths[0] == lengths[1] and loader.stats()["dp_size"] == 2
+    loader.shutdown()
