@@ -29,8 +29,9 @@ EVERY_KEY = {
     "expected_world_size": 3,
     "rotation": "stride",
     "uneven": "drop",
-    "last_batch": "fill",
-    "pad_last_batch": True,
+    # the defaults: `dynamic` (which straggler_timeout_s needs) refuses others (own test)
+    "last_batch": "partial",
+    "pad_last_batch": False,
     "equal_steps": False,
     "seed": 9,
     "policy": "dynamic",
@@ -80,6 +81,14 @@ def test_every_option_is_settable_from_yaml(tmp_path):
     assert pickle.loads(pickle.dumps(config)) == config
     packed = LoaderConfig(packing={"column": "tokens", "seq_len": 8})
     assert packed.to_dict()["packing"] == Packing(column="tokens", seq_len=8).to_dict()
+
+
+def test_last_batch_options_from_yaml(tmp_path):
+    path = tmp_path / "loader.yaml"
+    path.write_text(yaml.safe_dump({"rayshard": {"last_batch": "fill", "pad_last_batch": True}}))
+    config = LoaderConfig.from_yaml(path, environ=NO_ENV)
+    assert (config.last_batch.value, config.pad_last_batch) == ("fill", True)
+    assert config.to_dict()["last_batch"] == "fill" and config.to_dict()["pad_last_batch"] is True
 
 
 def test_reader_workers_from_yaml_and_keyword(tmp_path):

@@ -112,3 +112,17 @@ def test_dp_groups_and_a_disagreeing_model_parallel_size_are_refused():
     agreeing = LoaderConfig(dp_groups=[[0, 2], [1, 3]], model_parallel_size=2)
     assert agreeing.dp_groups == ((0, 2), (1, 3))
     assert LoaderConfig(dp_groups=[(0, np.int64(1))]).dp_groups == ((0, 1),)
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"last_batch": "drop"}, "last_batch='drop'"),
+        ({"last_batch": "fill"}, "last_batch='fill'"),
+        ({"pad_last_batch": True}, "pad_last_batch"),
+    ],
+)
+def test_dynamic_refuses_last_batch_options_it_cannot_honour(options, named):
+    with pytest.raises(ConfigError, match=f"{named} with policy='dynamic'"):
+        LoaderConfig(policy="dynamic", **options)
+    assert LoaderConfig(policy="data", **options).policy.value == "data"

@@ -82,6 +82,17 @@ class LoaderConfig:
                 "policy='dynamic', or leave straggler_timeout_s unset"
             )
         self.runtime.check_straggler_margin()
+        if self.policy is ShardingPolicy.DYNAMIC and (
+            self.last_batch is not LastBatch.PARTIAL or self.pad_last_batch
+        ):
+            given = (
+                "pad_last_batch" if self.pad_last_batch else f"last_batch={self.last_batch.value!r}"
+            )
+            raise ConfigError(
+                f"{given} with policy='dynamic': dynamic ranks lease rows as they go, so "
+                "their last batches are not known ahead to drop, fill or pad (equal steps "
+                "pad with marked rows as needed); use policy='data', or last_batch='partial'"
+            )
         if self.packing is not None and self.last_batch is LastBatch.DROP:
             raise ConfigError(
                 "packing with last_batch='drop' would drop documents: set last_batch="

@@ -64,11 +64,12 @@ def test_espnet3_style_file(tmp_path):
 def test_explicit_over_file_over_environment(tmp_path):
     path = write(tmp_path, "rotation: stride\nbatch_size: 4\npolicy: data\n")
     env = {"RAYSHARD_ROTATION": "none", "RAYSHARD_LAST_BATCH": "fill"}
+    dynamic_env = {"RAYSHARD_ROTATION": "none"}  # dynamic refuses last_batch='fill'
     config = LoaderConfig.from_yaml(path, environ=env)
     assert config.rotation is Rotation.STRIDE  # file over environment
     assert config.last_batch is LastBatch.FILL  # environment over default
     config = LoaderConfig.from_yaml(
-        path, environ=env, rotation="shift", policy="dynamic", batch_size=None
+        path, environ=dynamic_env, rotation="shift", policy="dynamic", batch_size=None
     )
     assert config.rotation is Rotation.SHIFT and config.policy is ShardingPolicy.DYNAMIC
     assert config.batch_size == 4  # None means "not given"
