@@ -101,3 +101,13 @@ def test_null_elements_cut_away_by_max_length_do_not_matter():
     kept = _table(pa.array([[1, None, 3], [3]], pa.list_(pa.int64())))
     with pytest.raises(DataError, match=r"'v' is null at sample 10 \(an element"):
         convert_table(kept, rules)
+
+
+def test_arrow_batches_name_a_column_arrow_cannot_hold_and_take_nested_rows_as_arrays():
+    from rayshard.errors import DataError
+
+    with pytest.raises(DataError, match=r"column 'b' cannot become an Arrow column"):
+        arrow_batch({"a": np.arange(2), "b": [[1, "x"], [2]]})
+    # A nested column a transform returned as per-row arrays: one list column again.
+    batch = arrow_batch({"t": [np.arange(2), np.arange(3)]}, nested=["t"])
+    assert batch.column(0).to_pylist() == [[0, 1], [0, 1, 2]]

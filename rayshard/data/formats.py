@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from rayshard.data.columns import OFFSETS_SUFFIX
+from rayshard.errors import DataError
 
 FORMATS = ("torch", "numpy", "arrow")
 
@@ -75,14 +76,37 @@ def arrow_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> pa.RecordB
     for key, value in batch.items():
         if key.endswith(OFFSETS_SUFFIX) and key[: -len(OFFSETS_SUFFIX)] in nested:
             continue
-        if key in nested:
-            offsets = pa.array(batch[key + OFFSETS_SUFFIX], pa.int64())
-            columns[key] = pa.LargeListArray.from_arrays(offsets, pa.array(value))
+        jagged = _values_and_offsets(batch, key) if key in nested else None
+        if jagged is not None:
+            values, offsets = jagged
+            columns[key] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
         elif isinstance(value, np.ndarray) and value.ndim >= 2:
             columns[key] = fixed_size_lists(value)
         else:
             columns[key] = value
-    return pa.RecordBatch.from_pydict(columns)
+    try:
+        return pa.RecordBatch.from_pydict(columns)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
+        named = _unconvertible(columns)
+        if named is None:
+            raise
+        raise named from error
+
+
+def _unconvertible(columns: dict[str, Any]) -> DataError | None:
+    """A `DataError` naming the first column Arrow cannot hold, if one alone fails."""
+    for key, value in columns.items():
+        if isinstance(value, pa.Array):
+            continue
+        try:
+            pa.array(value)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
+            return DataError(
+                f"column {key!r} cannot become an Arrow column under batch_format='arrow' "
+                f"({error}): make it numbers, strings or lists of one type (collate_fn or "
+                "transform), or use batch_format='numpy'"
+            )
+    return None
 
 
 def fixed_size_lists(array: np.ndarray) -> pa.Array:
