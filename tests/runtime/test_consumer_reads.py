@@ -49,7 +49,6 @@ def test_consumer_reads_give_the_reader_actors_batches(ray_session, tmp_path, sh
             name=unique_name("local"),
             batch_size=8,
             seed=3,
-            split_rows=10,
             consumer_reads=consumer_reads,
             **options,
         )
