@@ -62,7 +62,8 @@ def epoch_broken(cause: BaseException, epoch: int, received: int, length: int) -
     return RayshardError(
         f"epoch {epoch} stopped after {received} of {length} batches on {cause!r}; this "
         "iterator cannot go on with it (its batches after the error would be skipped): "
-        "resume from a saved state_dict() in a new run or a new iterator, as after a restart"
+        "resume from a state_dict() taken now (load_state_dict on every rank, as after a "
+        "restart)"
     )
 
 

@@ -111,7 +111,7 @@ class ShardIterator:
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration read `epoch` from its start."""
         check_int(epoch, "epoch", minimum=0, error=ValueError)
-        self._epoch, self._received, self._started = epoch, 0, False
+        self._epoch, self._received, self._started, self._failure = epoch, 0, False, None
         self._iterations += 1  # a generator of an earlier iter() yields nothing more
 
     def __len__(self) -> int:
