@@ -62,7 +62,7 @@ def test_json_has_the_documented_shape():
 
 
 def assert_documented_types(doc: dict) -> None:
-    assert isinstance(doc["epochs"], list)
+    assert isinstance(doc["epochs"], list) and isinstance(doc["shuffled"], bool)
     for epoch in doc["epochs"]:
         assert isinstance(epoch["epoch"], int)
         for rank in epoch["ranks"]:
