@@ -192,6 +192,9 @@ def test_transform_input_applies_the_column_rules_as_without_a_transform():
     assert batch["tok"].tolist() == [[7, 0], [1, -1], [2, 0]]
     assert batch["tok_mask"].tolist() == [[True, True], [True, False], [True, True]]
     assert batch["x"].tolist() == [1.0, 0.0, 3.0] and batch["s"] == ["a", "?", "c"]
+    # A column that merely ends in `_offsets` is a column like any other.
+    own = pa.table({"pos_offsets": pa.array([1, 2, 3]), "_index": pa.array([0, 1, 2])})
+    assert transform_input(own, rules)["pos_offsets"].tolist() == [1, 2, 3]
 
 
 def test_stream_passes_flush_markers_and_builds_contexts():

@@ -43,9 +43,8 @@ def transform_input(table: pa.Table, rules: ColumnRules | None = None) -> dict[s
         if has_fill and column.null_count:
             column = column.fill_null(pa.scalar(fill).cast(column.type))
         lists[name] = column.to_pylist()
-    for key in [k for k in arrays if k.endswith(OFFSETS_SUFFIX)]:  # nested: rows as arrays
-        name, offsets = key[: -len(OFFSETS_SUFFIX)], arrays.pop(key)
-        values = arrays[name]
+    for name in rules.nested_columns(table.schema):  # values + offsets: rows as arrays
+        offsets, values = arrays.pop(name + OFFSETS_SUFFIX), arrays[name]
         arrays[name] = [values[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
     out = {name: lists[name] if name in lists else arrays[name] for name in table.column_names}
     out.update((key, value) for key, value in arrays.items() if key not in out)  # derived
