@@ -34,7 +34,10 @@ MAX_EPOCH_SAMPLES = 3_000_000_000
 
 
 def check_weights(weights: Sequence[float], num_sources: int) -> tuple[float, ...]:
-    """The weights as floats, or a `ConfigError` naming the value and the fix."""
+    """The weights as floats, or a `ConfigError` naming the value and the fix. A 1-D
+    NumPy array is a sequence of weights too."""
+    if isinstance(weights, np.ndarray) and weights.ndim == 1:
+        weights = list(weights)
     if isinstance(weights, (str, bytes)) or not isinstance(weights, Sequence):
         raise ConfigError(
             f"weights={weights!r} must be a list of numbers, one per source ({num_sources})"

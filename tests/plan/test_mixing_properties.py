@@ -171,3 +171,6 @@ def test_numpy_weights_are_numbers():
         check_weights([np.float32("nan"), 1.0], 2)
     with pytest.raises(ConfigError, match="is not a finite number"):
         check_weights([np.bool_(True), 1.0], 2)
+    assert check_weights(np.array([0.7, 0.3]), 2) == pytest.approx((0.7, 0.3))  # an array
+    with pytest.raises(ConfigError, match="must be a list of numbers"):
+        check_weights(np.array([[0.7, 0.3]]), 2)
