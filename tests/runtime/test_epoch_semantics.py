@@ -187,18 +187,24 @@ def test_state_after_last_batch_resumes_at_next_epoch_on_another_world(ray_sessi
     again.shutdown()
 
 
-@pytest.mark.parametrize("policy", ["data", "dynamic"])
-def test_model_parallel_group_members_starting_together(ray_session, dataset, policy):
-    """The two members of each model-parallel group call `iter()` at the same moment (a
-    barrier releases all four ranks at once), epoch after epoch: nobody hangs, the
-    members of a group receive identical batches, and the groups cover every epoch once."""
-    loader = Loader(
+def _model_parallel_loader(dataset, policy: str, **options) -> Loader:
+    """A loader of groups of two world ranks (`model_parallel_size=2`), batches of 8."""
+    return Loader(
         ParquetSource(dataset),
         batch_size=8,
         name=unique_name("mp"),
         policy=policy,
         model_parallel_size=2,
+        **options,
     )
+
+
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_model_parallel_group_members_starting_together(ray_session, dataset, policy):
+    """The two members of each model-parallel group call `iter()` at the same moment (a
+    barrier releases all four ranks at once), epoch after epoch: nobody hangs, the
+    members of a group receive identical batches, and the groups cover every epoch once."""
+    loader = _model_parallel_loader(dataset, policy)
     world, epochs = 4, 2
     iterators = [
         loader.iterator(world_rank=r, world_size=world, batch_format="numpy") for r in range(world)
@@ -247,15 +253,7 @@ def test_model_parallel_members_making_new_iterators_share_one_reader_and_go_on(
     """Each epoch every rank makes a new iterator (as a loop per epoch, or a restarted
     group, does): the members of a group get one new reader between them (one each left
     both waiting for the other forever) and the epochs go on (they stayed at 0)."""
-    loader = Loader(
-        ParquetSource(dataset),
-        batch_size=8,
-        name=unique_name("mpnew"),
-        policy=policy,
-        model_parallel_size=2,
-        batches_per_object=1,
-        shuffle=True,
-    )
+    loader = _model_parallel_loader(dataset, policy, batches_per_object=1, shuffle=True)
     seen = []
     for epoch in range(3):
         its = [loader.iterator(world_rank=r, world_size=4, batch_format="numpy") for r in range(4)]
