@@ -82,30 +82,31 @@ class LoaderConfig:
                 "policy='dynamic', or leave straggler_timeout_s unset"
             )
         self.runtime.check_straggler_margin()
-        if self.policy is ShardingPolicy.DYNAMIC and (
-            self.last_batch is not LastBatch.PARTIAL or self.pad_last_batch
-        ):
-            given = (
-                "pad_last_batch" if self.pad_last_batch else f"last_batch={self.last_batch.value!r}"
-            )
+        asked = self._last_batch_asked()
+        if asked is not None and self.policy is ShardingPolicy.DYNAMIC:
             raise ConfigError(
-                f"{given} with policy='dynamic': dynamic ranks lease rows as they go, so "
+                f"{asked} with policy='dynamic': dynamic ranks lease rows as they go, so "
                 "their last batches are not known ahead to drop, fill or pad (equal steps "
                 "pad with marked rows as needed); use policy='data', or last_batch='partial'"
             )
-        if self.packing is not None and self.last_batch is LastBatch.DROP:
-            raise ConfigError(
-                "packing with last_batch='drop' would drop documents: set last_batch="
-                "'partial' and choose Packing(last_row='pad' or 'drop') for the last row"
+        if asked is not None and self.packing is not None:
+            why = (
+                " would drop documents"
+                if self.last_batch is LastBatch.DROP
+                else ": packed batches are planned in packed rows, and a short last batch or "
+                "rank gets marked padding rows under equal steps"
             )
-        if self.packing is not None and (self.last_batch is LastBatch.FILL or self.pad_last_batch):
-            given = "last_batch='fill'" if self.last_batch is LastBatch.FILL else "pad_last_batch"
             raise ConfigError(
-                f"packing with {given}: packed batches are planned in packed rows, and a "
-                "short last batch or rank gets marked padding rows under equal steps; leave "
-                "last_batch='partial' and pad_last_batch=False, and choose Packing(last_row=...) "
-                "for the last row"
+                f"packing with {asked}{why}; leave last_batch='partial' and pad_last_batch="
+                "False, and choose Packing(last_row='pad' or 'drop') for the last row"
             )
+
+    def _last_batch_asked(self) -> str | None:
+        """`last_batch` or `pad_last_batch` as given when they ask for more than a partial
+        last batch (what `dynamic` and packing cannot honour), else None."""
+        if self.last_batch is not LastBatch.PARTIAL:
+            return f"last_batch={self.last_batch.value!r}"
+        return "pad_last_batch" if self.pad_last_batch else None
 
     # -- building -------------------------------------------------------------------------
     @classmethod

@@ -19,7 +19,7 @@ import ray
 from rayshard.config.checks import check_int
 from rayshard.data.batching import Tagged
 from rayshard.data.formats import FORMATS, convert_batch, torch_host_batch
-from rayshard.errors import ConfigError, epoch_broken, unwrap_task_error
+from rayshard.errors import epoch_broken, unwrap_task_error
 from rayshard.plan import DataParallelRank
 from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import BatchMeta
@@ -45,15 +45,8 @@ class ShardIterator:
         local_reads: Any = None,
         nested_columns: tuple[str, ...] = (),
     ) -> None:
-        if batch_format not in FORMATS:
-            raise ConfigError(
-                f"batch_format={batch_format!r} is not a valid choice: use one of {FORMATS}"
-            )
-        if collate_fn is not None and not callable(collate_fn):
-            raise TypeError(
-                f"collate_fn={collate_fn!r} is not callable: pass a function batch -> batch, "
-                "or None"
-            )
+        # `batch_format`, `device` and `collate_fn` were checked by `Loader.iterator`
+        # (`check_iterator_args`), before the rank registered.
         self._nested = tuple(nested_columns)
         self._coordinator = coordinator
         self._generation = registration["generation"]
