@@ -197,6 +197,7 @@ class Loader:
         local = None
         if reads_in_consumer(self.settings, len(dp.group), self.transform):
             local = LocalReads(reading)
+        registration["reader_name"] = registration["reader"]  # leaving names it
         registration["reader"] = self._reader(registration, dp, reading, local is not None)
         return ShardIterator(
             self._coordinator,

@@ -271,3 +271,43 @@ def test_dynamic_registration_from_a_smaller_world_after_the_others_left_shrinks
         core.apply(cmd.Lost(rank, "left", 2.0))
     core.apply(cmd.Register(0, 2, 0, 2, 3.0))
     assert core.members.dp_size == 2
+
+
+def test_dynamic_plans_the_next_epoch_for_a_smaller_world_once_the_larger_ones_last_ranks_died():
+    """A group of 2 registers while the old group of 3 is still alive (not closed; its
+    deaths are noticed later): the epoch under way keeps 3 shares, and the first epoch
+    begun after the old rank 2 died is planned for 2: equal, exact lengths."""
+    core = _core("dynamic", True)
+    for rank in range(3):
+        core.apply(cmd.Register(rank, 3, rank, 3, 0.0))
+    core.apply(cmd.StartEpoch(0, 0, 0.5))
+    for rank in range(2):
+        core.apply(cmd.Register(rank, 2, rank, 2, 1.0))
+    core.apply(cmd.StartEpoch(0, 1, 1.5))  # old rank 2 alive: it may still read its share
+    assert core.members.dp_size == 3 and core.length(0, 1) == -(-ROWS // (3 * 8))
+    core.apply(cmd.Lost(2, "died", 2.0))
+    assert core.length(0, 2) == core.length(1, 2) == -(-ROWS // (2 * 8))  # a query agrees
+    core.apply(cmd.StartEpoch(0, 2, 3.0))
+    assert core.members.dp_size == 2
+    assert [core.length(r, 2) for r in range(2)] == [-(-ROWS // (2 * 8))] * 2
+    assert core.events[-1] == {"time": 3.0, "event": "world_shrunk", "dp_size": 2, "epoch": 2}
+    saved = json.loads(json.dumps(core.members.to_dict()))
+    assert Membership.from_dict(saved).sizes == {0: 2, 1: 2}
+    del saved["sizes"]  # a journal written before this: no shrink without the sizes
+    assert Membership.from_dict(saved).live_size() == 2  # dp_size itself was saved as 2
+
+
+def test_dynamic_keeps_its_size_while_a_rank_of_the_larger_world_lives():
+    """Ranks registering with their own views of the world (a growing group, or the
+    experiments' `world_size=rank+1`): the largest living view is the world."""
+    core = _core("dynamic", True)
+    for rank in range(3):
+        core.apply(cmd.Register(rank, rank + 1, rank, rank + 1, 0.0))
+    core.apply(cmd.StartEpoch(0, 0, 1.0))
+    assert core.members.dp_size == 3
+    core.apply(cmd.Lost(1, "died", 2.0))  # a middle rank: 0 and 2 cannot become a world of 2
+    core.apply(cmd.StartEpoch(0, 1, 3.0))
+    assert core.members.dp_size == 3
+    core.apply(cmd.Lost(2, "died", 4.0))  # the last: rank 0 registered for a world of 1
+    core.apply(cmd.StartEpoch(0, 2, 5.0))
+    assert core.members.dp_size == 1 and core.length(0, 2) == ROWS // 8

@@ -48,11 +48,14 @@ class Attach(Command):
 
 @dataclasses.dataclass(frozen=True)
 class StartEpoch(Command):
-    """A static-policy rank asks for its plan of `epoch`."""
+    """A rank begins `epoch`: a static-policy rank asks for its plan, a `dynamic` one for
+    its batch count (the epoch's lease book is made then). `time`: when (0 in journals
+    older than it)."""
 
     kind: ClassVar[str] = "epoch"
     dp_rank: int
     epoch: int
+    time: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

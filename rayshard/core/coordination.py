@@ -87,6 +87,7 @@ class CoordinatorCore(CoreQueries):
             if members.ranks:
                 self._event("rank_joined", c.time, dp_rank=c.dp_rank)
         members.ranks.add(c.dp_rank)
+        members.sizes[c.dp_rank] = c.dp_size
         if c.dp_rank not in members.readers:
             # A fresh name per reader: a rank that comes back after its reader died gets a
             # new reader, watched anew. Members of one group share the name given first.
@@ -117,7 +118,7 @@ class CoordinatorCore(CoreQueries):
         book is made now, with the ranks known now)."""
         self.rank_epoch[c.dp_rank] = c.epoch
         if self.dynamic:
-            self._book(c.epoch)
+            self._book(c.epoch, c.time)
             return self.length(c.dp_rank, c.epoch)
         self.started.add(c.epoch)
         return self.plan(c.epoch).ranks[c.dp_rank]
@@ -133,7 +134,7 @@ class CoordinatorCore(CoreQueries):
 
     def _grant(self, c: cmd.Lease) -> cmd.Leased:
         self.rank_epoch[c.dp_rank] = c.epoch
-        book = self._book(c.epoch)
+        book = self._book(c.epoch, c.time)
         pieces = self._take(book, c.dp_rank, c.count, c.time)
         if not pieces and c.finishing and book.unleased_rows():
             # Capacity held for declared ranks that never came: give it to the living.
@@ -186,6 +187,7 @@ class CoordinatorCore(CoreQueries):
         members.ranks.discard(c.dp_rank)
         members.readers.pop(c.dp_rank, None)
         members.watches.pop(c.dp_rank, None)
+        members.sizes.pop(c.dp_rank, None)
         requeued = [p for book in self.books.values() for p in book.release(c.dp_rank)]
         self._event(
             "rank_lost",
@@ -284,26 +286,30 @@ class CoordinatorCore(CoreQueries):
         self.partial.clear()
         self.rank_epoch.clear()
 
-    def _book(self, epoch: int) -> LeaseBook:
+    def _book(self, epoch: int, time: float) -> LeaseBook:
+        members = self.members
+        if epoch not in self.books and members.live_size() < members.dp_size:
+            # A larger world's last ranks died after a smaller one registered: plan for it
+            members.dp_size = members.live_size()
+            self._event("world_shrunk", time, dp_size=members.dp_size, epoch=epoch)
         if epoch not in self.books:
             self.books[epoch] = self._new_book(epoch)
         return self.books[epoch]
 
     def _new_book(self, epoch: int) -> LeaseBook:
-        members = self.members
-        assignment = assign(
-            ShardingPolicy.DYNAMIC, self.settings.plan, self.source, max(members.dp_size, 1), epoch
-        )
+        members, plan = self.members, self.settings.plan
+        size = members.live_size()
+        assignment = assign(ShardingPolicy.DYNAMIC, plan, self.source, max(size, 1), epoch)
         splits = list(assignment.splits)
         if self.settings.shuffle:  # leases in a random order, the same for (seed, epoch)
-            random.Random(f"rayshard-leases:{self.settings.plan.seed}:{epoch}").shuffle(splits)
+            random.Random(f"rayshard-leases:{plan.seed}:{epoch}").shuffle(splits)
         # Every declared rank gets a share from the start, registered yet or not, so equal
         # steps hold when ranks register at slightly different times.
         return LeaseBook(
             splits,
-            sorted(members.ranks | set(range(members.dp_size))),
-            self.settings.plan.batch_size,
-            equal_steps=self.settings.plan.equal_steps,
+            sorted(members.ranks | set(range(size))),
+            plan.batch_size,
+            equal_steps=plan.equal_steps,
             consumed=self.resumed_consumed(epoch),
         )
 

@@ -22,6 +22,8 @@ class Membership:
     # world rank -> the reader name it was given: a member registering again under the
     # group's current reader is a replaced worker; one given an older name is not
     given: dict[int, str] = dataclasses.field(default_factory=dict)
+    # dp rank -> the data-parallel size its last registration gave (its world's view)
+    sizes: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def shared_watch(self, dp_rank: int, name: str) -> str | None:
         """The shared watch actor that watches reader `name` of `dp_rank` under that
@@ -46,6 +48,16 @@ class Membership:
         shares for ranks that will not come back."""
         return dp_size < self.dp_size and max(self.ranks, default=-1) < dp_size
 
+    def live_size(self) -> int:
+        """The data-parallel size the living ranks registered for: smaller than `dp_size`
+        once the ranks of a larger world left and every rank still here came from a smaller
+        one (a group that shrank while the old ranks were still alive, then died); else
+        `dp_size`. `dynamic` sizes each new epoch's book by it."""
+        if not self.ranks:
+            return self.dp_size
+        live = max(self.sizes.get(r, self.dp_size) for r in self.ranks)
+        return live if max(self.ranks) < live < self.dp_size else self.dp_size
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (a journal snapshot holds it)."""
         return {
@@ -57,6 +69,7 @@ class Membership:
             "readers": [[d, n] for d, n in sorted(self.readers.items())],
             "watches": [[d, n] for d, n in sorted(self.watches.items())],
             "given": [[w, n] for w, n in sorted(self.given.items())],
+            "sizes": [[d, n] for d, n in sorted(self.sizes.items())],
         }
 
     @classmethod
@@ -69,7 +82,8 @@ class Membership:
             {w: d for w, d in m["world"]},
             {d: n for d, n in m["readers"]},
             {d: n for d, n in m.get("watches", ())},  # journals from before shared watches
-            {w: n for w, n in m.get("given", ())},  # and from before this
+            {w: n for w, n in m.get("given", ())},  # and from before given names
+            {d: n for d, n in m.get("sizes", ())},  # and before registered sizes
         )
 
 

@@ -53,14 +53,30 @@ class CoreQueries:
             )
         return members
 
-    def check_epoch(self, generation: int, dp_rank: int, epoch: int) -> None:
+    def check_epoch(self, generation: int, dp_rank: int, epoch: int, reader: str = "") -> None:
+        """`check`, and that the rank is not behind an epoch it started; with `reader`,
+        that no later registration of the rank replaced the one given that reader."""
         self.check(generation)
+        if not self.serves(generation, dp_rank, reader):
+            raise StaleClientError(
+                f"data-parallel rank {dp_rank} registered again (a newer iterator or worker "
+                f"for it replaced this one, reader {reader!r}): this one stops reading; "
+                "use the newest iterator"
+            )
         last = self.rank_epoch.get(dp_rank)
         if last is not None and epoch < last:
             raise StaleClientError(
                 f"data-parallel rank {dp_rank} asked for epoch {epoch}, but it already started "
                 f"epoch {last}: this iterator is stale; take a new one from the loader"
             )
+
+    def serves(self, generation: int, dp_rank: int, reader: str = "") -> bool:
+        """Whether a client of `generation` is current and, if it names its `reader`, is
+        the rank's latest registration (not one a newer iterator or worker replaced)."""
+        members = self.members
+        if members is None or generation != members.generation:
+            return False
+        return not reader or members.readers.get(dp_rank) == reader
 
     def plan(self, epoch: int) -> EpochPlan:
         """The static plan of `epoch` for the current membership (and resume point)."""

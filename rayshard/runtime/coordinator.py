@@ -5,13 +5,12 @@ command, applied to the core, journaled and answered. A restarted coordinator (R
 `max_restarts`) loads the journal's latest snapshot and replays the commands after it; the
 journal is compacted at each epoch's end, each restore and every `COMPACT_EVERY` commands.
 
-It is an async actor: one event loop, so its fields need no lock, and `state()` can wait
-for other ranks' acknowledgements without blocking them. Clients carry the membership
-`generation` they registered under; a client of an older generation, or one asking for an
-epoch its rank has already left, is rejected as stale. Readers (one per data-parallel
-rank) are created by the workers they feed, so they share the worker's fate, not the
-coordinator's; the coordinator watches each one and, under the `dynamic` policy, puts a
-dead reader's unacknowledged leases back into the queue.
+An async actor: one event loop, so no locks, and `state()` waits for other ranks' acks
+without blocking them. A client of an older membership `generation`, of an epoch its rank
+left, or (leases) of a registration of its rank a newer one replaced, is refused as stale.
+Readers (one per data-parallel rank) are created by the workers they feed, sharing their
+fate; the coordinator watches each one and, under `dynamic`, puts a dead reader's
+unacknowledged leases back into the queue.
 """
 
 from __future__ import annotations
@@ -100,10 +99,10 @@ class Coordinator:
         self._do(cmd.Attach(dp_rank, name, watch))
         self._watch(dp_rank, name)
 
-    async def leave(self, generation: int, dp_rank: int) -> None:
-        """A rank leaves gracefully: its unfinished leases go back to the queue."""
-        members = self._core.members
-        if members is not None and generation == members.generation:
+    async def leave(self, generation: int, dp_rank: int, reader: str = "") -> None:
+        """A rank leaves gracefully: its unfinished leases go back to the queue. A worker
+        a later registration of its rank replaced (`reader`: its name) leaves nothing."""
+        if self._core.serves(generation, dp_rank, reader):
             self._do(cmd.Lost(dp_rank, "left", time.time()))
 
     # -- plans and leases ------------------------------------------------------------------
@@ -111,9 +110,10 @@ class Coordinator:
         """A reader begins `epoch` for `dp_rank`: its static plan (the rest of it, when
         resuming there) or, under `dynamic`, its batch count (the lease book is made)."""
         self._core.check_epoch(generation, dp_rank, epoch)
-        decision = self._do(cmd.StartEpoch(dp_rank, epoch))
-        if isinstance(decision, int):
-            return {"batches": decision, "plan": None}
+        decision = self._do(cmd.StartEpoch(dp_rank, epoch, time.time()))
+        if isinstance(decision, int):  # dynamic: leases name the registration they serve
+            reader = self._core.members.readers.get(dp_rank, "")
+            return {"batches": decision, "plan": None, "reader": reader}
         partial = dict(self._core.resumed_partial(epoch))  # packing: tokens to skip
         return {"batches": decision.batches, "plan": decision, "partial": partial}
 
@@ -130,11 +130,12 @@ class Coordinator:
         count: int = 1,
         finishing: bool = False,
         request: str = "",
+        reader: str = "",
     ) -> cmd.Leased:
-        """Up to `count` split pieces `[start, end)` for `dp_rank` in one round trip (see
-        `Leased`: pieces, or wait and ask again, or done). `request` identifies the call:
-        Ray's retry of it after a restart gets the same answer."""
-        self._core.check_epoch(generation, dp_rank, epoch)
+        """Up to `count` pieces `[start, end)` for `dp_rank` in one round trip (`Leased`).
+        `request` identifies the call (Ray's retry after a restart gets the same answer);
+        `reader`, the rank's reader when it began the epoch, is refused once it re-registered."""
+        self._core.check_epoch(generation, dp_rank, epoch, reader)
         return self._do(cmd.Lease(dp_rank, epoch, count, finishing, time.time(), request))
 
     async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
@@ -161,8 +162,7 @@ class Coordinator:
         """A consumer of `dp_rank` received batches up to its `batches`-th, holding samples
         `ids` (`usage`: their real samples, bytes and the consumer's stall seconds; `partial`:
         packed documents split across rows, as (sample index, tokens delivered))."""
-        members = self._core.members
-        if members is None or generation != members.generation:
+        if not self._core.serves(generation, dp_rank):
             return  # late acknowledgement of a previous generation: already accounted
         pairs = tuple(tuple(int(x) for x in pair) for pair in partial or ())
         ids = tuple(tuple(pair) for pair in ids)
@@ -172,7 +172,7 @@ class Coordinator:
         )
         for key, value in (usage or {}).items():
             totals[key] = totals.get(key, 0) + value
-        key = (members.generation, epoch)
+        key = (generation, epoch)
         if key not in self._compacted and self._epoch_over(epoch, dp_rank, batches):
             self._compacted.add(key)
             self._compact()

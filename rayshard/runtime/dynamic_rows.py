@@ -45,13 +45,15 @@ def dynamic_rows(
     key: tuple[int, int, int],
     cancel: Callable[[], threading.Event],
     reads: Reads,
+    reader: str = "",
 ) -> Iterator[Any]:
     """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
     reader thread's stop event. The leased pieces are read by `reads` as one stream that
     asks for the next lease only when `reads` wants another piece: its reading threads
     decode the next lease while this one is delivered, as a static rank reads its next
     piece ahead. A lease answer without pieces ends that stream and is acted on here; no
-    lease is asked for once `cancel()` is set."""
+    lease is asked for once `cancel()` is set. `reader` names the registration the
+    leases serve: once the rank registered again (a newer iterator), they are refused."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
@@ -67,7 +69,8 @@ def dynamic_rows(
     calls = (f"{uuid.uuid4().hex}:{n}" for n in itertools.count())
 
     def lease() -> Any:
-        call = coordinator.lease.remote(generation, rank, epoch, count, finishing, next(calls))
+        ask = (generation, rank, epoch, count, finishing, next(calls))
+        call = coordinator.lease.remote(*ask, reader=reader)
         return ray.get(call)
 
     leased = None  # an answer not acted on yet; a new lease is asked for only if None

@@ -51,6 +51,7 @@ class ShardIterator:
         self._coordinator = coordinator
         self._generation = registration["generation"]
         self._reader = registration["reader"]
+        self._reader_name = registration.get("reader_name", "")
         self._watch_key = registration.get("watch_key")  # the reader is a shared watch
         self._dropped: Any = None  # releases the key if this iterator is dropped unclosed
         if self._watch_key is not None:
@@ -221,7 +222,8 @@ class ShardIterator:
             self._local.close()
         try:
             self._acks.stop()
-            ray.get(self._coordinator.leave.remote(self._generation, self._placement.dp_rank))
+            leave = self._coordinator.leave
+            ray.get(leave.remote(self._generation, self._placement.dp_rank, self._reader_name))
         except ray.exceptions.RayActorError:
             return  # the loader was shut down: coordinator and readers are gone
         if self._watch_key is None:

@@ -94,7 +94,8 @@ def epoch_batches(
         partial = started.get("partial") or {}
         return packed_rows(settings, splits, plan, epoch, reads, partial)
     if plan is None:
-        rows = dynamic_rows(coordinator, source, splits, settings, key, cancel, reads)
+        reader = started.get("reader", "")
+        rows = dynamic_rows(coordinator, source, splits, settings, key, cancel, reads, reader)
         return batches(rows)
     return batches(static_rows(source, settings, splits, plan, epoch, reads))
 

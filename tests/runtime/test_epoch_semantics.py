@@ -289,3 +289,24 @@ def test_dynamic_loader_kept_over_a_smaller_group_plans_for_the_smaller_group(ra
     assert Counter(first + rest) == Counter(range(sum(SIZES)))
     assert lengths[0] == lengths[1] and loader.stats()["dp_size"] == 2
     loader.shutdown()
+
+
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_a_new_iterator_for_a_rank_replaces_the_old_one_which_takes_nothing_after(
+    ray_session, dataset, policy
+):
+    """A second iterator for the same rank in one process (a loop or a framework making a
+    new one mid-epoch) takes the rank over: the old one, left open, reads nothing of the
+    rest of the epoch (under `dynamic` its read-ahead used to lease rows the new one then
+    never got), and closing it late does not remove the new one from the loader."""
+    loader = Loader(ParquetSource(dataset), batch_size=8, name=unique_name("rep"), policy=policy)
+    old = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    delivered = _ids([next(iter(old))])  # its acknowledgement may not have been sent yet
+    new = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    rest = _ids(list(new))
+    assert len(rest) == len(set(rest))  # the new iterator repeats nothing of its own
+    assert set(delivered + rest) == set(range(sum(SIZES)))  # and leaves nothing out
+    old.close()
+    assert loader.stats()["ranks"] == [0]
+    assert Counter(_ids(list(new))) == Counter(range(sum(SIZES)))  # the next epoch, whole
+    loader.shutdown()
