@@ -24,7 +24,7 @@ import ray
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.data.batching import FLUSH, Tagged
 from rayshard.device._channel import CLOSED, EMPTY, Channel
-from rayshard.errors import RayshardError, TransformError, same_kind
+from rayshard.errors import RayshardError, TransformError, same_kind, unwrap_task_error
 from rayshard.runtime.block import tag_batch
 from rayshard.runtime.fetch import STALL_FLUSH_S
 from rayshard.runtime.row_streams import RankReading, length_is_exact
@@ -45,6 +45,9 @@ class _Failure:
         where and carrying the reading thread's traceback."""
         if isinstance(self.error, TransformError):
             return self.error
+        unwrapped = unwrap_task_error(self.error, f"{where}, epoch {epoch}")
+        if unwrapped is not self.error:  # the coordinator's own error (a refusal), as is
+            return unwrapped
         kind = (
             self.error if isinstance(self.error, RayshardError) else RayshardError(repr(self.error))
         )

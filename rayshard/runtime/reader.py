@@ -25,7 +25,13 @@ from typing import Any
 import ray
 
 from rayshard.data.batching import FLUSH, Reads, Tagged
-from rayshard.errors import RayshardError, StaleClientError, TransformError, same_kind
+from rayshard.errors import (
+    RayshardError,
+    StaleClientError,
+    TransformError,
+    same_kind,
+    unwrap_task_error,
+)
 from rayshard.runtime.block import Block, tag_batch
 from rayshard.runtime.metrics import set_prefetch_depth
 from rayshard.runtime.reader_workers import start_workers, worker_reads
@@ -209,6 +215,8 @@ class ShardReader:
                 self._cond.notify_all()
         except BaseException as error:  # noqa: BLE001 - reported to every consumer
             trace = traceback.format_exc()
+            if isinstance(error, StaleClientError):  # the coordinator refused: no Ray trace
+                error = unwrap_task_error(error, "coordinator")
             with self._cond:
                 # A rayshard error (`DataError`: unreadable data) keeps its type; the
                 # reader thread's traceback rides along in the message. A transform's

@@ -17,6 +17,7 @@ from collections import Counter
 import pytest
 import torch
 
+from rayshard.errors import StaleClientError
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import unique_name, write_parquet
@@ -296,16 +297,20 @@ def test_a_new_iterator_for_a_rank_replaces_the_old_one_which_takes_nothing_afte
     ray_session, dataset, policy
 ):
     """A second iterator for the same rank in one process (a loop or a framework making a
-    new one mid-epoch) takes the rank over: the old one, left open, reads nothing of the
-    rest of the epoch (under `dynamic` its read-ahead used to lease rows the new one then
-    never got), and closing it late does not remove the new one from the loader."""
+    new one mid-epoch) takes the rank over: under `dynamic` the old one, left open, leases
+    nothing more (its read-ahead used to lease rows the new one then never got), and
+    closing it late does not remove the new one from the loader."""
     loader = Loader(ParquetSource(dataset), batch_size=8, name=unique_name("rep"), policy=policy)
     old = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-    delivered = _ids([next(iter(old))])  # its acknowledgement may not have been sent yet
+    old_batches = iter(old)
+    delivered = _ids([next(old_batches)])  # its acknowledgement may not have been sent yet
     new = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
     rest = _ids(list(new))
     assert len(rest) == len(set(rest))  # the new iterator repeats nothing of its own
     assert set(delivered + rest) == set(range(sum(SIZES)))  # and leaves nothing out
+    if policy == "dynamic":
+        with pytest.raises(StaleClientError, match="registered again"):
+            list(old_batches)  # what it had read ahead, then the refusal
     old.close()
     assert loader.stats()["ranks"] == [0]
     assert Counter(_ids(list(new))) == Counter(range(sum(SIZES)))  # the next epoch, whole
