@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import nullcontext
 
 import numpy as np
 import pyarrow as pa
@@ -42,14 +43,17 @@ def row_ids(inputs: dict) -> list[int]:
 
 def hf_loop(config: dict) -> None:
     """`hf_train` for each entry of `config["runs"]`, one after the other (one worker group
-    start-up for several trainings)."""
-    for run in config["runs"]:
-        hf_train(run)
+    start-up for several trainings). Only the first resumes from Ray Train's checkpoint:
+    `get_checkpoint()` is the group's latest report, which a later run would take for its
+    own (another loader's)."""
+    for index, run in enumerate(config["runs"]):
+        hf_train({**run, "resume": index == 0})
 
 
 def hf_train(config: dict) -> None:
     """A tiny GPT-2 (built from a config, no download) trained by `transformers.Trainer`,
-    fed by rayshard; every training step's rows go to the audit actor."""
+    fed by rayshard; every training step's rows go to the audit actor. Resumes from Ray
+    Train's latest checkpoint (the Trainer's checkpoint in it, with the loader's state)."""
     from ray.train.huggingface.transformers import RayTrainReportCallback
     from ray.train.huggingface.transformers import prepare_trainer as ray_prepare_trainer
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -86,4 +90,8 @@ def hf_train(config: dict) -> None:
         callbacks=[RayTrainReportCallback()],
     )
     trainer = prepare_trainer(ray_prepare_trainer(trainer))
-    trainer.train()
+    checkpoint = ray.train.get_checkpoint()
+    checkpoint = checkpoint if config.get("resume", True) else None
+    with checkpoint.as_directory() if checkpoint else nullcontext() as folder:
+        resume = os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME) if folder else None
+        trainer.train(resume_from_checkpoint=resume)  # the loader resumes with the model

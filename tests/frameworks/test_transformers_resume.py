@@ -1,0 +1,152 @@
+"""Hugging Face `Trainer.train(resume_from_checkpoint=...)` over rayshard, in one process
+(no Ray Train, so it is quick): checkpoints at epoch 0's end and mid-epoch in epoch 1, the
+run stopped, then a new loader (as in a new job) and a new Trainer resume from one. Every
+epoch is covered exactly once across both runs, and the epochs after the interrupted one
+are the loader's own epochs, in the order an uninterrupted run reads them."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import shutil
+
+import pytest
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
+
+from rayshard.errors import ConfigError
+from rayshard.frameworks.hf_resume import find_loader_state, state_path
+from rayshard.frameworks.torch import IterableAdapter
+from rayshard.frameworks.transformers import causal_lm_inputs, prepare_trainer
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.frameworks.hf_loops import SEQ, VOCAB, row_ids, write_tokens
+from tests.runtime.helpers import unique_name
+
+pytestmark = pytest.mark.ray
+
+ROWS, BATCH, EPOCHS = 48, 8, 3  # 6 steps per epoch; 6 files, so shuffled epochs differ
+STOP = 9  # checkpoints every 3 steps; stopped after step 9: epoch 1, 3 of its 6 batches had
+
+
+class _Stop(Exception):
+    pass
+
+
+class StopAfterSave(TrainerCallback):
+    """Stops the run by raising once the checkpoint of global step `step` is saved."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs) -> None:
+        if state.global_step == self.step:
+            raise _Stop
+
+
+class Recorder(Trainer):
+    """Records the dataset rows of every training step, per Trainer epoch."""
+
+    seen: list[tuple[int, list[int]]]
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        self.seen.append((int(self.state.epoch), row_ids(inputs)))
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def _train(loader: Loader, output_dir: str, resume: str | None = None, stop: int | None = None):
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=SEQ)
+    )
+    args = TrainingArguments(
+        output_dir=output_dir,
+        num_train_epochs=EPOCHS,
+        use_cpu=True,
+        save_strategy="steps" if stop else "no",
+        save_steps=3,
+        report_to=[],
+        disable_tqdm=True,
+        logging_strategy="no",
+    )
+    batches = IterableAdapter(loader.iterator(world_rank=0, world_size=1), causal_lm_inputs)
+    callbacks = [StopAfterSave(stop)] if stop else []
+    trainer = prepare_trainer(
+        Recorder(model=model, args=args, train_dataset=batches, callbacks=callbacks)
+    )
+    trainer.seen = []
+    with contextlib.suppress(_Stop):
+        trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def _epochs(*runs: list[tuple[int, list[int]]]) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = collections.defaultdict(list)
+    for run in runs:
+        for epoch, ids in run:
+            out[epoch] += ids
+    return out
+
+
+def test_resume_from_a_checkpoint_is_exactly_once(ray_session, tmp_path):
+    data = write_tokens(str(tmp_path / "tokens"), ROWS, files=6)
+    name = unique_name("hfres")
+
+    def loader() -> Loader:  # a new namespace each time: a fresh loader, as in a new job
+        return Loader(
+            ParquetSource(data),
+            batch_size=BATCH,
+            name=name,
+            shuffle=True,
+            namespace=unique_name("hfres-job"),
+        )
+
+    plain = loader()  # what an uninterrupted run reads, epoch by epoch
+    iterator = plain.iterator(world_rank=0, world_size=1)
+    expected = {e: [i for b in iterator for i in b["_index"].tolist()] for e in range(EPOCHS)}
+    plain.shutdown()
+    assert expected[0] != expected[1], "the epochs must differ for this test to tell them apart"
+
+    first_loader = loader()
+    first = _train(first_loader, str(tmp_path / "first"), stop=STOP)
+    first_loader.shutdown()
+    checkpoint = str(tmp_path / "first" / f"checkpoint-{STOP}")
+    assert os.path.exists(state_path(checkpoint, 0))
+    assert [epoch for epoch, _ in first.seen] == [0] * 6 + [1] * 3
+
+    # The same checkpoint without the loader state (as a plain Trainer saves it): the loader
+    # reads the Trainer's epoch again and the Trainer skips the batches had.
+    bare = str(tmp_path / "bare")
+    shutil.copytree(checkpoint, bare)
+    os.remove(state_path(bare, 0))
+    epoch_end = str(tmp_path / "first" / "checkpoint-6")
+    for resume, had in ((checkpoint, first.seen), (bare, first.seen), (epoch_end, first.seen[:6])):
+        second_loader = loader()
+        warned = pytest.warns(UserWarning, match="no rayshard loader state")
+        with warned if resume == bare else contextlib.nullcontext():
+            second = _train(second_loader, str(tmp_path / "second"), resume=resume)
+        second_loader.shutdown()
+        assert second.state.global_step == EPOCHS * 6
+        assert not second.args.ignore_data_skip, "the Trainer's own setting is given back"
+        got = _epochs(had, second.seen)
+        for epoch in range(EPOCHS):
+            counts = collections.Counter(got[epoch])
+            assert counts == collections.Counter(range(ROWS)), (resume, epoch, got[epoch])
+        assert got[2] == expected[2], resume  # an epoch after: the loader's own, in order
+
+
+def test_a_process_without_its_own_state_file_reads_process_0s(tmp_path):
+    """More processes than saved the checkpoint: the state is loader-wide, any file will do."""
+    assert find_loader_state(tmp_path, 0) is None
+    (tmp_path / "rayshard_state_0.json").write_text('{"version": 1}')
+    (tmp_path / "rayshard_state_1.json").write_text('{"version": 1, "rank": 1}')
+    assert find_loader_state(tmp_path, 1) == {"version": 1, "rank": 1}
+    assert find_loader_state(tmp_path, 3) == {"version": 1}
+    (tmp_path / "rayshard_state_2.json").write_text("[1]")
+    with pytest.raises(ConfigError, match="rayshard_state_2.json is not a rayshard loader state"):
+        find_loader_state(tmp_path, 2)
