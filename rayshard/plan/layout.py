@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from collections.abc import Sequence
 
@@ -45,7 +46,12 @@ class DataLayout:
     def num_files(self) -> int:
         return len(self.file_rows) if self.file_rows is not None else 0
 
-    @property
+    @functools.cached_property
     def offsets(self) -> tuple[int, ...]:
-        """`F + 1` cumulative row offsets; file `f` holds samples `[offsets[f], offsets[f+1])`."""
+        """`F + 1` cumulative row offsets; file `f` holds samples `[offsets[f], offsets[f+1])`.
+        Computed once: a file source's every read looks a file up in them."""
         return (0, *itertools.accumulate(self.file_rows or ()))
+
+    def __getstate__(self) -> dict:
+        # The fields only: the cached offsets are rebuilt where they are used.
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

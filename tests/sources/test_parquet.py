@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from parquet_fixtures import corrupt_row_group, ids_of, table_of, uneven_dataset, write_dataset
 
 from rayshard.errors import DataError
+from rayshard.plan import DataLayout
 from rayshard.sources.arrow_files import ArrowFileSource
 from rayshard.sources.parquet import ParquetSource
 
@@ -266,3 +267,17 @@ def test_open_local_files_hold_no_row_group_after_a_read(tmp_path):
         f"{held:,} bytes of Arrow memory held by the open files ({open_held:,} allocated with "
         f"them open, {closed_held:,} once closed; the files' row groups: {stored:,} bytes)"
     )
+
+
+def test_reads_look_files_up_in_offsets_computed_once(tmp_path):
+    """Every read finds its file in the layout's offsets: built once per layout, not per
+    read (20,000 files: 0.8 ms a read, 3x an epoch's reading time), and never pickled."""
+    write_dataset(tmp_path, [3] * 200, row_group_size=2)
+    source = ParquetSource(tmp_path)
+    offsets = source.layout().offsets
+    for a, b in source.splits():
+        assert ids_of(source.read(a, b)) == list(range(a, b))
+    assert source.layout().offsets is offsets
+    assert len(pickle.dumps(source.layout())) == len(pickle.dumps(DataLayout.of_files([3] * 200)))
+    assert pickle.loads(pickle.dumps(source)).layout().offsets == offsets
+
