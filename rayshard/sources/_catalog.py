@@ -6,6 +6,8 @@ plus the filter's own columns of the chunks that statistics cannot rule out.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import logging
 import warnings
 from typing import Any
@@ -40,6 +42,16 @@ class FileChunks:
     @property
     def num_rows(self) -> int:
         return sum(self.chunk_rows)
+
+    @functools.cached_property
+    def chunk_starts(self) -> tuple[int, ...]:
+        """Where each kept chunk starts in the file's rows, and the file's end: computed
+        once, as a read looks its first chunk up in them (files of thousands of chunks)."""
+        return (0, *itertools.accumulate(self.chunk_rows))
+
+    def __getstate__(self) -> dict:
+        # The fields only: `chunk_starts` is rebuilt where the file is read.
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclasses.dataclass(frozen=True)

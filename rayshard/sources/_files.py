@@ -177,15 +177,16 @@ class ChunkedFileSource(Source):
         f = bisect.bisect_right(offsets, start) - 1
         while start < end and f < len(self._files):
             file, base = self._files[f], offsets[f]
-            chunk_start = base
-            for chunk, rows in enumerate(file.chunk_rows):
-                lo, hi = max(start, chunk_start), min(end, chunk_start + rows)
+            starts = file.chunk_starts
+            # the chunk holding `start` (past empty ones): not a walk from the file's first
+            chunk = max(bisect.bisect_right(starts, start - base) - 1, 0)
+            while chunk < len(file.chunk_rows) and base + starts[chunk] < end:
+                chunk_start = base + starts[chunk]
+                lo, hi = max(start, chunk_start), min(end, base + starts[chunk + 1])
                 if lo < hi:
                     table = self._chunk(f, chunk, cols)
                     yield from table.slice(lo - chunk_start, hi - lo).to_batches()
-                chunk_start += rows
-                if chunk_start >= end:
-                    break
+                chunk += 1
             start = max(start, offsets[f + 1])
             f += 1
 
