@@ -7,6 +7,7 @@ nor torch."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pyarrow as pa
 from hypothesis import HealthCheck, given, settings
@@ -311,3 +312,28 @@ def test_dynamic_keeps_its_size_while_a_rank_of_the_larger_world_lives():
     core.apply(cmd.Lost(2, "died", 4.0))  # the last: rank 0 registered for a world of 1
     core.apply(cmd.StartEpoch(0, 2, 5.0))
     assert core.members.dp_size == 1 and core.length(0, 2) == ROWS // 8
+
+
+def test_finished_epochs_leave_little_behind():
+    """Over many epochs the core keeps per epoch what an epoch needs, not its history:
+    acknowledged pieces are merged as they accumulate (10,000 pieces an epoch kept 1.6 MB
+    per finished epoch), and a book's closed leases leave no emptied table behind."""
+    table = pa.table({"id": pa.array(range(400), pa.int64())})
+    source = TableSource(pa.Table.from_batches(table.to_batches(max_chunksize=1)))
+    core = CoordinatorCore("many-pieces", source, LoaderConfig(batch_size=4, policy="dynamic"))
+    for rank in range(2):
+        core.apply(cmd.Register(rank, 2, rank, 2))
+    for epoch in range(3):
+        batches, done = [0, 0], [False, False]
+        while not all(done):
+            for rank in (r for r in range(2) if not done[r]):
+                leased = core.apply(cmd.Lease(rank, epoch, count=1))
+                if leased.pieces:
+                    batches[rank] += 1
+                    core.apply(cmd.Ack(rank, epoch, batches[rank], leased.pieces))
+                else:
+                    done[rank] = core.apply(cmd.Lease(rank, epoch, finishing=True)).pieces == ()
+        assert core.epoch_complete(epoch)
+        assert core.all_consumed(epoch) == ((0, 400),)
+        assert len(core.consumed[epoch]) <= 64
+        assert sys.getsizeof(core.books[epoch]._leases) == sys.getsizeof({})

@@ -48,6 +48,7 @@ class CoordinatorCore(CoreQueries):
         # epoch -> dp rank -> batches received; epoch -> consumed intervals (all ranks)
         self.received: dict[int, dict[int, int]] = {}
         self.consumed: dict[int, list[iv.Interval]] = {}
+        self._merged: dict[int, int] = {}  # epoch -> length of `consumed` when last merged
         self.partial: dict[int, dict[int, int]] = {}  # epoch -> sample -> tokens delivered
         self.events: list[dict] = []
         self.readers_named = 0
@@ -171,7 +172,11 @@ class CoordinatorCore(CoreQueries):
     def _ack(self, c: cmd.Ack) -> cmd.Noted:
         counts = self.received.setdefault(c.epoch, {})
         counts[c.dp_rank] = max(counts.get(c.dp_rank, 0), c.batches)
-        self.consumed.setdefault(c.epoch, []).extend(c.ids)
+        done = self.consumed.setdefault(c.epoch, [])
+        done.extend(c.ids)
+        if len(done) >= 2 * self._merged.get(c.epoch, 32):  # merged as it doubles: kept small
+            done[:] = iv.normalize(done)
+            self._merged[c.epoch] = max(len(done), 32)
         if c.partial:
             partial = self.partial.setdefault(c.epoch, {})
             for index, tokens in c.partial:

@@ -147,14 +147,12 @@ class LeaseBook:
         self._dirty = True
 
     def close_finished(self) -> None:
-        """Forget leases whose samples were all acknowledged."""
+        """Forget leases whose samples were all acknowledged (a new dict: one emptied by
+        deletions keeps its table, 288 KiB per finished epoch of 10,000 leases)."""
         done = self.consumed()
-        for lease_id in [
-            le.lease_id
-            for le in self._leases.values()
-            if not iv.subtract(((le.start, le.end),), done)
-        ]:
-            del self._leases[lease_id]
+        self._leases = {
+            i: le for i, le in self._leases.items() if iv.subtract(((le.start, le.end),), done)
+        }
 
     def _take_back(self, rank: int) -> list[tuple[int, int]]:
         """End `rank`'s leases; their unacknowledged rest goes back to the front of the
