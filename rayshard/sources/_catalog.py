@@ -75,6 +75,7 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
     found: list[tuple[int, str, str, str, list[int], str]] = []
     schema_of: tuple[str, pa.Schema] | None = None
     merged_with: pa.Schema | None = None  # the latest file schema merged in
+    empty: list[str] = []
     promoted: set[str] = set()
     for fs, path, display, relative, version in resolved:
         if fs not in filesystems:
@@ -82,7 +83,7 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
         chunk_rows, schema = source._inspect(fs, path, display)
         if sum(chunk_rows) == 0:
             # Empty files often carry loose types (all-null columns): not checked.
-            warnings.warn(f"{display} holds no rows; skipping it", stacklevel=4)
+            empty.append(display)
             continue
         if schema_of is None:
             schema_of = (display, schema)
@@ -94,6 +95,10 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
             promoted.update(changed)
             schema_of = (schema_of[0], merged)
         found.append((filesystems.index(fs), path, display, relative, chunk_rows, version))
+    if empty:  # one warning, however many (a dataset may hold thousands)
+        named = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
+        held = "holds no rows; skipping it" if len(empty) == 1 else "hold no rows; skipping them"
+        warnings.warn(f"{named} {held}", stacklevel=4)
     if schema_of is None:
         where = ", ".join(r[2] for r in resolved[:3]) + (" ..." if len(resolved) > 3 else "")
         raise ConfigError(

@@ -48,7 +48,8 @@ class ParquetSource(ChunkedFileSource):
 
     Errors at construction, each naming the file: missing path, unreadable or truncated
     Parquet, a non-Parquet file in a folder, schemas that disagree unsafely (both files
-    and the field), unknown columns, no rows at all. Zero-row files are skipped with a warning.
+    and the field), unknown columns, no rows at all. Zero-row files are skipped with one
+    warning for all of them.
     A row group that turns out corrupt while reading raises `DataError` naming the file and
     the row group. `stats()` counts the row groups this process decoded.
     """

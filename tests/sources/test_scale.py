@@ -44,3 +44,16 @@ def test_files_repeating_a_schema_are_not_merged_again(tmp_path, monkeypatch):
     _write(tmp_path, 39, 3, pa.float64(), wide=50)
     with pytest.raises(ConfigError, match=r"column 'v'.*part-039\.parquet"):
         ParquetSource(tmp_path)
+
+
+def test_many_empty_files_make_one_warning(tmp_path):
+    """Thousands of empty files among the others (a writer's empty partitions) are skipped
+    with one warning naming the first three and counting the rest, not one each."""
+    for index in range(30):
+        _write(tmp_path, index, 0 if index % 3 else 2, pa.int64())
+    with pytest.warns(UserWarning) as caught:
+        source = ParquetSource(tmp_path)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert message.endswith("part-004.parquet and 17 more hold no rows; skipping them")
+    assert source.layout().file_rows == (2,) * 10
