@@ -12,6 +12,7 @@ import contextlib
 import logging
 import os
 import tempfile
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -118,6 +119,7 @@ class Loader:
                     self.namespace,
                     self.journal_path,
                     journal_path is None,
+                    uuid.uuid4().hex[:8],  # this loader object's: its readers' names
                 )
             )
             ray.get(self._coordinator.ping.remote())

@@ -12,12 +12,12 @@ it and carries out the decision.
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from typing import Any
 
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
+from rayshard.core import snapshots
 from rayshard.core.leases import LeaseBook
 from rayshard.core.membership import Membership
 from rayshard.core.queries import CoreQueries
@@ -32,8 +32,13 @@ from rayshard.sources.base import Source
 class CoordinatorCore(CoreQueries):
     """Epoch, membership, plan and progress of one loader (see module docstring)."""
 
-    def __init__(self, loader_id: str, source: Source, settings: LoaderConfig) -> None:
+    def __init__(
+        self, loader_id: str, source: Source, settings: LoaderConfig, instance: str = ""
+    ) -> None:
         self.loader_id = loader_id
+        # reader names: unique to this loader object, not shared with an earlier loader of
+        # the same id (whose iterators, dropped later, would release the watches of ours)
+        self.readers_prefix = f"{loader_id}:{instance}" if instance else loader_id
         self.source = source
         self.settings = settings
         self.num_samples = source.layout().num_samples
@@ -94,7 +99,7 @@ class CoordinatorCore(CoreQueries):
             # new reader, watched anew. Members of one group share the name given first.
             self.readers_named += 1
             members.readers[c.dp_rank] = (
-                f"{self.loader_id}:reader:g{members.generation}:r{c.dp_rank}:{self.readers_named}"
+                f"{self.readers_prefix}:reader:g{members.generation}:r{c.dp_rank}:{self.readers_named}"
             )
         members.given[c.world_rank] = members.readers[c.dp_rank]
         return cmd.Registered(
@@ -214,51 +219,11 @@ class CoordinatorCore(CoreQueries):
     # -- snapshots (journal compaction) ----------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The whole state, JSON-safe; `load_dict` on a fresh core rebuilds it."""
-        return {
-            "members": None if self.members is None else self.members.to_dict(),
-            "started": sorted(self.started),
-            "books": [[e, b.to_dict()] for e, b in sorted(self.books.items())],
-            "rank_epoch": [[r, e] for r, e in sorted(self.rank_epoch.items())],
-            "resume": None if self.resume is None else self.resume.to_dict(),
-            "received": [
-                [e, sorted([r, n] for r, n in c.items())] for e, c in sorted(self.received.items())
-            ],
-            "consumed": [
-                [e, [list(p) for p in iv.normalize(c)]] for e, c in sorted(self.consumed.items())
-            ],
-            "partial": [[e, sorted([i, t] for i, t in p.items())] for e, p in self.partial.items()],
-            "events": list(self.events),
-            "readers_named": self.readers_named,
-            "last_lease": [
-                [r, request, dataclasses.asdict(leased)]
-                for r, (request, leased) in sorted(self.last_lease.items())
-            ],
-        }
+        return snapshots.core_to_dict(self)
 
     def load_dict(self, data: dict[str, Any]) -> None:
-        m = data["members"]
-        self.members = None if m is None else Membership.from_dict(m)
-        self.started = set(data["started"])
-        self.books = {e: LeaseBook.from_dict(b) for e, b in data["books"]}
-        self.rank_epoch = {r: e for r, e in data["rank_epoch"]}
-        self.resume = None if data["resume"] is None else LoaderState.from_dict(data["resume"])
-        self.received = {e: {r: n for r, n in c} for e, c in data["received"]}
-        self.consumed = {e: [tuple(p) for p in c] for e, c in data["consumed"]}
-        self.partial = {e: {i: t for i, t in p} for e, p in data.get("partial", [])}
-        self.events = list(data["events"])
-        self.readers_named = data["readers_named"]
-        self.last_lease = {
-            r: (
-                request,
-                cmd.Leased(
-                    tuple(tuple(p) for p in leased["pieces"]),
-                    leased["wait"],
-                    leased["outstanding"],
-                    tuple(leased["stragglers"]),
-                ),
-            )
-            for r, request, leased in data.get("last_lease", [])
-        }
+        snapshots.load_core(self, data)
+        self._merged.clear()
         self._plans.clear()
 
     # -- internals -------------------------------------------------------------------------
@@ -284,6 +249,7 @@ class CoordinatorCore(CoreQueries):
         return self.members
 
     def _forget_progress(self) -> None:
+        self._merged.clear()
         self.started.clear()
         self.books.clear()
         self.received.clear()

@@ -78,6 +78,10 @@ class CoreQueries:
             return False
         return not reader or members.readers.get(dp_rank) == reader
 
+    def reader(self, dp_rank: int) -> str:
+        """The name of `dp_rank`'s current reader ("" if it has none)."""
+        return self.members.readers.get(dp_rank, "") if self.members else ""
+
     def plan(self, epoch: int) -> EpochPlan:
         """The static plan of `epoch` for the current membership (and resume point)."""
         key = (self.members.generation, self.members.dp_size, epoch)

@@ -46,10 +46,11 @@ class Coordinator:
         namespace: str,
         journal_path: str,
         journal_is_default: bool = False,
+        instance: str = "",
     ) -> None:
         self._loader_id = loader_id
         self._settings = settings
-        self._core = CoordinatorCore(loader_id, source, settings)
+        self._core = CoordinatorCore(loader_id, source, settings, instance)
         self._usage: dict[int, dict] = {}  # dp rank -> totals of what its consumers got
         self._acked = asyncio.Condition()
         self._watches = ReaderWatches(namespace, self._reader_ended)
@@ -112,8 +113,7 @@ class Coordinator:
         self._core.check_epoch(generation, dp_rank, epoch)
         decision = self._do(cmd.StartEpoch(dp_rank, epoch, time.time()))
         if isinstance(decision, int):  # dynamic: leases name the registration they serve
-            reader = self._core.members.readers.get(dp_rank, "")
-            return {"batches": decision, "plan": None, "reader": reader}
+            return {"batches": decision, "plan": None, "reader": self._core.reader(dp_rank)}
         partial = dict(self._core.resumed_partial(epoch))  # packing: tokens to skip
         return {"batches": decision.batches, "plan": decision, "partial": partial}
 

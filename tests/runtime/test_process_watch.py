@@ -101,3 +101,31 @@ def test_a_dropped_iterator_releases_its_rank_to_the_others(ray_session, tmp_pat
         assert sorted(ids + taken) == list(range(101)), "rows of the dropped rank were lost"
     finally:
         loader.shutdown()
+
+
+def test_an_earlier_loaders_iterator_dropped_late_leaves_a_new_loader_of_its_name_alone(
+    ray_session, tmp_path
+):
+    """A loader shut down and made again under the same name and configuration (same loader
+    id, e.g. a resume in the same process) gets readers of its own names: the earlier
+    loader's iterator, garbage-collected later, released the same key in this process's
+    watch, and the new loader lost its rank (a `KeyError` at its next lease)."""
+    path = write_parquet(tmp_path, ROWS)
+    name = unique_name("again")
+    first = Loader(ParquetSource(path), name=name, batch_size=8, policy="dynamic")
+    old = first.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    next(iter(old))
+    first.shutdown()
+    second = Loader(ParquetSource(path), name=name, batch_size=8, policy="dynamic")
+    try:
+        assert second.loader_id == first.loader_id
+        new = second.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        assert new._watch_key != old._watch_key
+        del old
+        gc.collect()  # its finalizer releases its key in the shared watch
+        watched_keys(new)  # answered after that release (one caller: in order)
+        assert sorted(real_ids(new)) == list(range(101))
+        assert second.stats()["ranks"] == [0]
+        assert not [e for e in second.stats()["events"] if e["event"] == "rank_lost"]
+    finally:
+        second.shutdown()

@@ -1,0 +1,71 @@
+"""The coordinator core's whole state as JSON-safe data, and back: the snapshot a journal
+compaction writes (`rayshard.runtime.journal`), from which a restarted coordinator replays
+the commands that followed it."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from rayshard.core import commands as cmd
+from rayshard.core.leases import LeaseBook
+from rayshard.core.membership import Membership
+from rayshard.core.state import LoaderState
+from rayshard.plan import intervals as iv
+
+if TYPE_CHECKING:
+    from rayshard.core.coordination import CoordinatorCore
+
+
+def core_to_dict(core: CoordinatorCore) -> dict[str, Any]:
+    """The whole state of `core`, JSON-safe; `load_core` on a fresh core rebuilds it."""
+    return {
+        "members": None if core.members is None else core.members.to_dict(),
+        "started": sorted(core.started),
+        "books": [[e, b.to_dict()] for e, b in sorted(core.books.items())],
+        "rank_epoch": [[r, e] for r, e in sorted(core.rank_epoch.items())],
+        "resume": None if core.resume is None else core.resume.to_dict(),
+        "received": [
+            [e, sorted([r, n] for r, n in c.items())] for e, c in sorted(core.received.items())
+        ],
+        "consumed": [
+            [e, [list(p) for p in iv.normalize(c)]] for e, c in sorted(core.consumed.items())
+        ],
+        "partial": [[e, sorted([i, t] for i, t in p.items())] for e, p in core.partial.items()],
+        "events": list(core.events),
+        "readers_named": core.readers_named,
+        "last_lease": [
+            [r, request, dataclasses.asdict(leased)]
+            for r, (request, leased) in sorted(core.last_lease.items())
+        ],
+    }
+
+
+def load_core(core: CoordinatorCore, data: dict[str, Any]) -> None:
+    """Put the state `core_to_dict` saved into `core`."""
+    m = data["members"]
+    core.members = None if m is None else Membership.from_dict(m)
+    core.started = set(data["started"])
+    core.books = {e: LeaseBook.from_dict(b) for e, b in data["books"]}
+    core.rank_epoch = {r: e for r, e in data["rank_epoch"]}
+    core.resume = None if data["resume"] is None else LoaderState.from_dict(data["resume"])
+    core.received = {e: {r: n for r, n in c} for e, c in data["received"]}
+    core.consumed = {e: [tuple(p) for p in c] for e, c in data["consumed"]}
+    core.partial = {e: {i: t for i, t in p} for e, p in data.get("partial", [])}
+    core.events = list(data["events"])
+    core.readers_named = data["readers_named"]
+    core.last_lease = {
+        r: (
+            request,
+            cmd.Leased(
+                tuple(tuple(p) for p in leased["pieces"]),
+                leased["wait"],
+                leased["outstanding"],
+                tuple(leased["stragglers"]),
+            ),
+        )
+        for r, request, leased in data.get("last_lease", [])
+    }
+
+
+__all__ = ["core_to_dict", "load_core"]
