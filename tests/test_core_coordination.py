@@ -337,3 +337,29 @@ def test_finished_epochs_leave_little_behind():
         assert core.all_consumed(epoch) == ((0, 400),)
         assert len(core.consumed[epoch]) <= 64
         assert sys.getsizeof(core.books[epoch]._leases) == sys.getsizeof({})
+
+
+def test_scattered_acknowledgements_are_merged_as_they_come_and_by_snapshots():
+    """A shuffled epoch's acknowledgements (about one interval per sample) are merged as
+    they accumulate, and a snapshot leaves them merged: the core does not keep one pair
+    per sample, nor merge every earlier epoch again at every snapshot."""
+    rows = 4 * iv.MERGE_FLOOR
+    table = pa.table({"id": pa.array(range(rows), pa.int64())})
+    core = CoordinatorCore(
+        "core-test", TableSource(table), LoaderConfig(plan=PlanConfig(batch_size=64))
+    )
+    order = [(i * 7919) % rows for i in range(rows)]  # every sample once, scattered
+    for step, start in enumerate(range(0, rows, 64)):
+        ids = tuple((i, i + 1) for i in order[start : start + 64])
+        core.apply(_journal_round_trip(cmd.Ack(0, 0, step + 1, ids)))
+    assert len(core.consumed[0]) <= rows // 2
+    assert core.to_dict()["consumed"] == [[0, [[0, rows]]]]
+    assert core.consumed[0] == [(0, rows)]
+
+
+def test_a_journal_entry_holds_the_command_s_values_without_copying_them():
+    ids = tuple((i, i + 1) for i in range(0, 2000, 2))
+    ack = cmd.Ack(0, 0, 1, ids, 1.0)
+    entry = ack.to_entry()
+    assert entry["args"]["ids"] is ids  # no per-pair deep copy (`dataclasses.asdict`)
+    assert _journal_round_trip(ack) == ack

@@ -19,7 +19,10 @@ class Command:
     kind: ClassVar[str] = ""
 
     def to_entry(self) -> dict[str, Any]:
-        return {"op": self.kind, "args": dataclasses.asdict(self)}
+        # Fields are JSON-safe plain values (no nested dataclasses): a shallow dict, as
+        # `asdict`'s deep copy costs a call per pair of an acknowledgement's ids.
+        args = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {"op": self.kind, "args": args}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,10 +4,9 @@ progress and events.
 `CoordinatorCore.apply(command)` is the only way the state changes; it reads no clock
 (times come in the commands), draws no random number and touches no metrics, so replaying
 the journal of applied commands, or loading a snapshot (`to_dict`) and replaying what
-followed it, rebuilds the same state. The queries live in `rayshard.core.queries`, the straggler
-policy in `rayshard.core.stragglers`. The Ray actor
-(`rayshard.runtime.coordinator`) checks a request, builds the command, applies it, journals
-it and carries out the decision.
+followed it, rebuilds the same state. The queries live in `rayshard.core.queries`, the
+straggler policy in `rayshard.core.stragglers`. The Ray actor (`rayshard.runtime.coordinator`)
+checks a request, builds the command, applies it, journals it and carries out the decision.
 """
 
 from __future__ import annotations
@@ -53,7 +52,7 @@ class CoordinatorCore(CoreQueries):
         # epoch -> dp rank -> batches received; epoch -> consumed intervals (all ranks)
         self.received: dict[int, dict[int, int]] = {}
         self.consumed: dict[int, list[iv.Interval]] = {}
-        self._merged: dict[int, int] = {}  # epoch -> length of `consumed` when last merged
+        self._merge_at: dict[int, int] = {}  # epoch -> length at which `consumed` merges
         self.partial: dict[int, dict[int, int]] = {}  # epoch -> sample -> tokens delivered
         self.events: list[dict] = []
         self.readers_named = 0
@@ -177,11 +176,8 @@ class CoordinatorCore(CoreQueries):
     def _ack(self, c: cmd.Ack) -> cmd.Noted:
         counts = self.received.setdefault(c.epoch, {})
         counts[c.dp_rank] = max(counts.get(c.dp_rank, 0), c.batches)
-        done = self.consumed.setdefault(c.epoch, [])
-        done.extend(c.ids)
-        if len(done) >= 2 * self._merged.get(c.epoch, 32):  # merged as it doubles: kept small
-            done[:] = iv.normalize(done)
-            self._merged[c.epoch] = max(len(done), 32)
+        held = self.consumed.setdefault(c.epoch, [])
+        self._merge_at[c.epoch] = iv.absorb(held, c.ids, self._merge_at.get(c.epoch, 0))
         if c.partial:
             partial = self.partial.setdefault(c.epoch, {})
             for index, tokens in c.partial:
@@ -221,9 +217,15 @@ class CoordinatorCore(CoreQueries):
         """The whole state, JSON-safe; `load_dict` on a fresh core rebuilds it."""
         return snapshots.core_to_dict(self)
 
+    def merged_consumed(self, epoch: int) -> iv.Intervals:
+        """`epoch`'s consumed intervals, merged and kept so: snapshots merge each once."""
+        merged = iv.normalize(self.consumed[epoch])
+        self.consumed[epoch] = list(merged)
+        return merged
+
     def load_dict(self, data: dict[str, Any]) -> None:
         snapshots.load_core(self, data)
-        self._merged.clear()
+        self._merge_at.clear()
         self._plans.clear()
 
     # -- internals -------------------------------------------------------------------------
@@ -249,11 +251,11 @@ class CoordinatorCore(CoreQueries):
         return self.members
 
     def _forget_progress(self) -> None:
-        self._merged.clear()
         self.started.clear()
         self.books.clear()
         self.received.clear()
         self.consumed.clear()
+        self._merge_at.clear()
         self.partial.clear()
         self.rank_epoch.clear()
 

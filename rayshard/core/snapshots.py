@@ -11,7 +11,6 @@ from rayshard.core import commands as cmd
 from rayshard.core.leases import LeaseBook
 from rayshard.core.membership import Membership
 from rayshard.core.state import LoaderState
-from rayshard.plan import intervals as iv
 
 if TYPE_CHECKING:
     from rayshard.core.coordination import CoordinatorCore
@@ -29,7 +28,7 @@ def core_to_dict(core: CoordinatorCore) -> dict[str, Any]:
             [e, sorted([r, n] for r, n in c.items())] for e, c in sorted(core.received.items())
         ],
         "consumed": [
-            [e, [list(p) for p in iv.normalize(c)]] for e, c in sorted(core.consumed.items())
+            [e, [list(p) for p in core.merged_consumed(e)]] for e in sorted(core.consumed)
         ],
         "partial": [[e, sorted([i, t] for i, t in p.items())] for e, p in core.partial.items()],
         "events": list(core.events),

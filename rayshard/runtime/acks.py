@@ -122,9 +122,10 @@ def sample_runs(sorted_ids: np.ndarray) -> list[list[int]]:
     if (steps == 1).all():  # one run: the usual batch of consecutive ids
         return [[int(sorted_ids[0]), int(sorted_ids[-1]) + 1]]
     breaks = np.flatnonzero(steps != 1) + 1
-    starts = np.concatenate(([0], breaks))
-    ends = np.concatenate((breaks, [sorted_ids.size]))
-    return [[int(sorted_ids[s]), int(sorted_ids[e - 1]) + 1] for s, e in zip(starts, ends)]
+    starts = sorted_ids[np.concatenate(([0], breaks))]
+    ends = sorted_ids[np.concatenate((breaks, [sorted_ids.size])) - 1] + 1
+    # one vectorized conversion: a shuffled batch has about one run per row
+    return np.stack((starts, ends), axis=1).astype(np.int64).tolist()
 
 
 __all__ = ["AckSender", "sample_runs"]

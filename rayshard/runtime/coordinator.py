@@ -165,7 +165,7 @@ class Coordinator:
         if not self._core.serves(generation, dp_rank):
             return  # late acknowledgement of a previous generation: already accounted
         pairs = tuple(tuple(int(x) for x in pair) for pair in partial or ())
-        ids = tuple(tuple(pair) for pair in ids)
+        ids = tuple(map(tuple, ids))
         self._do(cmd.Ack(dp_rank, epoch, batches, ids, time.time(), pairs))
         totals = self._usage.setdefault(
             dp_rank, {"batches": 0, "samples": 0, "bytes": 0, "stall_s": 0.0}
