@@ -13,6 +13,7 @@ import collections
 import logging
 import threading
 from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
 
 import numpy as np
 import pyarrow as pa
@@ -240,14 +241,17 @@ def _common_schema(sources: list[Source], columns: Sequence[str] | None) -> pa.S
 class _SplitCache:
     """The last `CACHED_SPLITS` whole splits (row groups) read of each source, in the
     reading process: a rank's consecutive pieces pick rows from the same row groups of
-    every source, which are then decoded once, not once per piece. Thread-safe."""
+    every source, which are then decoded once, not once per piece. Thread-safe: a split
+    that several reading threads ask for at once is decoded by the first, the others wait
+    for it (each thread decoded it again before: `reader_threads` times the work)."""
 
     def __init__(self, sources: list[Source]) -> None:
         self._sources = sources
         self._starts = [np.array([a for a, _ in s.splits()], dtype=np.int64) for s in sources]
         self._ends = [[b for _, b in s.splits()] for s in sources]
         self._tables: collections.OrderedDict[tuple, pa.Table] = collections.OrderedDict()
-        self._lock = threading.Lock()  # guards `_tables` (readers read from several threads)
+        self._lock = threading.Lock()  # guards `_tables` and `_loading`
+        self._loading: dict[tuple, Future] = {}  # splits being decoded by some thread
 
     def take(self, source: int, index: np.ndarray, columns: list[str]) -> pa.Table:
         """Rows `index` of `source` (any order, repeats allowed), projected to `columns`."""
@@ -269,12 +273,28 @@ class _SplitCache:
             if key in self._tables:
                 self._tables.move_to_end(key)
                 return self._tables[key]
-        start, end = int(self._starts[source][k]), self._ends[source][k]
-        table = pa.Table.from_batches(list(self._sources[source].read(start, end, columns)))
-        table = table.select(columns)
+            loading = self._loading.get(key)
+            if loading is None:
+                loading = self._loading[key] = Future()
+                owner = True
+            else:
+                owner = False
+        if not owner:
+            return loading.result()  # another thread decodes it (its error is raised too)
+        try:
+            start, end = int(self._starts[source][k]), self._ends[source][k]
+            batches = list(self._sources[source].read(start, end, columns))
+            table = pa.Table.from_batches(batches).select(columns)
+        except BaseException as error:
+            with self._lock:
+                del self._loading[key]
+            loading.set_exception(error)
+            raise
         with self._lock:
             self._tables[key] = table
             mine = [c for c in self._tables if c[0] == source]
             for old in mine[: max(0, len(mine) - CACHED_SPLITS)]:
                 del self._tables[old]
+            del self._loading[key]
+        loading.set_result(table)
         return table

@@ -4,11 +4,17 @@ static policy plans it."""
 
 from __future__ import annotations
 
+import collections
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from rayshard.core.sharding import assign
+from rayshard.data.batching import iter_rows_parallel
 from rayshard.errors import ConfigError
 from rayshard.plan import PlanConfig
 from rayshard.sources import TableSource
@@ -114,3 +120,38 @@ def test_readme_mixing_snippet_builds_its_source(tmp_path, monkeypatch):
     exec(build, scope)  # noqa: S102 - the README's own code
     assert scope["mix"].counts == (70_000, 30_000)
     assert scope["mix"].schema().names == ["tokens", "_source", "_source_index"]
+
+
+class _CountedParquet(ParquetSource):
+    """A real ParquetSource that counts its reads per (start, end) and makes each one
+    last a little, so reading threads overlap as they do on real row groups."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads: collections.Counter = collections.Counter()
+        self._count_lock = threading.Lock()
+
+    def read(self, start, end, columns=None):
+        with self._count_lock:
+            self.reads[(start, end)] += 1
+        threading.Event().wait(0.02)  # a slower decode; nothing waits on the clock
+        return super().read(start, end, columns)
+
+
+def test_reading_threads_decode_each_split_of_a_mixed_source_once(tmp_path):
+    """Pieces smaller than a row group read on several threads at once share the split
+    they need: one thread decodes it, the others wait for it (they each decoded it)."""
+    for name, offset in (("a", 0), ("b", 1000)):
+        ids = np.arange(offset, offset + 256)
+        pq.write_table(pa.table({"x": ids}), tmp_path / f"{name}.parquet", row_group_size=64)
+    sources = [_CountedParquet(str(tmp_path / f"{n}.parquet")) for n in "ab"]
+    mix = MixedSource(sources, [0.5, 0.5], split_rows=8, columns=["x"])
+    pieces = mix.splits()
+    with ThreadPoolExecutor(4) as pool:
+        read = iter_rows_parallel(mix.for_epoch(0, 0), pieces, ["x"], pool, 4)
+        rows = pa.Table.from_batches(list(read))
+    decodes = [dict(source.reads) for source in sources]
+    alone = pa.Table.from_batches(list(mix.for_epoch(0, 0).read(0, mix.layout().num_samples)))
+    assert rows.column("x").to_pylist() == alone.column("x").to_pylist()
+    for counts in decodes:
+        assert counts and max(counts.values()) == 1, counts
