@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pyarrow as pa
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rayshard.data.transforms import (
@@ -220,3 +220,43 @@ def test_check_transform_refuses_what_cannot_run_in_a_reader():
     lock = threading.Lock()
     with pytest.raises(TypeError, match="cannot be pickled"):
         check_transform(lambda batch, ctx: (lock, batch)[1])
+
+
+@settings(max_examples=100, deadline=None)  # no per-example deadline on a shared machine
+@given(
+    st.lists(st.integers(0, 50), min_size=1, max_size=12, unique=True),
+    st.data(),
+)
+def test_kept_rows_in_any_order_acknowledge_exactly_the_real_samples_left_out(ids, data):
+    """The checks of a transform's `_index` (fast path when every row comes back as it
+    came, `isin` and a sort otherwise) keep their set meaning: any subset of the rows, in
+    any order, is accepted and the real samples left out are dropped; a value that is not
+    a row of the batch, or a repeat, is refused."""
+    padded = data.draw(st.lists(st.booleans(), min_size=len(ids), max_size=len(ids)))
+    ctx = ctx_for(ids, padded=padded)
+    keep = data.draw(st.lists(st.booleans(), min_size=len(ids), max_size=len(ids)))
+    order = data.draw(st.permutations([i for i, k in enumerate(keep) if k]))
+    rows = np.array(order, dtype=np.int64)
+
+    def subset(b, c):
+        return {key: np.asarray(value)[rows] for key, value in b.items()}
+
+    out = apply_transform(subset, batch_for(ctx), ctx)
+    real = {i for i, p in zip(ids, padded) if not p}
+    kept = {ids[r] for r in order if not padded[r]}
+    assert out["_index"].tolist() == [ids[r] for r in order]
+    assert out.get(DROPPED_KEY, np.zeros(0)).tolist() == sorted(real - kept)
+    bad = data.draw(st.sampled_from(["unknown", "repeat"]))
+    if bad == "repeat" and (not real or len(ids) < 2):
+        return
+    wrong = [99] if bad == "unknown" else [min(real)] * 2
+    with pytest.raises(TransformError, match="not rows of its batch"):
+        apply_transform(
+            lambda b, c: {
+                "x": np.zeros(len(wrong)),
+                "_index": np.array(wrong),
+                "_padded": np.zeros(len(wrong), bool),
+            },
+            batch_for(ctx),
+            ctx,
+        )

@@ -126,17 +126,22 @@ def _checked(out: Any, ctx: TransformContext) -> dict[str, Any]:
         out[PADDED_KEY] = ctx.padded
     index = np.asarray(out.pop(INDEX_KEY), dtype=np.int64)
     padded = np.asarray(out.pop(PADDED_KEY), dtype=bool)
+    out[INDEX_KEY], out[PADDED_KEY] = index, padded
+    if np.array_equal(index, ctx.indices) and np.array_equal(padded, ctx.padded):
+        return out  # every row kept (the usual case): nothing unknown, repeated or dropped
     real_in = ctx.indices[~ctx.padded]
     kept = index[~padded]
-    unknown = np.setdiff1d(kept, real_in)
-    if unknown.size or np.unique(kept).size != kept.size:
+    # membership by `isin` and repeats by a sort: numpy's `unique`/`setdiff1d` cost about
+    # 10x the rest of the reader's work on a batch
+    unknown = np.unique(kept[~np.isin(kept, real_in)])
+    ordered = np.sort(kept)
+    if unknown.size or (ordered[1:] == ordered[:-1]).any():
         raise transform_error(
             ctx,
             f"returned {INDEX_KEY!r} values that are not rows of its batch, or repeats "
             f"(e.g. {unknown[:5].tolist() or kept.tolist()[:5]}): rows may only be dropped",
         )
-    out[INDEX_KEY], out[PADDED_KEY] = index, padded
-    dropped = np.setdiff1d(real_in, kept).astype(np.int64)
+    dropped = np.unique(real_in[~np.isin(real_in, kept)]).astype(np.int64)
     if dropped.size:
         out[DROPPED_KEY] = dropped
     return out
