@@ -10,6 +10,7 @@ import json
 import sys
 
 import pyarrow as pa
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -363,3 +364,21 @@ def test_a_journal_entry_holds_the_command_s_values_without_copying_them():
     entry = ack.to_entry()
     assert entry["args"]["ids"] is ids  # no per-pair deep copy (`dataclasses.asdict`)
     assert _journal_round_trip(ack) == ack
+
+
+@pytest.mark.parametrize("equal_steps", [True, False])
+def test_dynamic_a_rank_joining_a_running_loader_starts_at_the_running_epoch(equal_steps):
+    """Rank 0 read epochs 0-2 alone; rank 1 joins: it starts where rank 0 is (epoch 3), not
+    at epoch 0, whose book has nothing left (it used to walk through finished epochs, one
+    empty epoch per `iter()`, while rank 0 read the running one alone)."""
+    core = _core("dynamic", equal_steps)
+    core.apply(cmd.Register(0, 1, 0, 1, 0.0))
+    for epoch in range(3):
+        core.apply(cmd.StartEpoch(0, epoch, 0.0))
+        batches = 0
+        while leased := core.apply(cmd.Lease(0, epoch, count=4)).pieces:
+            batches += 1
+            core.apply(cmd.Ack(0, epoch, batches, leased))
+        assert core.epoch_complete(epoch)
+    assert core.apply(cmd.Register(1, 2, 1, 2, 1.0)).epoch == 3
+    assert core.apply(cmd.Register(0, 2, 0, 2, 1.0)).epoch == 3  # rank 0's next iterator too

@@ -208,8 +208,12 @@ class CoreQueries:
         resume point's epoch, or the next once that was consumed whole). A rank that comes
         back (a Train group restarted without a checkpoint, an iterator made per epoch,
         another world size) goes on from there; an earlier epoch would be refused as stale
-        or come out empty."""
+        or come out empty. Under `dynamic` a rank new to a running loader joins the running
+        epoch (the earliest the other ranks are in), not the epochs they finished."""
         epoch = self.rank_epoch.get(dp_rank)
+        others = [r for r in self.active_ranks() if r in self.rank_epoch]
+        if epoch is None and self.dynamic and others:
+            return min(self.start_of(r) for r in others)
         if epoch is None:  # new in this membership: from its resume point, if it has one
             resume = self.resume
             if resume is None:
@@ -217,7 +221,9 @@ class CoreQueries:
             whole = resume.consumed and not iv.subtract(((0, self.num_samples),), resume.consumed)
             return resume.epoch + 1 if whole else resume.epoch
         received = self.received.get(epoch, {}).get(dp_rank, 0)
-        return epoch + 1 if received >= self.total(epoch, dp_rank) else epoch
+        done = received >= self.total(epoch, dp_rank)
+        # dynamic: an epoch whose every sample was received has nothing left for any rank
+        return epoch + 1 if done or (self.dynamic and self.epoch_complete(epoch)) else epoch
 
     def total(self, epoch: int, dp_rank: int) -> int:
         """Batches `dp_rank` receives in a begun `epoch` (a huge number when unknown)."""
