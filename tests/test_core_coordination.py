@@ -382,3 +382,46 @@ def test_dynamic_a_rank_joining_a_running_loader_starts_at_the_running_epoch(equ
         assert core.epoch_complete(epoch)
     assert core.apply(cmd.Register(1, 2, 1, 2, 1.0)).epoch == 3
     assert core.apply(cmd.Register(0, 2, 0, 2, 1.0)).epoch == 3  # rank 0's next iterator too
+
+
+def _read_epoch(core: CoordinatorCore, epoch: int, ranks: int) -> None:
+    """Every rank reads `epoch` whole through the core, acknowledging as a reader does."""
+    for rank in range(ranks):
+        started = core.apply(cmd.StartEpoch(rank, epoch, 0.0))
+        if not isinstance(started, int):  # a static plan: its ranges, in one acknowledgement
+            core.apply(cmd.Ack(rank, epoch, started.batches, tuple(started.ranges)))
+            continue
+        batches = 0
+        while leased := core.apply(cmd.Lease(rank, epoch, count=2, finishing=True)).pieces:
+            batches += 1
+            core.apply(cmd.Ack(rank, epoch, batches, leased))
+
+
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_the_core_keeps_only_the_epochs_in_play_however_many_ran(policy):
+    """Compacting at each epoch's end (as the coordinator does) drops the progress of epochs
+    two behind every rank: after 40 epochs a snapshot is the size it was after 3 (it grew
+    by every epoch's books, counts and consumed samples before), and the loader-wide state
+    and a new rank's start are as without it."""
+    core = _core(policy, True)
+    for rank in range(2):
+        core.apply(cmd.Register(rank, 2, rank, 2, 0.0))
+    sizes = {}
+    for epoch in range(40):
+        _read_epoch(core, epoch, 2)
+        core.forget_past_epochs()
+        sizes[epoch] = len(json.dumps(core.to_dict()))
+    assert sizes[39] <= sizes[2] + 64  # a few digits longer, no more
+    assert {*core.received, *core.consumed, *core.books, *core.started} <= {38, 39}
+    assert core.state_at(39, 1 << 30)["epoch"] == 40  # the last epoch is whole
+    assert core.apply(cmd.Register(2, 3, 2, 3, 1.0)).epoch == 40  # a new rank: what runs
+
+
+def test_a_rank_that_has_not_begun_holds_every_epoch_back_under_static_policies():
+    core = _core("data", True)
+    for rank in range(2):
+        core.apply(cmd.Register(rank, 2, rank, 2, 0.0))
+    for epoch in range(5):
+        _read_epoch(core, epoch, 1)  # rank 1 has not begun: it will read epoch 0 first
+        assert core.forget_past_epochs() == []
+    assert core.apply(cmd.StartEpoch(1, 0, 0.0)).batches == core.plan(0).ranks[1].batches

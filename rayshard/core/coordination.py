@@ -212,6 +212,29 @@ class CoordinatorCore(CoreQueries):
         self.members.generation += 1
         return cmd.Noted()
 
+    def forget_past_epochs(self) -> list[int]:
+        """Drop the progress (plans begun, books, counts, consumed samples) of epochs two or
+        more behind every rank: no rank can ask for them again (an older epoch than its own
+        is refused as stale, a new rank starts at the running epoch or its resume point),
+        so the state, its snapshots and `stats()` stay the size of the epochs in play over
+        any number of epochs. Under static policies every rank of the plan counts, so a
+        rank that has not begun holds every epoch back. Returns the epochs dropped."""
+        members = self.members
+        if members is None:
+            return []
+        ranks = members.ranks if self.dynamic else members.ranks | set(range(members.dp_size))
+        if not ranks or not ranks <= self.rank_epoch.keys():
+            return []
+        floor = min(self.rank_epoch[r] for r in ranks) - 1
+        stores = (self.books, self.received, self.consumed, self.partial, self._merge_at)
+        past = sorted(e for e in {*self.started, *(e for s in stores for e in s)} if e < floor)
+        for epoch in past:
+            self.started.discard(epoch)
+            for store in stores:
+                store.pop(epoch, None)
+        self._plans = {key: plan for key, plan in self._plans.items() if key[2] >= floor}
+        return past
+
     # -- snapshots (journal compaction) ----------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The whole state, JSON-safe; `load_dict` on a fresh core rebuilds it."""

@@ -78,6 +78,23 @@ class CoreQueries:
             return False
         return not reader or members.readers.get(dp_rank) == reader
 
+    def summary(self) -> dict[str, Any]:
+        """Membership, plans, lease books and events: the core's part of `stats()`."""
+        members, books = self.members, self.books
+        return {
+            "loader": self.loader_id,
+            "policy": self.settings.policy.value,
+            "generation": members.generation if members else 0,
+            "dp_size": members.dp_size if members else 0,
+            "ranks": sorted(members.ranks) if members else [],
+            "readers": len(members.readers) if members else 0,
+            "epochs_planned": sorted({*self.started, *books}),
+            "rank_epoch": dict(self.rank_epoch),
+            "leases": {e: b.snapshot() for e, b in books.items()},
+            "reserved_samples": sum(b.requeued_rows for b in books.values()),
+            "events": list(self.events),
+        }
+
     def reader(self, dp_rank: int) -> str:
         """The name of `dp_rank`'s current reader ("" if it has none)."""
         return self.members.readers.get(dp_rank, "") if self.members else ""

@@ -174,7 +174,9 @@ class Coordinator:
             totals[key] = totals.get(key, 0) + value
         key = (generation, epoch)
         if key not in self._compacted and self._epoch_over(epoch, dp_rank, batches):
-            self._compacted.add(key)
+            # what marks an epoch's end is kept for the epochs still in play only
+            self._compacted = {k for k in self._compacted if k[1] >= epoch - 1} | {key}
+            self._finished.pop(key, None)
             self._compact()
         async with self._acked:
             self._acked.notify_all()
@@ -217,20 +219,9 @@ class Coordinator:
 
     async def describe(self) -> dict:
         """Membership, progress and events, for `stats()`, experiments and debugging."""
-        core, members = self._core, self._core.members
         return {
-            "loader": self._loader_id,
-            "policy": self._settings.policy.value,
-            "generation": members.generation if members else 0,
-            "dp_size": members.dp_size if members else 0,
-            "ranks": sorted(members.ranks) if members else [],
-            "readers": len(members.readers) if members else 0,
-            "epochs_planned": sorted({*core.started, *core.books}),
-            "rank_epoch": dict(core.rank_epoch),
-            "leases": {e: b.snapshot() for e, b in core.books.items()},
+            **self._core.summary(),
             "consumers": {r: dict(u) for r, u in sorted(self._usage.items())},
-            "reserved_samples": sum(b.requeued_rows for b in core.books.values()),
-            "events": list(core.events),
             "journal_commands_since_snapshot": self._since_snapshot,
         }
 
@@ -286,7 +277,9 @@ class Coordinator:
         return len(finished) >= len(core.members.ranks)
 
     def _compact(self) -> None:
-        """Replace the journal by one snapshot of the core's state."""
+        """Replace the journal by one snapshot of the core's state (without the progress of
+        epochs every rank is past: snapshots stay the size of the epochs in play)."""
+        self._core.forget_past_epochs()
         self._journal.compact(self._core.to_dict())
         self._since_snapshot = 0
 
