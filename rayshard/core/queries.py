@@ -228,9 +228,11 @@ class CoreQueries:
         or come out empty. Under `dynamic` a rank new to a running loader joins the running
         epoch (the earliest the other ranks are in), not the epochs they finished."""
         epoch = self.rank_epoch.get(dp_rank)
-        others = [r for r in self.active_ranks() if r in self.rank_epoch]
-        if epoch is None and self.dynamic and others:
-            return min(self.start_of(r) for r in others)
+        if epoch is None and self.dynamic:  # (at 10k ranks: one pass, and only for a joiner)
+            members = self.members.ranks if self.members else set()
+            running = min((e for r, e in self.rank_epoch.items() if r in members), default=None)
+            if running is not None:
+                return running + 1 if self.epoch_complete(running) else running
         if epoch is None:  # new in this membership: from its resume point, if it has one
             resume = self.resume
             if resume is None:
