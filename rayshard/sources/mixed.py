@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 
 from rayshard.config.checks import check_int
+from rayshard.core.mix_pieces import MIN_PIECE, aligned_pieces
 from rayshard.core.mixing import Mix, apportion, check_weights
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout
@@ -37,7 +38,9 @@ class MixedSource(Source):
     """`sources` mixed per epoch by `weights` (proportions of `samples_per_epoch`, default
     the sources' total rows) or by exact `counts` per source; `columns` are the columns
     read from every source (default: those all sources have), which must agree in type up
-    to a safe promotion. Splits are `split_rows` positions each."""
+    to a safe promotion. Splits (the pieces `dynamic` leases) are `split_rows` positions
+    each, or by default cut where the source with the widest splits (row groups) starts a
+    new one, so a piece decodes one row group of it (`rayshard.core.mix_pieces`)."""
 
     def __init__(
         self,
@@ -47,7 +50,7 @@ class MixedSource(Source):
         counts: Sequence[int] | None = None,
         samples_per_epoch: int | None = None,
         columns: Sequence[str] | None = None,
-        split_rows: int = 8192,
+        split_rows: int | None = None,
     ) -> None:
         sources = list(sources) if isinstance(sources, (list, tuple)) else sources
         if not isinstance(sources, list) or not sources:
@@ -55,7 +58,8 @@ class MixedSource(Source):
         for i, s in enumerate(sources):
             if not isinstance(s, Source):
                 raise TypeError(f"sources[{i}] is a {type(s).__name__}, not a rayshard Source")
-        check_int(split_rows, "split_rows", minimum=1)
+        if split_rows is not None:
+            check_int(split_rows, "split_rows", minimum=1, fix="or None (aligned pieces)")
         sizes = tuple(s.layout().num_samples for s in sources)
         counts = _counts(sizes, weights, counts, samples_per_epoch)
         for s, (size, count) in enumerate(zip(sizes, counts)):
@@ -71,10 +75,7 @@ class MixedSource(Source):
         self._data_schema = _common_schema(sources, columns)
         extra = [pa.field(SOURCE_KEY, pa.int64()), pa.field(SOURCE_INDEX_KEY, pa.int64())]
         self._schema = pa.schema([*self._data_schema, *extra])
-        total = self._mix.total
-        self._layout = DataLayout.of_files(
-            [min(split_rows, total - a) for a in range(0, total, split_rows)]
-        )
+        self._layout = DataLayout.of_files(_pieces(self._mix, sources, split_rows))
         log.info("mix: %s samples per epoch per source (of %s rows)", counts, sizes)
 
     @property
@@ -169,6 +170,19 @@ class _EpochMix(Source):
         self, start: int, end: int, columns: Sequence[str] | None = None
     ) -> Iterator[pa.RecordBatch]:
         return self._parent.read_mixed(self._mix, self._epoch, start, end, columns, self._cache)
+
+
+def _pieces(mix: Mix, sources: list[Source], split_rows: int | None) -> list[int]:
+    """Piece lengths: `split_rows` positions each, or (None) cut at the split boundaries
+    of the source with the widest splits (`rayshard.core.mix_pieces`), else MIN_PIECE each."""
+    if split_rows is None:
+        starts = [[a for a, _ in s.splits()] for s in sources]
+        aligned = aligned_pieces(mix, starts)
+        if aligned is not None:
+            return aligned
+        split_rows = MIN_PIECE
+    total = mix.total
+    return [min(split_rows, total - a) for a in range(0, total, split_rows)]
 
 
 def _counts(

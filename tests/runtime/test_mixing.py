@@ -184,3 +184,32 @@ def test_killed_reader_under_mixing_loses_nothing(ray_session, sources):
     assert len(seen) - len(want) <= 2 * 2 * 8
     assert "rank_lost" in [e["event"] for e in loader.stats()["events"]]
     loader.shutdown()
+
+
+def test_default_pieces_follow_row_groups_and_deliver_each_pick_once(ray_session, tmp_path):
+    """`split_rows` left out: pieces cut at the row groups of the source whose row groups
+    span the most positions (B's, downsampled: expected boundaries); under `dynamic` with
+    shuffle on 2 ranks an epoch still delivers each pick once, counts exact."""
+    for name, rows_, group in (("a", 30_000, 3000), ("b", 40_000, 10_000)):
+        ids = np.arange(rows_) + (B_DOC * 100 if name == "b" else 0)
+        pq.write_table(pa.table({"doc": ids}), tmp_path / f"{name}.parquet", row_group_size=group)
+    source = MixedSource(
+        [ParquetSource(str(tmp_path / "a.parquet")), ParquetSource(str(tmp_path / "b.parquet"))],
+        [0.7, 0.3],
+        samples_per_epoch=60_000,
+    )
+    assert source.counts == (42_000, 18_000)  # A upsampled, B downsampled
+    assert len(source.splits()) == 4 and min(b - a for a, b in source.splits()) >= 8192
+    loader = Loader(source, name=unique_name("mixal"), policy="dynamic", shuffle=True,
+                    seed=5, batch_size=1000)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    for epoch in range(2):
+        got = []
+        for batch in (b for rank in run_lockstep(its) for b in rank):
+            real = ~batch["_padded"]
+            src, index = batch["_source"][real], batch["_source_index"][real]
+            assert (batch["doc"][real] == index + np.where(src == 1, B_DOC * 100, 0)).all()
+            got += zip(batch["_index"][real].tolist(), src.tolist(), index.tolist())
+        s, i = source.mix(5).locate(epoch, 0, 60_000)
+        assert Counter(got) == Counter(zip(range(60_000), s.tolist(), i.tolist())), epoch
+    loader.shutdown()

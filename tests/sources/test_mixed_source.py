@@ -155,3 +155,24 @@ def test_reading_threads_decode_each_split_of_a_mixed_source_once(tmp_path):
     assert rows.column("x").to_pylist() == alone.column("x").to_pylist()
     for counts in decodes:
         assert counts and max(counts.values()) == 1, counts
+
+
+
+def test_dynamic_pieces_decode_each_row_group_once_by_default(tmp_path):
+    """By default pieces follow the widest row groups (5000 rows, 10000 positions of a
+    50/50 mix): two ranks taking the `dynamic` queue in turns decode every row group once.
+    Pieces of a fixed 8192 positions cut row groups in two or three, decoded by both."""
+    for name, offset in (("a", 0), ("b", 100_000)):
+        ids = np.arange(offset, offset + 40_000)
+        pq.write_table(pa.table({"x": ids}), tmp_path / f"{name}.parquet", row_group_size=5000)
+    sources = [_CountedParquet(str(tmp_path / f"{n}.parquet")) for n in "ab"]
+    mix = MixedSource(sources, [0.5, 0.5], columns=["x"])
+    queue = assign("dynamic", PlanConfig(seed=4), mix, 2, epoch=1).splits
+    ranks = [mix.for_epoch(1, 4), mix.for_epoch(1, 4)]  # a reader's cache each
+    got = []
+    for turn, (a, b) in enumerate(queue):
+        got += pa.Table.from_batches(list(ranks[turn % 2].read(a, b))).column("x").to_pylist()
+    source, index = mix.mix(4).locate(1, 0, mix.layout().num_samples)
+    assert sorted(got) == sorted((index + 100_000 * source).tolist())  # each pick once
+    for counted in sources:
+        assert len(counted.reads) == 8 and set(counted.reads.values()) == {1}, counted.reads
