@@ -35,7 +35,9 @@ def test_pieces_cover_the_epoch_within_their_bounds(case, min_piece, wide):
         return  # the caller cuts fixed pieces
     assert sum(pieces) == mix.total and all(p > 0 for p in pieces)
     assert all(p <= min_piece * wide for p in pieces)
-    assert len(pieces) == 1 or all(p >= min_piece for p in pieces)
+    # short ones joined the one before; long ones were cut in parts of over half the cap,
+    # which is at least min_piece
+    assert len(pieces) == 1 or all(p >= min_piece // 2 for p in pieces)
 
 
 @settings(max_examples=60, deadline=None)
@@ -68,3 +70,14 @@ def test_fine_splits_everywhere_leave_the_cut_to_the_caller():
     mix = Mix((100, 100), (100, 100))
     assert aligned_pieces(mix, [list(range(0, 100, 5))] * 2, min_piece=20) is None
     assert aligned_pieces(mix, [[0], [0]], min_piece=20) == [200]  # one split each
+
+
+def test_a_piece_holds_at_most_four_splits_of_rows_of_a_finely_grouped_source():
+    """A text source in one 100k-row split and an image source in splits of 50 rows,
+    50/50: pieces follow the text split but hold at most 4 * 50 image rows (400
+    positions), not 100k (a read holds its piece at once), unless min_piece is more."""
+    mix = Mix((100_000, 10_000), (100_000, 100_000))
+    starts = [[0], list(range(0, 10_000, 50))]
+    pieces = aligned_pieces(mix, starts, min_piece=100, max_piece=10**9)
+    assert pieces is not None and max(pieces) <= 400 and sum(pieces) == mix.total
+    assert max(aligned_pieces(mix, starts, min_piece=1000, max_piece=10**9)) <= 1000

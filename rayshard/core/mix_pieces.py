@@ -26,6 +26,9 @@ MIN_PIECE = 8192
 #: The most positions in a piece (longer ones are cut in equal parts): a read holds its
 #: piece's rows at once.
 MAX_PIECE = 262144
+#: A piece holds at most this many (median) splits' worth of rows of any source, or
+#: MIN_PIECE positions if more: what a reading process caches of each source anyway.
+SPLITS_PER_PIECE = 4
 
 
 def crossings(n: int, c: int, starts: Sequence[int]) -> int:
@@ -77,6 +80,7 @@ def aligned_pieces(
     coarse = min(used, key=lambda s: cuts[s])  # the widest splits, the first on a tie
     if total < min_piece * max(cuts[coarse], 1):
         return None  # its splits average under min_piece positions
+    max_piece = max(min_piece, min(max_piece, _row_cap(mix, split_starts)))
     picks = pick_boundaries(mix.sizes[coarse], mix.counts[coarse], split_starts[coarse])
     bounds = np.unique(first_positions(mix, coarse, picks))
     pieces: list[int] = []
@@ -97,4 +101,22 @@ def aligned_pieces(
     return out
 
 
-__all__ = ["MAX_PIECE", "MIN_PIECE", "aligned_pieces", "crossings", "first_positions"]
+def _row_cap(mix: Mix, split_starts: Sequence[Sequence[int]]) -> int:
+    """The most positions a piece may span and hold SPLITS_PER_PIECE median splits' rows
+    of every source (a piece of `L` positions holds about `L * c / T` rows of a source)."""
+    cap = mix.total
+    for n, c, starts in zip(mix.sizes, mix.counts, split_starts):
+        if n and c:
+            median = int(np.median(np.diff([*starts, n])))
+            cap = min(cap, SPLITS_PER_PIECE * median * mix.total // c)
+    return cap
+
+
+__all__ = [
+    "MAX_PIECE",
+    "MIN_PIECE",
+    "SPLITS_PER_PIECE",
+    "aligned_pieces",
+    "crossings",
+    "first_positions",
+]
