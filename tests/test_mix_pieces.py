@@ -20,8 +20,7 @@ def mixes(draw):
     if not any(counts):
         counts[0] = 1
     starts = [
-        sorted({0, *draw(st.lists(st.integers(1, max(n - 1, 1)), max_size=6))} - {n})
-        for n in sizes
+        sorted({0, *draw(st.lists(st.integers(1, max(n - 1, 1)), max_size=6))} - {n}) for n in sizes
     ]
     return Mix(tuple(sizes), tuple(counts), draw(st.integers(0, 5))), starts
 

@@ -200,8 +200,9 @@ def test_default_pieces_follow_row_groups_and_deliver_each_pick_once(ray_session
     )
     assert source.counts == (42_000, 18_000)  # A upsampled, B downsampled
     assert len(source.splits()) == 4 and min(b - a for a, b in source.splits()) >= 8192
-    loader = Loader(source, name=unique_name("mixal"), policy="dynamic", shuffle=True,
-                    seed=5, batch_size=1000)
+    loader = Loader(
+        source, name=unique_name("mixal"), policy="dynamic", shuffle=True, seed=5, batch_size=1000
+    )
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     for epoch in range(2):
         got = []

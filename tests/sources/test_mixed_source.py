@@ -157,7 +157,6 @@ def test_reading_threads_decode_each_split_of_a_mixed_source_once(tmp_path):
         assert counts and max(counts.values()) == 1, counts
 
 
-
 def test_dynamic_pieces_decode_each_row_group_once_by_default(tmp_path):
     """By default pieces follow the widest row groups (5000 rows, 10000 positions of a
     50/50 mix): two ranks taking the `dynamic` queue in turns decode every row group once.
