@@ -264,6 +264,11 @@ def test_late_rows_bound_follows_the_settings():
     assert late_rows_bound(base) == ((2 * 1 + 3) * 4 + 1 + 2) * 8  # defaults: blocks of 4 batches
     deeper = LoaderConfig(plan=plan, policy="dynamic", straggler_timeout_s=2.0, prefetch_depth=9)
     assert late_rows_bound(deeper) == ((2 * 3 + 3) * 4 + 1 + 9) * 8
+    # 2 transform workers: 2 calls each in flight and the group being filled, 16 batches each
+    workers = LoaderConfig(
+        plan=plan, policy="dynamic", straggler_timeout_s=2.0, transform_workers=2
+    )
+    assert late_rows_bound(workers) == ((2 * 1 + 3) * 4 + 1 + 2 + (2 * 2 + 1) * 16) * 8
 
 
 @pytest.mark.parametrize(

@@ -260,3 +260,58 @@ def test_kept_rows_in_any_order_acknowledge_exactly_the_real_samples_left_out(id
             batch_for(ctx),
             ctx,
         )
+
+
+def _explode_at_3(batch, ctx):
+    if 3 in ctx.indices:
+        raise ValueError("sample 3 is cursed")
+    return {"x": batch["x"]}
+
+
+def test_a_worker_call_returns_the_batches_before_a_failure_with_the_error():
+    from rayshard.runtime.reader_workers import ReaderWorker
+
+    worker = ReaderWorker(None, _explode_at_3, "L:abc", 3, 1)
+    batches = [batch_for(ctx_for([2 * i, 2 * i + 1])) for i in range(4)]  # 3 in the second
+    results, error, seconds = worker.apply_batches(batches, 5)
+    assert [r["x"].tolist() for r in results] == [[0, 10]] and seconds >= 0
+    assert isinstance(error, TransformError)
+    assert (error.rank, error.epoch, error.samples) == (1, 5, (2, 4))
+    assert "sample 3 is cursed" in str(error)
+    results, error, _ = worker.apply_batches(batches[2:], 5)
+    assert len(results) == 2 and error is None
+
+
+def test_worker_calls_group_cheap_batches_and_keep_slow_ones_alone():
+    from rayshard.data.batching import FLUSH
+    from rayshard.runtime.transform_workers import (
+        CALL_SECONDS,
+        GROUP_BATCHES,
+        GROUP_BYTES,
+        GroupSize,
+        batch_groups,
+    )
+
+    # the README's numbers: about 20 ms of transform a call, at most 16 batches and 4 MiB
+    assert (CALL_SECONDS, GROUP_BATCHES, GROUP_BYTES) == (0.02, 16, 4 << 20)
+    size = GroupSize()
+    assert size.batches == 1  # before the workers report: one batch a call
+    size.observe(0.001, 4)  # 0.25 ms a batch: 80 fit in 20 ms, capped
+    assert size.batches == GROUP_BATCHES
+    size.observe(0.006, 2)  # 3 ms a batch
+    assert size.batches == 6
+    size.observe(0.03, 1)  # slower than a call's worth: alone
+    assert size.batches == 1
+
+    def batch(rows, width=1):
+        return {"x": np.zeros((rows, width), np.float32), "_index": np.arange(rows)}
+
+    size.batches = 3
+    stream = [batch(1) for _ in range(4)] + [FLUSH] + [batch(1) for _ in range(2)]
+    groups = list(batch_groups(iter(stream), size))
+    assert [g if g is FLUSH else len(g) for g in groups] == [3, 1, FLUSH, 2]
+    size.batches = GROUP_BATCHES
+    third = GROUP_BYTES // 3
+    stream = [{"x": np.zeros(n, np.uint8)} for n in (third, third, third, 2 * third)]
+    stream.append({"x": np.zeros(2 * GROUP_BYTES, np.uint8)})  # over the cap: alone
+    assert [len(g) for g in batch_groups(iter(stream), size)] == [3, 1, 1]  # by bytes

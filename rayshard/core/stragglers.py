@@ -13,7 +13,8 @@ from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.leases import LeaseBook
 from rayshard.plan import intervals as iv
 
-TRANSFORM_AHEAD = 2  # batches per transform worker in flight (`parallel_transform_stream`)
+TRANSFORM_AHEAD = 2  # calls per transform worker in flight (`parallel_transform_stream`)
+GROUP_BATCHES = 16  # batches per transform worker call at most (`GroupSize`)
 
 
 def reoffer(
@@ -35,11 +36,13 @@ def late_rows_bound(settings: LoaderConfig) -> int:
     read-ahead budget's `blocks_ahead` ready in the object store and the block being
     filled; `blocks_ahead + 1` its consumer requested and the one it is going through; the
     rebatching remainder (one batch); the device feed's `prefetch_depth` batches (torch
-    format); batches in its transform (or reader) workers. Counted each time a rank straggles."""
+    format); batches in its transform (or reader) workers' calls and the group being filled
+    for the next call. Counted each time a rank straggles."""
     per_block = settings.block_batches
     ahead = settings.blocks_ahead
     workers = settings.worker_count if settings.worker_count > 1 else 0
-    batches = (2 * ahead + 3) * per_block + 1 + settings.prefetch_depth + TRANSFORM_AHEAD * workers
+    in_workers = (TRANSFORM_AHEAD * workers + 1) * GROUP_BATCHES if workers else 0
+    batches = (2 * ahead + 3) * per_block + 1 + settings.prefetch_depth + in_workers
     return batches * settings.plan.batch_size
 
 

@@ -2,11 +2,12 @@
 
 With `reader_workers=k` (k > 1) the reader sends piece `i` of its reading order to worker
 `i % k` (`read`: decode the piece's rows) and takes the record batches back in piece order;
-it shuffles, pads and rebatches them as a lone reader does, then sends batch `j` to worker
-`j % k` (`apply`: the transform, `rayshard.runtime.transform_workers`) and delivers the
-results in batch order. The reader keeps the state and the order, so the batches (their
-order included) are the ones `reader_workers=1` makes. `transform_workers=k` alone uses
-the same workers for the transform only.
+it shuffles, pads and rebatches them as a lone reader does, then sends its batches to the
+workers in turns, a group of consecutive batches per call (`apply_batches`: the transform,
+`rayshard.runtime.transform_workers`), and delivers the results in batch order. The reader
+keeps the state and the order, so the batches (their order included) are the ones
+`reader_workers=1` makes. `transform_workers=k` alone uses the same workers for the
+transform only.
 
 Workers are actors created by the reader, on its node or, with `transform_resources`,
 wherever Ray finds those resources (CPU-only nodes: preprocessing scales out past the GPU
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -32,7 +34,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayshard.data.batching import Reads, in_piece_order, iter_rows
 from rayshard.data.transforms import INDEX_KEY, PADDED_KEY, TransformContext
-from rayshard.errors import RayshardError
+from rayshard.errors import RayshardError, TransformError
 from rayshard.runtime.remote import remote_class
 from rayshard.runtime.transform_stage import apply_transform
 from rayshard.sources import Source
@@ -56,18 +58,29 @@ class ReaderWorker:
             known = self._epoch_source = (epoch, self._source.for_epoch(epoch, self._seed))
         return list(iter_rows(known[1], [piece], columns))
 
-    def apply(self, batch: dict, epoch: int) -> dict:
-        """The transform of one batch of `epoch`, with the context a reader would give."""
-        ctx = TransformContext(
-            loader=self._loader,
-            seed=self._seed,
-            epoch=epoch,
-            rank=self._rank,
-            indices=np.asarray(batch[INDEX_KEY]),
-            padded=np.asarray(batch[PADDED_KEY]),
-        )
+    def apply_batches(
+        self, batches: list[dict], epoch: int
+    ) -> tuple[list[dict], TransformError | None, float]:
+        """The transform of consecutive batches of `epoch`, with the context a reader
+        would give each: their results in order, the error that stopped the call (the
+        batches before it keep their results), and the seconds the transform took."""
+        results: list[dict] = []
         with self._one_transform:
-            return apply_transform(self._transform, dict(batch), ctx)
+            start = time.perf_counter()
+            for batch in batches:
+                ctx = TransformContext(
+                    loader=self._loader,
+                    seed=self._seed,
+                    epoch=epoch,
+                    rank=self._rank,
+                    indices=np.asarray(batch[INDEX_KEY]),
+                    padded=np.asarray(batch[PADDED_KEY]),
+                )
+                try:
+                    results.append(apply_transform(self._transform, dict(batch), ctx))
+                except TransformError as error:
+                    return results, error, time.perf_counter() - start
+            return results, None, time.perf_counter() - start
 
 
 def start_workers(

@@ -314,6 +314,22 @@ def alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.parametrize(("transform", "grouped"), [(noisy, True), (slow_noisy, False)])
+def test_transform_workers_take_cheap_batches_in_groups_and_slow_ones_in_turns(
+    ray_session, dataset, transform, grouped
+):
+    """A call per batch costs the reader more than a cheap transform: once the workers
+    report a cheap one, a call carries consecutive batches (one worker transforms
+    neighbours); a 30 ms transform goes one batch per call, alternating workers."""
+    loader = make_loader(dataset, transform=transform, transform_workers=2, batch_size=4)
+    (it,) = iterators(loader, 1)
+    pids = [int(b["pid"][0]) for b in it]
+    loader.shutdown()
+    assert len(pids) == 25 and len(set(pids)) == 2  # 100 rows in batches of 4, 2 workers
+    neighbours = [a == b for a, b in zip(pids, pids[1:])]
+    assert any(neighbours) if grouped else not any(neighbours)
+
+
 def test_transform_workers_need_a_transform(ray_session, dataset):
     with pytest.raises(ValueError, match="transform_workers=2 needs a transform"):
         make_loader(dataset, transform_workers=2)
