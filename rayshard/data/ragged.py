@@ -169,6 +169,13 @@ def _column_kinds(schema: pa.Schema) -> tuple[tuple[str, str, tuple[int, ...]], 
     return tuple(kinds)
 
 
+def converts_by_row(schema: pa.Schema) -> bool:
+    """Whether `convert_table` converts each row of `schema` on its own (no variable-length
+    list column, whose padding or offsets depend on the batch): converting many rows at
+    once and slicing the arrays gives the arrays of each slice converted alone."""
+    return all(kind != "ragged" for _, kind, _ in _column_kinds(schema))
+
+
 def _is_list(type_: pa.DataType) -> bool:
     return pa.types.is_list(type_) or pa.types.is_large_list(type_)
 

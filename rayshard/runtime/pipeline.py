@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from rayshard.data.batching import FLUSH, rebatch, to_numpy
+from rayshard.data.bulk_batches import bulk_rebatch
 from rayshard.data.columns import ColumnRules
 from rayshard.data.transforms import INDEX_KEY
 from rayshard.runtime.transform_stage import transform_input, transform_stream
@@ -32,7 +33,7 @@ def reader_batches(
     converted under `rules` (padding, null fills) either way: a transform sees them as
     they would arrive without it, and its output is delivered as it returns it."""
     if transform is None:
-        return flush_before_error(rebatch(rows, batch_size, lambda t: to_numpy(t, rules)))
+        return flush_before_error(bulk_rebatch(rows, batch_size, lambda t: to_numpy(t, rules)))
     batches = rebatch(rows, batch_size, convert=lambda t: transform_input(t, rules))
     if workers is not None:
         stream = parallel_transform_stream(batches, workers(), epoch)

@@ -82,6 +82,22 @@ def test_a_watch_stands_in_for_the_reader_when_the_consumer_reads(ray_session, t
         loader.shutdown()
 
 
+@pytest.mark.ray
+def test_small_batches_are_slices_of_one_conversion(ray_session, tmp_path):
+    """Batches of 8 rows reach the loop as views of one Arrow-to-numpy conversion of many
+    (`rayshard.data.bulk_batches`), not one conversion each; every row once, in order."""
+    loader = Loader(
+        ParquetSource(write_parquet(tmp_path, ROWS)), name=unique_name("bulk"), batch_size=8
+    )
+    try:
+        batches = list(loader.iterator(world_rank=0, world_size=1, batch_format="numpy"))
+    finally:
+        loader.shutdown()
+    assert [i for b in batches for i in b["_index"].tolist()] == list(range(101))
+    bases = {id(b["_index"].base) for b in batches[:12] if b["_index"].base is not None}
+    assert len(bases) == 1  # the first 96 rows: one conversion
+
+
 def test_who_reads_by_default_and_on_request():
     plain = LoaderConfig(batch_size=4)
     assert reads_in_consumer(plain, consumers=1, transform=None)

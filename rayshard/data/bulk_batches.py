@@ -1,0 +1,68 @@
+"""Small batches converted in bulk: Arrow to numpy once per `BULK_ROWS` rows, not once per
+batch.
+
+Converting a table costs tens of microseconds whatever its size, more than the rest of a
+consumer's work on a batch of 32 rows. When every column converts row by row
+(`converts_by_row`: no padded or values+offsets lists), `bulk_rebatch` cuts the rows as
+`rebatch` does, converts a run of consecutive batches at once and yields each batch as
+slices (views) of the run's arrays: the same batches, cut at the same rows, at the same
+`FLUSH` points. A run whose conversion fails (a null without a fill value) is converted
+batch by batch, so the batches before the failing one still come first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pyarrow as pa
+
+from rayshard.data.batching import FLUSH, Batch, rebatch
+from rayshard.data.ragged import converts_by_row
+
+BULK_ROWS = 1024  # rows converted at once, in whole batches
+
+
+def bulk_rebatch(
+    record_batches: Iterator[pa.RecordBatch],
+    batch_size: int,
+    convert: Callable[[pa.Table], Batch],
+    schema_fits: Callable[[pa.Schema], bool] = converts_by_row,
+) -> Iterator[Batch]:
+    """`rebatch(record_batches, batch_size, convert)`, converting `BULK_ROWS // batch_size`
+    batches at once when `schema_fits` says `convert` works row by row."""
+    per_run = BULK_ROWS // batch_size
+    if per_run < 2:
+        yield from rebatch(record_batches, batch_size, convert)
+        return
+    for run in rebatch(record_batches, batch_size * per_run, convert=_as_is):
+        if run is FLUSH:
+            yield FLUSH
+        else:
+            yield from _split(run, batch_size, convert, schema_fits(run.schema))
+
+
+def _as_is(table: pa.Table) -> pa.Table:
+    return table
+
+
+def _split(
+    table: pa.Table, batch_size: int, convert: Callable[[pa.Table], Batch], bulk: bool
+) -> Iterator[Batch]:
+    """`table` in batches of `batch_size` rows (the last possibly shorter), converted."""
+    starts = range(0, table.num_rows, batch_size)
+    converted: dict[str, Any] | None = None
+    if bulk:
+        try:
+            converted = convert(table)
+        except Exception:  # noqa: BLE001 - batch by batch below raises it at its batch
+            converted = None
+    if converted is None:
+        for start in starts:
+            yield convert(table.slice(start, batch_size))
+        return
+    for start in starts:
+        yield {name: column[start : start + batch_size] for name, column in converted.items()}
+
+
+__all__ = ["BULK_ROWS", "bulk_rebatch"]
