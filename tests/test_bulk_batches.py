@@ -79,6 +79,7 @@ def test_bulk_rebatch_makes_the_batches_rebatch_makes(
 
 
 def test_bulk_rebatch_converts_once_per_run_of_batches():
+    assert BULK_ROWS == 1024  # the README's number
     calls = []
 
     def convert(table):
