@@ -35,14 +35,24 @@ def record_batches(sizes: list[int], ragged: bool, null_at: int | None) -> list:
     return out
 
 
-def collect(stream) -> tuple[list, str | None]:
-    out = []
+def counted(items: list, pulls: list[int]):
+    """`items`, counting in `pulls[0]` how many were taken so far."""
+    for item in items:
+        pulls[0] += 1
+        yield item
+
+
+def collect(stream, pulls: list[int]) -> tuple[list, str | None, list[int]]:
+    """The items of `stream`, the error it ended with, and the input items taken before
+    each item came out (rows must be taken exactly when `rebatch` takes them)."""
+    out, taken = [], []
     try:
         for item in stream:
             out.append(item)
+            taken.append(pulls[0])
     except DataError as error:
-        return out, str(error)
-    return out, None
+        return out, str(error), taken
+    return out, None, taken
 
 
 def same(a, b) -> bool:
@@ -67,15 +77,17 @@ def test_bulk_rebatch_makes_the_batches_rebatch_makes(
 ):
     rules = ColumnRules(fill_null={"v": -1}) if fill else ColumnRules()
 
-    def stream():
+    def run(cut):
         items = record_batches(sizes, ragged, null_at)
         items.insert(min(flush_at, len(items)), FLUSH)
-        return iter(items)
+        pulls = [0]
+        return collect(cut(counted(items, pulls), batch_size, lambda t: to_numpy(t, rules)), pulls)
 
-    expected, error = collect(rebatch(stream(), batch_size, lambda t: to_numpy(t, rules)))
-    got, got_error = collect(bulk_rebatch(stream(), batch_size, lambda t: to_numpy(t, rules)))
+    expected, error, taken = run(rebatch)
+    got, got_error, got_taken = run(bulk_rebatch)
     assert got_error == error  # a null without a fill fails at the same batch
     assert len(got) == len(expected) and all(map(same, got, expected))
+    assert got_taken == taken  # no row read ahead to fill a run
 
 
 def test_bulk_rebatch_converts_once_per_run_of_batches():

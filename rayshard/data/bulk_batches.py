@@ -4,10 +4,11 @@ batch.
 Converting a table costs tens of microseconds whatever its size, more than the rest of a
 consumer's work on a batch of 32 rows. When every column converts row by row
 (`converts_by_row`: no padded or values+offsets lists), `bulk_rebatch` cuts the rows as
-`rebatch` does, converts a run of consecutive batches at once and yields each batch as
-slices (views) of the run's arrays: the same batches, cut at the same rows, at the same
-`FLUSH` points. A run whose conversion fails (a null without a fill value) is converted
-batch by batch, so the batches before the failing one still come first.
+`rebatch` does, converts the full batches it has in hand at once (a record batch of a
+Parquet row group holds many) and yields each batch as slices (views) of their arrays: the
+same batches, cut at the same rows, at the same `FLUSH` points, with rows taken from the
+stream when `rebatch` would take them. A run whose conversion fails (a null without a
+fill value) is converted batch by batch, so the batches before the failing one come first.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import pyarrow as pa
 from rayshard.data.batching import FLUSH, Batch, rebatch
 from rayshard.data.ragged import converts_by_row
 
-BULK_ROWS = 1024  # rows converted at once, in whole batches
+BULK_ROWS = 1024  # rows converted at once at most, in whole batches
 
 
 def bulk_rebatch(
@@ -29,21 +30,37 @@ def bulk_rebatch(
     convert: Callable[[pa.Table], Batch],
     schema_fits: Callable[[pa.Schema], bool] = converts_by_row,
 ) -> Iterator[Batch]:
-    """`rebatch(record_batches, batch_size, convert)`, converting `BULK_ROWS // batch_size`
-    batches at once when `schema_fits` says `convert` works row by row."""
+    """`rebatch(record_batches, batch_size, convert)`, converting the full batches in hand
+    (up to `BULK_ROWS // batch_size` at once) together when `schema_fits` says `convert`
+    works row by row. Rows are taken from `record_batches` exactly when `rebatch` takes
+    them: never more to fill a run (under `dynamic` a reader must not hold rows others
+    could read)."""
     per_run = BULK_ROWS // batch_size
     if per_run < 2:
         yield from rebatch(record_batches, batch_size, convert)
         return
-    for run in rebatch(record_batches, batch_size * per_run, convert=_as_is):
-        if run is FLUSH:
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in record_batches:
+        if batch is FLUSH:
+            if rows:  # under one batch: rebatch's short batch
+                yield convert(pa.Table.from_batches(pending).combine_chunks())
+                pending, rows = [], 0
             yield FLUSH
-        else:
-            yield from _split(run, batch_size, convert, schema_fits(run.schema))
-
-
-def _as_is(table: pa.Table) -> pa.Table:
-    return table
+            continue
+        if batch.num_rows == 0:
+            continue
+        pending.append(batch)
+        rows += batch.num_rows
+        while rows >= batch_size:
+            table = pa.Table.from_batches(pending)
+            take = min(rows // batch_size, per_run) * batch_size
+            yield from _split(table.slice(0, take), batch_size, convert, schema_fits(table.schema))
+            rest = table.slice(take)
+            pending = rest.to_batches() if rest.num_rows else []
+            rows = rest.num_rows
+    if rows:
+        yield convert(pa.Table.from_batches(pending))
 
 
 def _split(

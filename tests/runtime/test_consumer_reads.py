@@ -84,11 +84,11 @@ def test_a_watch_stands_in_for_the_reader_when_the_consumer_reads(ray_session, t
 
 @pytest.mark.ray
 def test_small_batches_are_slices_of_one_conversion(ray_session, tmp_path):
-    """Batches of 8 rows reach the loop as views of one Arrow-to-numpy conversion of many
-    (`rayshard.data.bulk_batches`), not one conversion each; every row once, in order."""
-    loader = Loader(
-        ParquetSource(write_parquet(tmp_path, ROWS)), name=unique_name("bulk"), batch_size=8
-    )
+    """Batches of 8 rows cut from one 101-row row group reach the loop as views of one
+    Arrow-to-numpy conversion (`rayshard.data.bulk_batches`), not one conversion each;
+    every row once, in order."""
+    source = ParquetSource(write_parquet(tmp_path, [101], row_group_size=101))
+    loader = Loader(source, name=unique_name("bulk"), batch_size=8)
     try:
         batches = list(loader.iterator(world_rank=0, world_size=1, batch_format="numpy"))
     finally:
