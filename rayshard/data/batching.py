@@ -129,12 +129,24 @@ def rebatch(
     the stream emits the rows held so far as a short batch, then passes the `FLUSH` on (a
     dynamic reader about to wait must not sit on rows others wait for)."""
     convert = convert or to_numpy
+    for table in cut_rows(record_batches, batch_size):
+        yield table if table is FLUSH else convert(table)
+
+
+def cut_rows(
+    record_batches: Iterator[pa.RecordBatch], batch_size: int, batches_per_cut: int = 1
+) -> Iterator[pa.Table]:
+    """The rows of a stream of record batches as tables of whole batches: each holds
+    `batch_size` rows times as many full batches as are in hand (at most
+    `batches_per_cut`), the last one and those before a `FLUSH` (passed on) possibly
+    shorter. Rows are taken from the stream only when a batch needs them: under `dynamic` a
+    reader must not hold rows others could read."""
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in record_batches:
         if batch is FLUSH:
             if rows:
-                yield convert(pa.Table.from_batches(pending).combine_chunks())
+                yield pa.Table.from_batches(pending).combine_chunks()
                 pending, rows = [], 0
             yield FLUSH  # downstream holders (object blocks) must flush too
             continue
@@ -143,25 +155,26 @@ def rebatch(
         pending.append(batch)
         rows += batch.num_rows
         while rows >= batch_size:
+            take = min(rows // batch_size, batches_per_cut) * batch_size
             head = pending[0]
-            if head.num_rows >= batch_size:  # the rows lie in one record batch: slice it
-                yield convert(pa.Table.from_batches([head.slice(0, batch_size)]))
-                if head.num_rows > batch_size:
-                    pending[0] = head.slice(batch_size)
+            if head.num_rows >= take:  # the rows lie in one record batch: slice it
+                yield pa.Table.from_batches([head.slice(0, take)])
+                if head.num_rows > take:
+                    pending[0] = head.slice(take)
                 else:
                     pending.pop(0)
-                rows -= batch_size
+                rows -= take
                 continue
-            # Slice before combining: only the `batch_size` rows of this batch are
-            # copied (and only when they span record batches); the rest stays as
-            # zero-copy slices instead of being re-concatenated on every cut.
+            # Slice before combining: only these rows are copied (and only when they span
+            # record batches); the rest stays as zero-copy slices instead of being
+            # re-concatenated on every cut.
             table = pa.Table.from_batches(pending)
-            yield convert(table.slice(0, batch_size))
-            rest = table.slice(batch_size)
+            yield table.slice(0, take)
+            rest = table.slice(take)
             pending = rest.to_batches() if rest.num_rows else []
             rows = rest.num_rows
     if rows:
-        yield convert(pa.Table.from_batches(pending))
+        yield pa.Table.from_batches(pending)
 
 
 def to_numpy(table: pa.Table, rules: ColumnRules | None = None) -> Batch:

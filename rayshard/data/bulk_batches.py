@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from rayshard.data.batching import FLUSH, Batch, rebatch
+from rayshard.data.batching import FLUSH, Batch, cut_rows, rebatch
 from rayshard.data.ragged import converts_by_row
 
 BULK_ROWS = 1024  # rows converted at once at most, in whole batches
@@ -39,28 +39,13 @@ def bulk_rebatch(
     if per_run < 2:
         yield from rebatch(record_batches, batch_size, convert)
         return
-    pending: list[pa.RecordBatch] = []
-    rows = 0
-    for batch in record_batches:
-        if batch is FLUSH:
-            if rows:  # under one batch: rebatch's short batch
-                yield convert(pa.Table.from_batches(pending).combine_chunks())
-                pending, rows = [], 0
+    for table in cut_rows(record_batches, batch_size, per_run):
+        if table is FLUSH:
             yield FLUSH
-            continue
-        if batch.num_rows == 0:
-            continue
-        pending.append(batch)
-        rows += batch.num_rows
-        while rows >= batch_size:
-            table = pa.Table.from_batches(pending)
-            take = min(rows // batch_size, per_run) * batch_size
-            yield from _split(table.slice(0, take), batch_size, convert, schema_fits(table.schema))
-            rest = table.slice(take)
-            pending = rest.to_batches() if rest.num_rows else []
-            rows = rest.num_rows
-    if rows:
-        yield convert(pa.Table.from_batches(pending))
+        elif table.num_rows <= batch_size:  # one batch, full or short: nothing to share
+            yield convert(table)
+        else:
+            yield from _split(table, batch_size, convert, schema_fits(table.schema))
 
 
 def _split(
