@@ -473,8 +473,11 @@ class TrainLedger:
         )
         return len(self.attempts) - 1
 
-    def batch(self, attempt: int, rank: int, epoch: int, seq: int, ids: list) -> None:
+    def batch(self, attempt: int, rank: int, epoch: int, seq: int, ids: list) -> bool:
+        """Record a batch; answers whether the scenario asked the run to stop (the workers
+        then read the rest of their epoch without the per-batch delay)."""
         self.batches.append((attempt, rank, epoch, seq, list(ids)))
+        return self.stop_requested
 
     def checkpoint(self, marker: dict) -> None:
         self.checkpoints.append({**marker, "time": time.time()})
@@ -581,8 +584,8 @@ def elastic_loop(config: dict) -> None:
         for batch in batches:
             seq += 1
             ids = batch["id"][~batch["_padded"]].tolist()
-            ray.get(ledger.batch.remote(attempt, rank, epoch, seq, ids))
-            time.sleep(config["delay"])
+            if not ray.get(ledger.batch.remote(attempt, rank, epoch, seq, ids)):
+                time.sleep(config["delay"])  # the run must outlast the scenario's cues
             # Checkpoints only inside an epoch (never after its last batch), so every
             # resume re-plans the rest of an epoch on the new world size.
             if seq % config["every"] == 0 and batches.epoch == epoch:
