@@ -30,7 +30,8 @@ def test_runs_cover_the_real_and_dropped_samples_once(ids, data):
     real = [i for i, p in zip(ids, padded) if not p]
     assert meta.real == len(real)
     assert list(iv.indices(meta.runs)) == sorted(real + dropped)
-    assert iv.normalize(meta.runs) == tuple(map(tuple, meta.runs))  # merged, in order
+    assert iv.normalize(meta.runs) == tuple(map(tuple, meta.runs.tolist()))  # merged, in order
+    assert meta.runs.dtype == np.int64 and meta.runs.shape == (meta.runs.shape[0], 2)
     assert DROPPED_KEY not in out and {"x", "_index", "_padded"} <= set(out)
     assert meta.nbytes == sum(v.nbytes for v in out.values()) and meta.partial == []
 
@@ -44,7 +45,7 @@ def test_a_packed_batch_acknowledges_finished_documents_and_split_progress():
         PARTIAL_KEY: np.array([[9, 5]], np.int64),
     }
     meta, out = tag_batch(batch)
-    assert meta.runs == [[3, 5], [7, 8]] and meta.real == 3
+    assert meta.runs.tolist() == [[3, 5], [7, 8]] and meta.real == 3
     assert meta.partial == [[9, 5]]
     assert COMPLETED_KEY not in out and PARTIAL_KEY not in out
 

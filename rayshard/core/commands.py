@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, ClassVar
 
+from rayshard.plan.id_runs import as_runs
+
 
 @dataclasses.dataclass(frozen=True)
 class Command:
@@ -80,7 +82,8 @@ class Lease(Command):
 
 @dataclasses.dataclass(frozen=True)
 class Ack(Command):
-    """Consumers of `dp_rank` received batches up to their `batches`-th, holding `ids`;
+    """Consumers of `dp_rank` received batches up to their `batches`-th, holding `ids`
+    (`(start, end)` pairs, or their `(n, 2)` int64 array as the coordinator gets them);
     recorded at `time` (restarts the rank's straggler clock); under packing `partial`
     holds (sample index, tokens delivered) of split documents."""
 
@@ -88,9 +91,16 @@ class Ack(Command):
     dp_rank: int
     epoch: int
     batches: int
-    ids: tuple[tuple[int, int], ...]
+    ids: Any
     time: float = 0.0
     partial: tuple[tuple[int, int], ...] = ()
+
+    def to_entry(self) -> dict[str, Any]:
+        # `ids` go flat (start, end, start, end, ...): a shuffled epoch acknowledges about
+        # one pair per sample, and JSON writes a flat list of ints several times faster
+        entry = super().to_entry()
+        entry["args"]["ids"] = as_runs(self.ids).ravel().tolist()
+        return entry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +132,8 @@ def command_from_entry(entry: dict[str, Any]) -> Command:
     cls = COMMANDS[entry["op"]]
     args = dict(entry["args"])
     if cls is Ack:
-        args["ids"] = tuple(tuple(pair) for pair in args["ids"])
+        flat = args["ids"]
+        args["ids"] = tuple(zip(flat[0::2], flat[1::2]))
         args["partial"] = tuple(tuple(pair) for pair in args.get("partial", ()))
     return cls(**args)
 

@@ -25,6 +25,7 @@ from rayshard.core.state import LoaderState
 from rayshard.core.stragglers import reoffer
 from rayshard.plan import EpochPlan, RankPlan
 from rayshard.plan import intervals as iv
+from rayshard.plan.id_runs import RunSet
 from rayshard.sources.base import Source
 
 
@@ -51,8 +52,7 @@ class CoordinatorCore(CoreQueries):
         self.resume: LoaderState | None = None
         # epoch -> dp rank -> batches received; epoch -> consumed intervals (all ranks)
         self.received: dict[int, dict[int, int]] = {}
-        self.consumed: dict[int, list[iv.Interval]] = {}
-        self._merge_at: dict[int, int] = {}  # epoch -> length at which `consumed` merges
+        self.consumed: dict[int, RunSet] = {}
         self.partial: dict[int, dict[int, int]] = {}  # epoch -> sample -> tokens delivered
         self.events: list[dict] = []
         self.readers_named = 0
@@ -176,8 +176,7 @@ class CoordinatorCore(CoreQueries):
     def _ack(self, c: cmd.Ack) -> cmd.Noted:
         counts = self.received.setdefault(c.epoch, {})
         counts[c.dp_rank] = max(counts.get(c.dp_rank, 0), c.batches)
-        held = self.consumed.setdefault(c.epoch, [])
-        self._merge_at[c.epoch] = iv.absorb(held, c.ids, self._merge_at.get(c.epoch, 0))
+        self.consumed.setdefault(c.epoch, RunSet()).add(c.ids)
         if c.partial:
             partial = self.partial.setdefault(c.epoch, {})
             for index, tokens in c.partial:
@@ -226,7 +225,7 @@ class CoordinatorCore(CoreQueries):
         if not ranks or not ranks <= self.rank_epoch.keys():
             return []
         floor = min(self.rank_epoch[r] for r in ranks) - 1
-        stores = (self.books, self.received, self.consumed, self.partial, self._merge_at)
+        stores = (self.books, self.received, self.consumed, self.partial)
         past = sorted(e for e in {*self.started, *(e for s in stores for e in s)} if e < floor)
         for epoch in past:
             self.started.discard(epoch)
@@ -242,13 +241,10 @@ class CoordinatorCore(CoreQueries):
 
     def merged_consumed(self, epoch: int) -> iv.Intervals:
         """`epoch`'s consumed intervals, merged and kept so: snapshots merge each once."""
-        merged = iv.normalize(self.consumed[epoch])
-        self.consumed[epoch] = list(merged)
-        return merged
+        return self.consumed[epoch].merged()
 
     def load_dict(self, data: dict[str, Any]) -> None:
         snapshots.load_core(self, data)
-        self._merge_at.clear()
         self._plans.clear()
 
     # -- internals -------------------------------------------------------------------------
@@ -278,7 +274,6 @@ class CoordinatorCore(CoreQueries):
         self.books.clear()
         self.received.clear()
         self.consumed.clear()
-        self._merge_at.clear()
         self.partial.clear()
         self.rank_epoch.clear()
 

@@ -16,6 +16,7 @@ from rayshard.core.state import LoaderState
 from rayshard.errors import StaleClientError
 from rayshard.plan import EpochPlan
 from rayshard.plan import intervals as iv
+from rayshard.plan.id_runs import RunSet
 from rayshard.sources.base import Source
 
 
@@ -34,7 +35,7 @@ class CoreQueries:
     rank_epoch: dict[int, int]
     resume: LoaderState | None
     received: dict[int, dict[int, int]]
-    consumed: dict[int, list[iv.Interval]]
+    consumed: dict[int, RunSet]
     partial: dict[int, dict[int, int]]
     _plans: dict[tuple, EpochPlan]
     _lengths: Any
@@ -191,7 +192,9 @@ class CoreQueries:
         return tuple(sorted((i, t) for i, t in merged.items() if not _inside(consumed, i)))
 
     def all_consumed(self, epoch: int) -> iv.Intervals:
-        return iv.normalize([*self.consumed.get(epoch, []), *self.resumed_consumed(epoch)])
+        held = self.consumed.get(epoch)
+        acked = held.merged() if held is not None else ()
+        return iv.normalize([*acked, *self.resumed_consumed(epoch)])
 
     def epoch_samples(self, epoch: int) -> iv.Intervals:
         if epoch in self.started:

@@ -11,6 +11,7 @@ from rayshard.core import commands as cmd
 from rayshard.core.leases import LeaseBook
 from rayshard.core.membership import Membership
 from rayshard.core.state import LoaderState
+from rayshard.plan.id_runs import RunSet
 
 if TYPE_CHECKING:
     from rayshard.core.coordination import CoordinatorCore
@@ -49,7 +50,7 @@ def load_core(core: CoordinatorCore, data: dict[str, Any]) -> None:
     core.rank_epoch = {r: e for r, e in data["rank_epoch"]}
     core.resume = None if data["resume"] is None else LoaderState.from_dict(data["resume"])
     core.received = {e: {r: n for r, n in c} for e, c in data["received"]}
-    core.consumed = {e: [tuple(p) for p in c] for e, c in data["consumed"]}
+    core.consumed = {e: RunSet(c) for e, c in data["consumed"]}
     core.partial = {e: {i: t for i, t in p} for e, p in data.get("partial", [])}
     core.events = list(data["events"])
     core.readers_named = data["readers_named"]

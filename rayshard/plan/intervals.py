@@ -24,22 +24,6 @@ def normalize(intervals: Iterable[Iterable[int]]) -> Intervals:
     return tuple((a, b) for a, b in merged)
 
 
-MERGE_FLOOR = 64  # `absorb` merges a list of pairs once it is longer than this
-
-
-def absorb(held: list[Interval], pairs: Iterable[Interval], merge_at: int) -> int:
-    """Append `pairs` to `held`; once it holds more than `merge_at` pairs, merge it in place
-    (`normalize`). Returns the next `merge_at` (twice the merged length, at least
-    `MERGE_FLOOR`), so a list fed scattered pairs (a shuffled epoch's acknowledgements,
-    about one pair per sample) stays within twice its length after its last merge (or the
-    floor), at an amortized O(log n) per pair."""
-    held.extend(pairs)
-    if len(held) <= merge_at:
-        return merge_at
-    held[:] = normalize(held)
-    return max(MERGE_FLOOR, 2 * len(held))
-
-
 def concat(intervals: Iterable[Interval]) -> Intervals:
     """Join pairs given in order, merging only where one ends exactly where the next starts.
 

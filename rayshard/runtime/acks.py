@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import ray
 
+from rayshard.plan.id_runs import as_runs, union
 from rayshard.runtime.metrics import record_batches
 
 
@@ -36,8 +37,8 @@ class AckSender:
         self._coordinator, self.generation, self._rank = coordinator, generation, dp_rank
         self._loader_name = loader_name
         self._lock = threading.Lock()
-        # epoch -> [last batch count, runs, samples, bytes, stall seconds, batches in group,
-        #           packing's split documents {sample index: tokens delivered}]
+        # epoch -> [last batch count, run arrays, samples, bytes, stall seconds, batches in
+        #           group, packing's split documents {sample index: tokens delivered}]
         self._pending: dict[int, list] = {}
         self._sent: list[Any] = []  # ObjectRefs of acknowledgements not known to be recorded
         self._wake = threading.Event()
@@ -50,7 +51,7 @@ class AckSender:
         self,
         epoch: int,
         batches: int,
-        runs: list,
+        runs: np.ndarray,
         samples: int,
         nbytes: int,
         stall: float,
@@ -62,12 +63,7 @@ class AckSender:
                 entry[6][index] = max(entry[6].get(index, 0), tokens)
             entry[0] = batches
             entry[5] += 1
-            held = entry[1]
-            for run in runs:  # consecutive batches' runs join: one interval, not one each
-                if held and held[-1][1] == run[0]:
-                    held[-1] = [held[-1][0], run[1]]
-                else:
-                    held.append(run)
+            entry[1].append(runs)
             entry[2] += samples
             entry[3] += nbytes
             entry[4] += stall
@@ -79,7 +75,9 @@ class AckSender:
         with self._lock:
             pending, self._pending = self._pending, {}
             for epoch, entry in sorted(pending.items()):
-                batches, runs, samples, nbytes, stall, count, partial = entry
+                batches, held, samples, nbytes, stall, count, partial = entry
+                # (n, 2) the group's runs, merged: consecutive batches' runs join
+                runs = union(np.concatenate([as_runs(r) for r in held]))
                 usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
                 record_batches(self._loader_name, self._rank, count, nbytes, stall)
                 self._sent.append(
@@ -114,18 +112,17 @@ class AckSender:
             self.flush()
 
 
-def sample_runs(sorted_ids: np.ndarray) -> list[list[int]]:
-    """Sorted sample ids as merged half-open intervals."""
+def sample_runs(sorted_ids: np.ndarray) -> np.ndarray:
+    """Sorted sample ids as merged half-open intervals, an `(n, 2)` int64 array (a
+    shuffled batch has about one run per row: kept in numpy up to the coordinator)."""
+    sorted_ids = np.asarray(sorted_ids, dtype=np.int64)
     if sorted_ids.size == 0:
-        return []
-    steps = np.diff(sorted_ids)
-    if (steps == 1).all():  # one run: the usual batch of consecutive ids
-        return [[int(sorted_ids[0]), int(sorted_ids[-1]) + 1]]
-    breaks = np.flatnonzero(steps != 1) + 1
+        return np.empty((0, 2), dtype=np.int64)
+    # (k,) positions where a new run begins, after the first
+    breaks = np.flatnonzero(np.diff(sorted_ids) != 1) + 1
     starts = sorted_ids[np.concatenate(([0], breaks))]
     ends = sorted_ids[np.concatenate((breaks, [sorted_ids.size])) - 1] + 1
-    # one vectorized conversion: a shuffled batch has about one run per row
-    return np.stack((starts, ends), axis=1).astype(np.int64).tolist()
+    return np.stack((starts, ends), axis=1)
 
 
 __all__ = ["AckSender", "sample_runs"]

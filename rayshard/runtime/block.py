@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rayshard.data.batching import INDEX_KEY, PADDED_KEY, Tagged
-from rayshard.plan import intervals as iv
+from rayshard.plan.id_runs import as_runs, to_intervals, union
 from rayshard.runtime.acks import sample_runs
 from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY
 from rayshard.runtime.transform_stage import DROPPED_KEY
@@ -19,12 +19,12 @@ from rayshard.runtime.transform_stage import DROPPED_KEY
 
 class BatchMeta(NamedTuple):
     """What a consumer acknowledges for one batch, worked out where the batch was made:
-    `runs`, the sample-id runs it consumes (its real samples, those a transform dropped,
-    or under packing the documents it finished); `real`, the samples it delivers (padding
-    and dropped ones excluded); its `nbytes`; and `partial`, (document, tokens delivered)
-    of the split documents it carries (packing; else empty)."""
+    `runs`, the sample-id runs it consumes as an `(n, 2)` int64 array (its real samples,
+    those a transform dropped, or under packing the documents it finished); `real`, the
+    samples it delivers (padding and dropped ones excluded); its `nbytes`; and `partial`,
+    (document, tokens delivered) of the split documents it carries (packing; else empty)."""
 
-    runs: list[list[int]]
+    runs: np.ndarray
     real: int
     nbytes: int
     partial: list
@@ -43,8 +43,8 @@ class Block:
 
     @classmethod
     def of(cls, key: tuple[int, int], index: int, batches: list[Tagged]) -> Block:
-        runs = iv.normalize([tuple(run) for tagged in batches for run in tagged.tag.runs])
-        return cls(key[0], key[1], index, tuple(batches), tuple(runs))
+        runs = union(np.concatenate([as_runs(t.tag.runs) for t in batches] or [as_runs(())]))
+        return cls(key[0], key[1], index, tuple(batches), to_intervals(runs))
 
 
 def tag_batch(batch: dict) -> Tagged:

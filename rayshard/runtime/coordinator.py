@@ -27,6 +27,7 @@ from rayshard.core import commands as cmd
 from rayshard.core.coordination import CoordinatorCore
 from rayshard.core.state import LoaderState
 from rayshard.errors import RayshardError
+from rayshard.plan.id_runs import as_runs
 from rayshard.runtime import metrics
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.reader_watches import ReaderWatches
@@ -165,7 +166,7 @@ class Coordinator:
         if not self._core.serves(generation, dp_rank):
             return  # late acknowledgement of a previous generation: already accounted
         pairs = tuple(tuple(int(x) for x in pair) for pair in partial or ())
-        ids = tuple(map(tuple, ids))
+        ids = as_runs(ids)  # (n, 2) int64: no Python object per pair
         self._do(cmd.Ack(dp_rank, epoch, batches, ids, time.time(), pairs))
         totals = self._usage.setdefault(
             dp_rank, {"batches": 0, "samples": 0, "bytes": 0, "stall_s": 0.0}

@@ -18,7 +18,7 @@ from typing import Any
 from rayshard.errors import ConfigError
 
 log = logging.getLogger(__name__)
-JOURNAL_VERSION = 2  # 2: commands of rayshard.core.commands, and snapshots
+JOURNAL_VERSION = 3  # 2: commands of rayshard.core.commands, and snapshots; 3: flat ack ids
 
 
 class Journal:

@@ -116,26 +116,3 @@ def test_big_coordinates_split_and_rejoin_without_enumerating(cuts, data):
     assert iv.total(part) == stop - begin
     if stop > begin:
         assert part == ((cuts[0] + begin, cuts[0] + stop),)
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(pairs, max_size=6), st.integers(0, 6))
-def test_absorb_keeps_the_set_of_every_pair_appended(groups, merge_at):
-    held: list = []
-    for group in groups:
-        merge_at = iv.absorb(held, group, merge_at)
-    assert as_set(held) == as_set(p for group in groups for p in group)
-
-
-def test_absorb_merges_a_scattered_stream_as_it_grows():
-    """A shuffled epoch acknowledges about one pair per sample: the held list is merged
-    as it grows, not kept one pair per sample until a snapshot."""
-    n = 4 * iv.MERGE_FLOOR
-    order = [(i * 7919) % n for i in range(n)]  # every sample once, scattered
-    held: list = []
-    merge_at = 0
-    for start in range(0, n, 64):
-        merge_at = iv.absorb(held, [(i, i + 1) for i in order[start : start + 64]], merge_at)
-        assert len(held) <= merge_at
-    assert iv.normalize(held) == ((0, n),)
-    assert len(held) <= n // 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 import ray
 
@@ -21,7 +22,8 @@ class SlowRecorder:
 
     async def ack(self, generation, dp_rank, epoch, batches, ids, usage=None) -> None:
         await asyncio.sleep(0.5)
-        self.calls.append((epoch, batches, ids, usage["samples"]))
+        # the runs arrive as one (n, 2) int64 array
+        self.calls.append((epoch, batches, np.asarray(ids).tolist(), usage["samples"]))
 
     async def recorded(self) -> list[tuple]:
         return list(self.calls)

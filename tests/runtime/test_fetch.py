@@ -18,7 +18,7 @@ def test_requests_stay_the_budget_ahead_of_the_block_in_use(ray_session, ahead):
     server = ray.remote(BlockServer).remote()
     stream = fetch_batches(server, 0, 1, flush=lambda: None, where="test", blocks_ahead=ahead)
     for block, (meta, batch) in enumerate(stream):
-        assert batch["_index"].tolist() == [block] and meta.runs == [[block, block + 1]]
+        assert batch["_index"].tolist() == [block] and meta.runs.tolist() == [[block, block + 1]]
         # calls from one caller run in order: every request sent so far is recorded
         assert max(ray.get(server.requests.remote())) == block + ahead
     assert block == BLOCKS - 1
