@@ -1,0 +1,142 @@
+"""Hugging Face `Trainer.train(resume_from_checkpoint=...)` over rayshard on another world
+size: a checkpoint written by 2 processes resumed by 1, and one written by 1 resumed by 2.
+The processes are two Trainers in two threads of this process, each reading its own rank
+of one loader (`Loader.iterator(world_rank=r, world_size=2)`) and writing its own
+`rayshard_state_{r}.json` (their `args.process_index`); no Ray Train, so it is quick."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+
+from rayshard.frameworks.hf_resume import state_path
+from rayshard.frameworks.torch import IterableAdapter
+from rayshard.frameworks.transformers import causal_lm_inputs, prepare_trainer
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.frameworks.hf_loops import SEQ, VOCAB, row_ids, write_tokens
+from tests.frameworks.test_transformers_resume import StopAfterSave, _Stop
+from tests.runtime.helpers import unique_name
+
+pytestmark = pytest.mark.ray
+
+ROWS, BATCH, EPOCHS = 32, 8, 3  # 4 batches per epoch: 2 steps per rank on 2 ranks
+
+
+class RankArgs(TrainingArguments):
+    """`TrainingArguments` of one emulated process: `process_index` is `rank`."""
+
+    rank = 0
+
+    @property
+    def process_index(self) -> int:
+        return self.rank
+
+
+class Recorder(Trainer):
+    """Records (data epoch, dataset rows) of every training step."""
+
+    seen: list[tuple[int, list[int]]]
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        epoch = self.train_dataset.iterator.stats()["epoch"]
+        self.seen.append((epoch, row_ids(inputs)))
+        return super().training_step(model, inputs, num_items_in_batch)
+
+
+def _train(iterator, rank: int, output_dir: str, resume: str | None, stop: int | None):
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=SEQ)
+    )
+    args = RankArgs(
+        output_dir=output_dir,
+        num_train_epochs=EPOCHS,
+        use_cpu=True,
+        save_strategy="steps" if stop else "no",
+        save_steps=stop or 1,
+        report_to=[],
+        disable_tqdm=True,
+        logging_strategy="no",
+    )
+    args.rank = rank
+    callbacks = [StopAfterSave(stop)] if stop else []
+    trainer = prepare_trainer(
+        Recorder(
+            model=model,
+            args=args,
+            train_dataset=IterableAdapter(iterator, causal_lm_inputs),
+            callbacks=callbacks,
+        )
+    )
+    trainer.seen = []
+    with contextlib.suppress(_Stop):
+        trainer.train(resume_from_checkpoint=resume)
+    return trainer
+
+
+def _run(data: str, name: str, world: int, out: str, resume=None, stop=None) -> list:
+    """One job: a new loader (a new namespace) read by `world` Trainers at once."""
+    loader = Loader(
+        ParquetSource(data),
+        batch_size=BATCH,
+        name=name,
+        shuffle=True,
+        namespace=unique_name("hfws-job"),
+    )
+    try:
+        iterators = [loader.iterator(world_rank=r, world_size=world) for r in range(world)]
+        with ThreadPoolExecutor(world) as pool:
+            runs = [
+                pool.submit(_train, it, r, f"{out}/rank{r}", resume, stop)
+                for r, it in enumerate(iterators)
+            ]
+            trainers = [run.result() for run in runs]
+    finally:
+        loader.shutdown()
+    return trainers
+
+
+def _checkpoint(out: str, world: int, step: int) -> str:
+    """Process 0's checkpoint folder of `step`, with every other process's state file in it
+    (one shared output folder, as the processes of one job write it)."""
+    folder = f"{out}/rank0/checkpoint-{step}"
+    for rank in range(1, world):
+        shutil.copy(state_path(f"{out}/rank{rank}/checkpoint-{step}", rank), folder)
+    return folder
+
+
+# (processes before, processes after, the step the first run stopped after saving):
+# 2 -> 1 stops in data epoch 1 (1 of its 2 steps per rank had), 1 -> 2 in epoch 0 (2 of 4).
+@pytest.mark.parametrize("before, after, stop", [(2, 1, 3), (1, 2, 2)])
+def test_resume_on_another_world_size_is_exactly_once(ray_session, tmp_path, before, after, stop):
+    """Every data epoch the two runs read, the interrupted one included, is read exactly
+    once across them: the state is loader-wide, and the resumed loader re-plans the rest of
+    the epoch for the new world size. The Trainer's step budget is counted in its steps
+    (`num_train_epochs` times the new world size's steps per epoch, less `global_step`),
+    so the runs read more data epochs than asked on fewer processes (2 -> 1: into a 4th)
+    and fewer on more (1 -> 2: two); the README says so."""
+    data = write_tokens(str(tmp_path / "tokens"), ROWS, files=6)
+    name = unique_name("hfws")
+    first = _run(data, name, before, str(tmp_path / "first"), stop=stop)
+    resume = _checkpoint(str(tmp_path / "first"), before, stop)
+    with pytest.warns(UserWarning, match="the data follows the loader's epoch"):
+        second = _run(data, name, after, str(tmp_path / "second"), resume=resume)
+    got: dict[int, list[int]] = collections.defaultdict(list)
+    for trainer in [*first, *second]:
+        for epoch, ids in trainer.seen:
+            got[epoch] += ids
+    # 2 -> 1: the budget is 3 epochs of 4 steps. 1 -> 2: the Trainer's epochs 1 and 2 (of 2
+    # steps each) read the rest of data epoch 0 (1 step per rank) and data epoch 1.
+    assert [t.state.global_step for t in second] == {1: [12], 2: [5, 5]}[after]
+    read = {1: [0, 1, 2, 3], 2: [0, 1]}[after]  # data epochs read (the last maybe in part)
+    assert sorted(got) == read
+    for epoch in read:
+        counts = collections.Counter(got[epoch])
+        assert max(counts.values()) == 1, (epoch, counts)  # no sample twice
+        if epoch < read[-1] or after == 2:
+            assert sorted(counts) == list(range(ROWS)), (epoch, sorted(counts))
