@@ -103,10 +103,14 @@ def prepare_trainer(trainer: Any) -> Any:
 
         def _save_rng_state(self, output_dir: str) -> None:
             """Each process's loader state goes where its RNG state does (every process
-            saves this at the same step, as `state_dict()` needs)."""
+            saves this at the same step, as `state_dict()` needs). No process reads its
+            next batch before every process took its state: the Trainer has no barrier
+            there, and a state taken after another process's next batch (process 0 still
+            saving the model) would count that batch consumed."""
             super()._save_rng_state(output_dir)
             if isinstance(self.train_dataset, IterableAdapter):
                 save_loader_state(self.train_dataset, output_dir, self.args.process_index)
+                self.accelerator.wait_for_everyone()
 
         def get_eval_dataloader(self, eval_dataset: Any = None) -> torch.utils.data.DataLoader:
             dataset = self.eval_dataset if eval_dataset is None else eval_dataset

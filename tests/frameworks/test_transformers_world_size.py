@@ -8,8 +8,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
+import json
 import shutil
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import pytest
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -49,31 +55,34 @@ class Recorder(Trainer):
         return super().training_step(model, inputs, num_items_in_batch)
 
 
-def _train(iterator, rank: int, output_dir: str, resume: str | None, stop: int | None):
+def _trainer(cls: type, iterator, rank: int, out: str, save_steps: int | None, stop: int | None):
+    """A prepared `cls` Trainer of process `rank` over `iterator`, saving every
+    `save_steps` steps (never if None) and stopped after the save of step `stop`."""
     model = GPT2LMHeadModel(
         GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=SEQ)
     )
     args = RankArgs(
-        output_dir=output_dir,
+        output_dir=out,
         num_train_epochs=EPOCHS,
         use_cpu=True,
-        save_strategy="steps" if stop else "no",
-        save_steps=stop or 1,
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 1,
         report_to=[],
         disable_tqdm=True,
         logging_strategy="no",
     )
     args.rank = rank
+    train_dataset = IterableAdapter(iterator, causal_lm_inputs)
     callbacks = [StopAfterSave(stop)] if stop else []
     trainer = prepare_trainer(
-        Recorder(
-            model=model,
-            args=args,
-            train_dataset=IterableAdapter(iterator, causal_lm_inputs),
-            callbacks=callbacks,
-        )
+        cls(model=model, args=args, train_dataset=train_dataset, callbacks=callbacks)
     )
     trainer.seen = []
+    return trainer
+
+
+def _train(iterator, rank: int, output_dir: str, resume: str | None, stop: int | None):
+    trainer = _trainer(Recorder, iterator, rank, output_dir, stop, stop)
     with contextlib.suppress(_Stop):
         trainer.train(resume_from_checkpoint=resume)
     return trainer
@@ -140,3 +149,57 @@ def test_resume_on_another_world_size_is_exactly_once(ray_session, tmp_path, bef
         assert max(counts.values()) == 1, (epoch, counts)  # no sample twice
         if epoch < read[-1] or after == 2:
             assert sorted(counts) == list(range(ROWS)), (epoch, sorted(counts))
+
+
+class SlowSaver(Recorder):
+    """Process 0 of a checkpoint taken while the other process may go on: its save waits
+    (as a real model's save takes a while) until process 1 acknowledged its next batch, or
+    is held at the barrier that should keep it from reading one."""
+
+    hold: Any = None  # () -> bool: whether process 1 went on or is held
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        while self.hold is not None and not self.hold():
+            time.sleep(0.02)  # a wait for an event of another thread, not a timing
+        super()._save_optimizer_and_scheduler(output_dir)
+
+
+def test_every_process_saves_the_state_of_the_checkpoints_step(ray_session, tmp_path):
+    """Process 1 saves its part of checkpoint-1 quickly and would read its step-2 batch
+    while process 0 still saves the model: process 0's loader state must not count that
+    batch consumed (a resume would never train on it). The prepared Trainer holds every
+    process at `accelerator.wait_for_everyone()` once it took its state (here a barrier of
+    the two threads, as accelerate's is of the processes)."""
+    data = write_tokens(str(tmp_path / "tokens"), ROWS, files=6)
+    loader = Loader(ParquetSource(data), batch_size=BATCH, name=unique_name("hfbar"))
+    barrier, held = threading.Barrier(2), threading.Event()
+
+    def wait_for_everyone(rank: int) -> None:
+        if rank == 1:
+            held.set()
+        barrier.wait(timeout=120)
+
+    def went_on() -> bool:
+        usage = loader.stats()["consumers"].get(1, {})
+        return held.is_set() or usage.get("batches", 0) >= 2
+
+    def train(rank: int, iterator) -> None:
+        trainer = _trainer(SlowSaver, iterator, rank, f"{tmp_path}/rank{rank}", 1, 2)
+        trainer.accelerator.wait_for_everyone = functools.partial(wait_for_everyone, rank)
+        trainer.hold = went_on if rank == 0 else None
+        with contextlib.suppress(_Stop):
+            trainer.train()
+
+    try:
+        iterators = [loader.iterator(world_rank=r, world_size=2) for r in range(2)]
+        with ThreadPoolExecutor(2) as pool:
+            for run in [pool.submit(train, r, it) for r, it in enumerate(iterators)]:
+                run.result()
+    finally:
+        loader.shutdown()
+    states = [
+        json.loads(Path(state_path(f"{tmp_path}/rank{r}/checkpoint-1", r)).read_text())
+        for r in range(2)
+    ]
+    assert states[0] == states[1]
+    assert sum(hi - lo for lo, hi in states[0]["consumed"]) == 2 * BATCH  # step 1's batches
