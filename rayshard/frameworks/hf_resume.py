@@ -14,7 +14,11 @@ skip the epoch's first `global_step % steps_per_epoch` batches by reading them
 that skip must not apply too: the prepared Trainer sets `ignore_data_skip` for a
 `train()` that resumes with a rayshard state. The state is loaded at the Trainer's first
 `set_epoch()` call, after it measured an epoch with `len()` (a restored iterator's `len()`
-counts the rest of its epoch, as the Trainer's step count for that epoch then must).
+counts the rest of its epoch, as the Trainer's step count for that epoch then must); an
+iterator stopped mid-epoch by an interrupted `train()` is first sent back to that epoch's
+start (`restart_epoch`), so that `len()` is a whole epoch's. Without a state the loader
+reads the Trainer's epoch from its start: it cannot go back to one it finished (a
+`ConfigError`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from typing import Any
 import torch.utils.data
 
 from rayshard.core.state_file import atomic_write, read_state_json
+from rayshard.errors import ConfigError
 
 STATE_FILE_PATTERN = "rayshard_state_{rank}.json"  # in a Trainer checkpoint folder
 NOT_RESUMING = object()  # `ResumingDataLoader(resume=...)`: a train() from the start
@@ -58,6 +63,16 @@ def find_loader_state(folder: str | os.PathLike, rank: int) -> dict | None:
     return None
 
 
+def restart_epoch(iterator: Any) -> None:
+    """Make `iterator`, if stopped mid-epoch (a `train()` interrupted, and resumed with the
+    same dataset), read that epoch from its start: on resume the Trainer measures an epoch
+    by `len()`, which would count only the epoch's rest (and the Trainer's step budget with
+    it); the checkpoint's state, or the Trainer's skip, then says where to go on."""
+    stats = iterator.stats()
+    if stats["batches_received"] and iterator.epoch == stats["epoch"]:
+        iterator.set_epoch(iterator.epoch)
+
+
 class ResumingDataLoader(torch.utils.data.DataLoader):
     """`DataLoader(adapter, batch_size=None)` with the `set_epoch()` the Trainer calls at
     every epoch's start. In a resumed `train()` its first call restores `resume` (a
@@ -75,6 +90,14 @@ class ResumingDataLoader(torch.utils.data.DataLoader):
             return
         iterator = self.dataset.iterator
         if resume is None:
+            if iterator.epoch > epoch:
+                raise ConfigError(
+                    f"the checkpoint has no rayshard loader state, and the Trainer resumes its"
+                    f" epoch {epoch} by reading it from its start, but this loader is past it"
+                    f" (at data epoch {iterator.epoch}): it cannot read an epoch again without a"
+                    " state. Resume with a new loader (a new job, or another namespace), or"
+                    " from a checkpoint saved by a Trainer prepared with prepare_trainer"
+                )
             if iterator.epoch != epoch:
                 iterator.set_epoch(epoch)
             return
@@ -93,6 +116,7 @@ __all__ = [
     "STATE_FILE_PATTERN",
     "ResumingDataLoader",
     "find_loader_state",
+    "restart_epoch",
     "save_loader_state",
     "state_path",
 ]

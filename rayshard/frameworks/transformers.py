@@ -33,6 +33,7 @@ from rayshard.frameworks.hf_resume import (
     NOT_RESUMING,
     ResumingDataLoader,
     find_loader_state,
+    restart_epoch,
     save_loader_state,
 )
 from rayshard.frameworks.torch import IterableAdapter, dataloader
@@ -84,6 +85,7 @@ def prepare_trainer(trainer: Any) -> Any:
                     " had, which repeats no sample only if that epoch's plan is the same",
                     stacklevel=2,
                 )
+            restart_epoch(self.train_dataset.iterator)
             skip = self.args.ignore_data_skip
             self.args.ignore_data_skip = skip or state is not None  # the loader resumes
             self._rayshard_resume = state

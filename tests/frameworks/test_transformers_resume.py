@@ -60,7 +60,13 @@ class Recorder(Trainer):
         return super().training_step(model, inputs, num_items_in_batch)
 
 
-def _train(loader: Loader, output_dir: str, resume: str | None = None, stop: int | None = None):
+def _train(
+    loader: Loader,
+    output_dir: str,
+    resume: str | None = None,
+    stop: int | None = None,
+    batches: IterableAdapter | None = None,
+):
     model = GPT2LMHeadModel(
         GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=SEQ)
     )
@@ -74,7 +80,8 @@ def _train(loader: Loader, output_dir: str, resume: str | None = None, stop: int
         disable_tqdm=True,
         logging_strategy="no",
     )
-    batches = IterableAdapter(loader.iterator(world_rank=0, world_size=1), causal_lm_inputs)
+    if batches is None:
+        batches = IterableAdapter(loader.iterator(world_rank=0, world_size=1), causal_lm_inputs)
     callbacks = [StopAfterSave(stop)] if stop else []
     trainer = prepare_trainer(
         Recorder(model=model, args=args, train_dataset=batches, callbacks=callbacks)
@@ -150,3 +157,33 @@ def test_a_process_without_its_own_state_file_reads_process_0s(tmp_path):
     (tmp_path / "rayshard_state_2.json").write_text("[1]")
     with pytest.raises(ConfigError, match="rayshard_state_2.json is not a rayshard loader state"):
         find_loader_state(tmp_path, 2)
+
+
+def test_a_resume_with_the_interrupted_dataset_reads_the_whole_rest(ray_session, tmp_path):
+    """`train()` interrupted, then resumed with the same dataset (its iterator stopped
+    mid-epoch, as in a notebook): the Trainer measures its epochs by a whole epoch's
+    `len()`, not the rest's, so it trains every step left, with or without the loader's
+    state in the checkpoint. A checkpoint without one cannot take the loader back to an
+    epoch it finished: a ConfigError, not a stale iterator."""
+    data = write_tokens(str(tmp_path / "tokens"), ROWS, files=6)
+    loader = Loader(ParquetSource(data), batch_size=BATCH, name=unique_name("hfsame"))
+    try:
+        for with_state in (False, True):  # without first: data epochs = Trainer epochs
+            out = tmp_path / f"run-{with_state}"
+            batches = IterableAdapter(loader.iterator(world_rank=0, world_size=1), causal_lm_inputs)
+            first = _train(loader, str(out / "first"), stop=STOP, batches=batches)
+            checkpoint = str(out / "first" / f"checkpoint-{STOP}")
+            if not with_state:
+                os.remove(state_path(checkpoint, 0))
+                bare = checkpoint
+            warned = pytest.warns(UserWarning, match="no rayshard loader state")
+            with contextlib.nullcontext() if with_state else warned:
+                second = _train(loader, str(out / "second"), resume=checkpoint, batches=batches)
+            assert second.state.global_step == EPOCHS * 6
+            got = _epochs(first.seen, second.seen)
+            for epoch in range(EPOCHS):
+                assert collections.Counter(got[epoch]) == collections.Counter(range(ROWS))
+        with pytest.raises(ConfigError, match="this loader is past it \\(at data epoch 6\\)"):
+            _train(loader, str(tmp_path / "back"), resume=bare, batches=batches)
+    finally:
+        loader.shutdown()
