@@ -64,12 +64,13 @@ def find_loader_state(folder: str | os.PathLike, rank: int) -> dict | None:
 
 
 def restart_epoch(iterator: Any) -> None:
-    """Make `iterator`, if stopped mid-epoch (a `train()` interrupted, and resumed with the
-    same dataset), read that epoch from its start: on resume the Trainer measures an epoch
-    by `len()`, which would count only the epoch's rest (and the Trainer's step budget with
-    it); the checkpoint's state, or the Trainer's skip, then says where to go on."""
-    stats = iterator.stats()
-    if stats["batches_received"] and iterator.epoch == stats["epoch"]:
+    """Make `iterator`, if stopped mid-epoch (a `train()` or an evaluation interrupted, and
+    the dataset used again), read that epoch from its start: on resume the Trainer measures
+    an epoch by `len()`, which would count only the epoch's rest (and the Trainer's step
+    budget with it), then the checkpoint's state, or the Trainer's skip, says where to go
+    on; an evaluation reads a whole epoch, not the rest of an interrupted one."""
+    stats = iterator.stats() if hasattr(iterator, "stats") else None  # or a list of batches
+    if stats and stats["batches_received"] and iterator.epoch == stats["epoch"]:
         iterator.set_epoch(iterator.epoch)
 
 

@@ -119,6 +119,7 @@ def prepare_trainer(trainer: Any) -> Any:
             if isinstance(dataset, str):  # a key of a dict of evaluation datasets
                 dataset = self.eval_dataset[dataset]
             if isinstance(dataset, IterableAdapter):
+                restart_epoch(dataset.iterator)  # an interrupted evaluation's: read it whole
                 return dataloader(dataset.iterator, dataset.transform)
             return super().get_eval_dataloader(eval_dataset)
 

@@ -187,3 +187,40 @@ def test_a_resume_with_the_interrupted_dataset_reads_the_whole_rest(ray_session,
             _train(loader, str(tmp_path / "back"), resume=bare, batches=batches)
     finally:
         loader.shutdown()
+
+
+class EvalRecorder(Trainer):
+    """Records the dataset rows of every evaluation step; raises after `stop` of them."""
+
+    evaluated: list[int]
+    stop: int | None = None
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        self.evaluated += row_ids(inputs)
+        if self.stop is not None and len(self.evaluated) >= self.stop:
+            raise _Stop
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+
+
+def test_an_evaluation_after_an_interrupted_one_reads_the_whole_set(ray_session, tmp_path):
+    """An evaluation reads one whole epoch of the evaluation loader, also after one that
+    was interrupted mid-way (its iterator stopped mid-epoch): not the rest of that epoch.
+    A resumed job's evaluation loader is a new one, which starts an epoch anyway: its state
+    is not in the Trainer's checkpoints."""
+    data = write_tokens(str(tmp_path / "tokens"), ROWS, files=6)
+    loader = Loader(ParquetSource(data), batch_size=BATCH, name=unique_name("hfeval"))
+    try:
+        model = GPT2LMHeadModel(
+            GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=SEQ)
+        )
+        args = TrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[])
+        evaluation = IterableAdapter(loader.iterator(world_rank=0, world_size=1), causal_lm_inputs)
+        trainer = prepare_trainer(EvalRecorder(model=model, args=args, eval_dataset=evaluation))
+        trainer.evaluated, trainer.stop = [], BATCH  # interrupted after its first batch
+        with pytest.raises(_Stop):
+            trainer.evaluate()
+        trainer.evaluated, trainer.stop = [], None
+        trainer.evaluate()
+        assert collections.Counter(trainer.evaluated) == collections.Counter(range(ROWS))
+    finally:
+        loader.shutdown()
