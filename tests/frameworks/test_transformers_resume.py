@@ -10,6 +10,7 @@ import collections
 import contextlib
 import os
 import shutil
+from typing import Any
 
 import pytest
 from transformers import (
@@ -60,6 +61,35 @@ class Recorder(Trainer):
         return super().training_step(model, inputs, num_items_in_batch)
 
 
+def cpu_args(cls: type, output_dir: str, save_steps: int | None, epochs: int) -> Any:
+    """`cls` (`TrainingArguments` or a subclass) for a quiet CPU run of `epochs` epochs,
+    saving every `save_steps` steps (never if None)."""
+    return cls(
+        output_dir=output_dir,
+        num_train_epochs=epochs,
+        use_cpu=True,
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 1,
+        report_to=[],
+        disable_tqdm=True,
+        logging_strategy="no",
+    )
+
+
+def tiny_trainer(cls: type, args: Any, train_dataset: Any, stop: int | None) -> Any:
+    """A prepared `cls` Trainer of a 1-layer GPT-2 over `train_dataset`, stopped after the
+    save of step `stop` (if given), with an empty `seen` for the ids it trains on."""
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=SEQ)
+    )
+    callbacks = [StopAfterSave(stop)] if stop else []
+    trainer = prepare_trainer(
+        cls(model=model, args=args, train_dataset=train_dataset, callbacks=callbacks)
+    )
+    trainer.seen = []
+    return trainer
+
+
 def _train(
     loader: Loader,
     output_dir: str,
@@ -67,26 +97,10 @@ def _train(
     stop: int | None = None,
     batches: IterableAdapter | None = None,
 ):
-    model = GPT2LMHeadModel(
-        GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=SEQ)
-    )
-    args = TrainingArguments(
-        output_dir=output_dir,
-        num_train_epochs=EPOCHS,
-        use_cpu=True,
-        save_strategy="steps" if stop else "no",
-        save_steps=3,
-        report_to=[],
-        disable_tqdm=True,
-        logging_strategy="no",
-    )
+    args = cpu_args(TrainingArguments, output_dir, 3 if stop else None, EPOCHS)
     if batches is None:
         batches = IterableAdapter(loader.iterator(world_rank=0, world_size=1), causal_lm_inputs)
-    callbacks = [StopAfterSave(stop)] if stop else []
-    trainer = prepare_trainer(
-        Recorder(model=model, args=args, train_dataset=batches, callbacks=callbacks)
-    )
-    trainer.seen = []
+    trainer = tiny_trainer(Recorder, args, batches, stop)
     with contextlib.suppress(_Stop):
         trainer.train(resume_from_checkpoint=resume)
     return trainer

@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 from rayshard.frameworks.hf_resume import state_path
 from rayshard.frameworks.torch import IterableAdapter
-from rayshard.frameworks.transformers import causal_lm_inputs, prepare_trainer
+from rayshard.frameworks.transformers import causal_lm_inputs
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
-from tests.frameworks.hf_loops import SEQ, VOCAB, row_ids, write_tokens
-from tests.frameworks.test_transformers_resume import StopAfterSave, _Stop
+from tests.frameworks.hf_loops import row_ids, write_tokens
+from tests.frameworks.test_transformers_resume import _Stop, cpu_args, tiny_trainer
 from tests.runtime.helpers import unique_name
 
 pytestmark = pytest.mark.ray
@@ -58,27 +58,9 @@ class Recorder(Trainer):
 def _trainer(cls: type, iterator, rank: int, out: str, save_steps: int | None, stop: int | None):
     """A prepared `cls` Trainer of process `rank` over `iterator`, saving every
     `save_steps` steps (never if None) and stopped after the save of step `stop`."""
-    model = GPT2LMHeadModel(
-        GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=VOCAB, n_positions=SEQ)
-    )
-    args = RankArgs(
-        output_dir=out,
-        num_train_epochs=EPOCHS,
-        use_cpu=True,
-        save_strategy="steps" if save_steps else "no",
-        save_steps=save_steps or 1,
-        report_to=[],
-        disable_tqdm=True,
-        logging_strategy="no",
-    )
+    args = cpu_args(RankArgs, out, save_steps, EPOCHS)
     args.rank = rank
-    train_dataset = IterableAdapter(iterator, causal_lm_inputs)
-    callbacks = [StopAfterSave(stop)] if stop else []
-    trainer = prepare_trainer(
-        cls(model=model, args=args, train_dataset=train_dataset, callbacks=callbacks)
-    )
-    trainer.seen = []
-    return trainer
+    return tiny_trainer(cls, args, IterableAdapter(iterator, causal_lm_inputs), stop)
 
 
 def _train(iterator, rank: int, output_dir: str, resume: str | None, stop: int | None):
