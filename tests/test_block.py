@@ -5,6 +5,7 @@ samples its consumer acknowledges, for any ids, padding, transform drops and pac
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -71,3 +72,13 @@ def test_bytes_of_string_and_bytes_columns_are_counted():
     }
     meta, _ = tag_batch(batch)
     assert meta.nbytes == 150 + 5 + 2 * 8 + 2
+
+
+def test_a_shipped_text_column_counts_as_the_object_array_its_consumer_gets():
+    # a reader ships string and binary columns as Arrow (`rayshard.data.wire`); the tag's
+    # bytes (and so block sizing and the bytes metric) stay those of the consumer's path
+    text = ["a" * 100, "bb", ""]
+    ids = {"_index": np.arange(3), "_padded": np.zeros(3, bool)}
+    shipped, _ = tag_batch({"s": pa.array(text), **ids})
+    local, _ = tag_batch({"s": np.array(text, dtype=object), **ids})
+    assert shipped.nbytes == local.nbytes

@@ -177,11 +177,12 @@ def cut_rows(
         yield pa.Table.from_batches(pending)
 
 
-def to_numpy(table: pa.Table, rules: ColumnRules | None = None) -> Batch:
+def to_numpy(table: pa.Table, rules: ColumnRules | None = None, keep_text: bool = False) -> Batch:
     """Columns as numpy arrays: fixed-size lists become 2-D arrays (rows x width),
     variable-length numeric lists padded arrays plus lengths and mask (`rayshard.data.ragged`);
-    a null is a `DataError` unless `rules` give a fill value."""
-    return convert_table(table, rules)
+    a null is a `DataError` unless `rules` give a fill value. `keep_text` keeps string and
+    binary columns Arrow arrays (a reader actor's batches: `rayshard.data.wire`)."""
+    return convert_table(table, rules, keep_text)
 
 
 def _tag(batch: pa.RecordBatch, index: np.ndarray, *, padded: bool) -> pa.RecordBatch:

@@ -23,19 +23,24 @@ from rayshard.data.columns import (
     is_list_type,
     is_ragged,
 )
+from rayshard.data.wire import ships_as_arrow
 from rayshard.errors import DataError
 
 INDEX_KEY = "_index"
 
 
-def convert_table(table: pa.Table, rules: ColumnRules | None = None) -> dict[str, np.ndarray]:
+def convert_table(
+    table: pa.Table, rules: ColumnRules | None = None, keep_text: bool = False
+) -> dict[str, Any]:
     """Columns as numpy arrays: fixed-size lists as (rows, *shape) arrays, variable-length numeric
     lists padded (or values + offsets), other lists as Python lists per row, anything else
     through `to_numpy`. A null (a row, or an element of a list at any depth) is a
-    `DataError` naming the column and the sample (`_index`) unless `rules` fill it."""
+    `DataError` naming the column and the sample (`_index`) unless `rules` fill it. With
+    `keep_text`, string and binary columns stay Arrow arrays (nulls checked and filled) for
+    a reader actor to ship (`rayshard.data.wire`)."""
     rules = rules or ColumnRules()
     index = table.column(INDEX_KEY) if INDEX_KEY in table.column_names else None
-    out: dict[str, np.ndarray] = {}
+    out: dict[str, Any] = {}
     for name, kind, shape in _column_kinds(table.schema):
         chunked = table.column(name)
         # One chunk (the usual case): use it as is; `combine_chunks` would copy it.
@@ -53,7 +58,8 @@ def convert_table(table: pa.Table, rules: ColumnRules | None = None) -> dict[str
                 if not has_fill:
                     raise _null_error(name, column.is_null(), index)
                 column = column.fill_null(pa.scalar(fill).cast(column.type))
-            out[name] = column.to_numpy(zero_copy_only=False)
+            keep = keep_text and ships_as_arrow(column.type)
+            out[name] = column if keep else column.to_numpy(zero_copy_only=False)
     return out
 
 

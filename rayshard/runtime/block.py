@@ -9,6 +9,7 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
+import pyarrow as pa
 
 from rayshard.data.batching import INDEX_KEY, PADDED_KEY, Tagged
 from rayshard.plan.id_runs import as_runs, to_intervals, union
@@ -67,7 +68,11 @@ def tag_batch(batch: dict) -> Tagged:
 
 def column_bytes(column: Any) -> int:
     """Bytes of a batch column (arrays: exact; lists of bytes or strings: an estimate), for
-    the batch's tag and for sizing object-store blocks."""
+    the batch's tag and for sizing object-store blocks). A string or binary column a reader
+    ships as Arrow (`rayshard.data.wire`) counts as the object array its consumer gets (8
+    bytes a row), as on the path that reads in the consumer."""
+    if isinstance(column, pa.Array):
+        return len(column) * np.dtype(object).itemsize
     nbytes = getattr(column, "nbytes", None)
     if nbytes is not None:
         return int(nbytes)

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 import ray
 
 from rayshard.data.batching import Tagged
+from rayshard.data.wire import for_user
 from rayshard.errors import RayshardError, unwrap_task_error
 from rayshard.runtime.block import Block
 
@@ -60,7 +61,8 @@ def fetch_batches(
                 f"{(generation, epoch)} and got block {block.index} of "
                 f"{(block.generation, block.epoch)}: take a new iterator"
             )
-        yield from block.batches
+        for tagged in block.batches:  # string and binary columns: Arrow to numpy here
+            yield Tagged(tagged.tag, for_user(tagged.batch))
 
 
 def _settle(requests: Iterable[ray.ObjectRef]) -> None:

@@ -27,13 +27,17 @@ def reader_batches(
     seed: int,
     epoch: int,
     rank: int,
+    keep_text: bool = False,
 ) -> Iterator[Any]:
     """Batches of `batch_size` rows from `rows`, through `transform` if there is one: in
     the processes `workers()` returns when `workers` is given, here otherwise. Columns are
     converted under `rules` (padding, null fills) either way: a transform sees them as
-    they would arrive without it, and its output is delivered as it returns it."""
+    they would arrive without it, and its output is delivered as it returns it. Without a
+    transform, `keep_text` keeps string and binary columns Arrow (a reader actor ships
+    them so: `rayshard.data.wire`)."""
     if transform is None:
-        return flush_before_error(bulk_rebatch(rows, batch_size, lambda t: to_numpy(t, rules)))
+        convert = lambda t: to_numpy(t, rules, keep_text)  # noqa: E731
+        return flush_before_error(bulk_rebatch(rows, batch_size, convert))
     batches = rebatch(rows, batch_size, convert=lambda t: transform_input(t, rules))
     if workers is not None:
         stream = parallel_transform_stream(batches, workers(), epoch)

@@ -25,6 +25,7 @@ from typing import Any
 import ray
 
 from rayshard.data.batching import FLUSH, Reads, Tagged
+from rayshard.data.wire import for_wire
 from rayshard.errors import (
     RayshardError,
     StaleClientError,
@@ -104,6 +105,7 @@ class ShardReader:
             cancel=lambda: self._cancel,  # the event made below
             reads=self._reads(epoch),
             workers=self._workers_ if self._separate_workers() else None,
+            keep_text=True,  # string and binary columns ship as Arrow: `for_wire` below
         )
         self._stop_thread()
         with self._cond:
@@ -191,7 +193,7 @@ class ShardReader:
         try:
             for batch in itertools.chain(batches, [FLUSH]):
                 if batch is not FLUSH:
-                    block.append(tag_batch(batch))
+                    block.append(tag_batch(for_wire(batch)))
                     block_bytes += block[-1].tag.nbytes
                 full = len(block) >= per_object or block_bytes >= settings.object_bytes
                 if not block or (batch is not FLUSH and not full):

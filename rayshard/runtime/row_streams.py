@@ -159,9 +159,11 @@ class RankReading:
         cancel: Callable[[], threading.Event],
         reads: Reads | None = None,
         workers: Callable[[], list] | None = None,
+        keep_text: bool = False,
     ) -> Iterator[Any]:
         """`epoch_batches` of this rank, read by `reads` (default: this process's reading
-        threads), rebatched and transformed here or in `workers()`."""
+        threads), rebatched and transformed here or in `workers()`; `keep_text`: see
+        `reader_batches`."""
         settings = self.settings
         return epoch_batches(
             started,
@@ -182,6 +184,7 @@ class RankReading:
                 seed=settings.plan.seed,
                 epoch=epoch,
                 rank=self.dp_rank,
+                keep_text=keep_text,
             ),
         )
 

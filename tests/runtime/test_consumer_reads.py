@@ -5,6 +5,9 @@ refused before any work starts."""
 
 from __future__ import annotations
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import ray
 
@@ -126,3 +129,76 @@ def test_who_reads_by_default_and_on_request():
 def test_consumer_reads_that_cannot_work_are_refused(options, message):
     with pytest.raises(ConfigError, match=message):
         LoaderConfig(**options)
+
+
+def _text_table(rows: int) -> pa.Table:
+    ids = np.arange(rows)
+    text = [None if i % 9 == 4 else "é" * (i % 5) + str(i) for i in ids]  # a null to fill
+    blobs = [bytes([i % 256, 255]) * (i % 4) for i in ids]  # not UTF-8
+    return pa.table(
+        {
+            "id": ids,
+            "s": pa.array(text, pa.string()),
+            "ls": pa.array([t or "" for t in text], pa.large_string()),
+            "b": pa.array(blobs, pa.binary()),
+            "lb": pa.array(blobs, pa.large_binary()),
+        }
+    )
+
+
+def _as_seen(batch) -> list:
+    """A batch as comparable values with the type of every column and element."""
+    if isinstance(batch, pa.RecordBatch):
+        return [str(batch.schema), batch.to_pydict()]
+    out = []
+    for key, value in sorted(batch.items()):
+        kind = type(value).__name__ + str(getattr(value, "dtype", ""))
+        rows = value.tolist() if hasattr(value, "tolist") else list(value)
+        out.append((key, kind, [(type(v).__name__, v) for v in rows]))
+    return out
+
+
+@pytest.mark.ray
+def test_string_and_binary_columns_arrive_alike_from_a_reader_and_from_the_consumer(
+    ray_session, tmp_path
+):
+    """A reader actor ships string and binary columns as Arrow (`rayshard.data.wire`); the
+    loop gets them exactly as when it reads itself, under every batch format."""
+    pq.write_table(_text_table(61), tmp_path / "t.parquet", row_group_size=7)
+    seen: dict = {}
+    for consumer_reads in (True, False):
+        loader = Loader(
+            ParquetSource(str(tmp_path)),
+            name=unique_name("text"),
+            batch_size=8,
+            fill_null={"s": "?"},
+            consumer_reads=consumer_reads,
+        )
+        try:
+            for fmt in ("numpy", "torch", "arrow"):
+                its = [
+                    loader.iterator(world_rank=r, world_size=2, batch_format=fmt, device="cpu")
+                    for r in range(2)
+                ]
+                seen[consumer_reads, fmt] = [[_as_seen(b) for b in r] for r in run_lockstep(its)]
+                for it in its:
+                    it.close()
+            if not consumer_reads:  # the reader's blocks hold the text columns as Arrow
+                it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+                ray.get(it._reader.start.remote(it._generation, 0))
+                block = ray.get(ray.get(it._reader.next.remote(it._generation, 0, 0)))
+                _, batch = block.batches[0]
+                assert {k for k, v in batch.items() if isinstance(v, pa.Array)} == {
+                    "s",
+                    "ls",
+                    "b",
+                    "lb",
+                }
+                it.close()
+        finally:
+            loader.shutdown()
+    for fmt in ("numpy", "torch", "arrow"):
+        assert seen[True, fmt] == seen[False, fmt]
+        assert sum(len(r) for r in seen[True, fmt]) == 8  # 31 rows a rank, padding included
+    first = dict((k, v) for k, _, v in seen[False, "numpy"][0][0])
+    assert first["s"][4] == ("str", "?") and first["b"][3] == ("bytes", b"\x03\xff" * 3)
