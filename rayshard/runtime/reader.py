@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 from rayshard.data.batching import FLUSH, Reads, Tagged
-from rayshard.data.wire import for_wire
+from rayshard.data.wire import for_wire, shipped_bytes
 from rayshard.errors import (
     RayshardError,
     StaleClientError,
@@ -194,7 +194,7 @@ class ShardReader:
             for batch in itertools.chain(batches, [FLUSH]):
                 if batch is not FLUSH:
                     block.append(tag_batch(for_wire(batch)))
-                    block_bytes += block[-1].tag.nbytes
+                    block_bytes += shipped_bytes(block[-1].batch, block[-1].tag.nbytes)
                 full = len(block) >= per_object or block_bytes >= settings.object_bytes
                 if not block or (batch is not FLUSH and not full):
                     continue

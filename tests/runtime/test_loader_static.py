@@ -279,6 +279,36 @@ def test_object_store_blocks_close_at_the_batch_count_or_the_byte_cap(
     loader.shutdown()
 
 
+def test_object_bytes_bounds_a_block_of_large_binary_values(ray_session, tmp_path):
+    # 100 rows of 10 KB images in batches of 8 (80 KB a batch) under a 100 KB cap: a block
+    # closes at its second batch. The reader ships the column as Arrow, whose values count
+    # in full (a consumer's object array of them counts 8 bytes a row: 13 batches, 1 block).
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import ray
+
+    images = [bytes([i]) * 10_000 for i in range(100)]
+    pq.write_table(pa.table({"id": range(100), "image": images}), tmp_path / "images.parquet")
+    loader = Loader(
+        ParquetSource(str(tmp_path)),
+        batch_size=8,
+        name=unique_name("img-blocks"),
+        consumer_reads=False,
+        object_bytes=100_000,
+    )
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    reader, generation = it._reader, it._generation
+    ray.get(reader.start.remote(generation, 0))
+    sizes, got = [], []
+    while (ref := ray.get(reader.next.remote(generation, 0, len(sizes)))) is not None:
+        block = ray.get(ref)
+        sizes.append(len(block.batches))
+        got += [bytes(v) for _, batch in block.batches for v in batch["image"].to_pylist()]
+    assert sizes == [2] * 6 + [1]
+    assert got == images
+    loader.shutdown()
+
+
 @pytest.mark.parametrize(("depth", "per_block", "ahead"), [(1, 1, 1), (3, 1, 3), (5, 2, 3)])
 def test_a_reader_keeps_the_read_ahead_budget_ready_in_whole_blocks(
     ray_session, dataset, depth, per_block, ahead
