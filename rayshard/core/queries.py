@@ -68,7 +68,8 @@ class CoreQueries:
         if last is not None and epoch < last:
             raise StaleClientError(
                 f"data-parallel rank {dp_rank} asked for epoch {epoch}, but it already started "
-                f"epoch {last}: this iterator is stale; take a new one from the loader"
+                f"epoch {last}: a rank's epochs only go forward (set_epoch takes {last} or "
+                f"later); to read epoch {epoch} again, load_state_dict a state saved in it"
             )
 
     def serves(self, generation: int, dp_rank: int, reader: str = "") -> bool:

@@ -1,0 +1,78 @@
+"""`set_epoch`, as a PyTorch user calls it on a `DistributedSampler`: at the top of every
+epoch (every epoch exactly once, and after a mid-epoch resume the resume is kept); in the
+middle of an epoch (that epoch again from its start); ahead (epochs skipped); and
+backwards, which is refused with an error that says what to do instead."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayshard.errors import StaleClientError
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import real_ids, run_lockstep, unique_name, write_parquet
+
+pytestmark = pytest.mark.ray
+
+SIZES = [30, 20, 10]  # 60 rows
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_parquet(tmp_path_factory.mktemp("set_epoch"), SIZES, row_group_size=10)
+
+
+def _loader(dataset, name: str) -> Loader:
+    source = ParquetSource(dataset, columns=["id"])
+    return Loader(source, batch_size=8, shuffle=True, seed=3, name=name)
+
+
+def _ids(per_rank) -> list[int]:
+    return [i for batches in per_rank for i in real_ids(batches)]
+
+
+def test_set_epoch_each_epoch_and_after_a_resume_keeps_exact_coverage(ray_session, dataset):
+    name = unique_name("set-epoch")
+    loader = _loader(dataset, name)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    try:
+        for epoch in range(2):
+            for it in its:
+                it.set_epoch(epoch)
+            assert sorted(_ids(run_lockstep(its))) == list(range(60)), epoch
+        for it in its:
+            it.set_epoch(2)
+        head = _ids(run_lockstep(its, steps=2))
+        state = its[0].state_dict()
+    finally:
+        for it in its:
+            it.close()
+        loader.shutdown()
+    loader = _loader(dataset, name)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    try:
+        for it in its:
+            it.load_state_dict(state)
+            it.set_epoch(2)  # the sampler habit after the resume: the resume holds
+        assert sorted(head + _ids(run_lockstep(its))) == list(range(60))
+    finally:
+        loader.shutdown()
+
+
+def test_set_epoch_backwards_is_refused_naming_the_way_back(ray_session, dataset):
+    loader = _loader(dataset, unique_name("set-epoch-back"))
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    try:
+        first = real_ids([next(iter(it))])
+        state = it.state_dict()
+        it.set_epoch(0)  # mid-epoch: the epoch again from its start
+        assert sorted(real_ids(it)) == list(range(60))
+        it.set_epoch(2)  # ahead: epoch 1 is skipped
+        assert sorted(real_ids(it)) == list(range(60)) and it.epoch == 3
+        it.set_epoch(1)
+        with pytest.raises(StaleClientError, match=r"only go forward.*load_state_dict"):
+            next(iter(it))
+        it.load_state_dict(state)  # the way back the message names
+        assert sorted(first + real_ids(it)) == list(range(60))
+    finally:
+        loader.shutdown()
