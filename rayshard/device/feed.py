@@ -85,8 +85,9 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _resolve_device(device: torch.device | str | None) -> torch.device:
-    """The target device with an explicit CUDA index, so device comparisons are exact."""
+def resolve_device(device: torch.device | str | None) -> torch.device:
+    """The target device with an explicit CUDA index, so device comparisons are exact; a
+    CUDA device where CUDA is not available is a `ConfigError`."""
     resolved = default_device() if device is None else torch.device(device)
     if resolved.type != "cuda":
         return resolved
@@ -134,7 +135,7 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
             minimum=1,
             fix="2 is the default; raise it when batch times vary more than two batches can hide",
         )
-        self.device = _resolve_device(device)
+        self.device = resolve_device(device)
         self.prefetch_depth = prefetch_depth
         self._source = iter(source)
         self._collate_fn = collate_fn

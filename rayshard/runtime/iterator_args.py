@@ -35,9 +35,12 @@ def check_iterator_args(
 
 
 def _check_device(device: Any) -> None:
-    """`device` names a torch device ('cpu', 'cuda', 'cuda:1', a `torch.device`); whether
-    that device is there is the device feed's check, in the worker that uses it."""
+    """`device` names a torch device ('cpu', 'cuda', 'cuda:1', a `torch.device`) that this
+    process has: the iterator is made in the process that uses it, so a CUDA device
+    without CUDA fails here, at `iterator()`, not at the first batch."""
     import torch
+
+    from rayshard.device.feed import resolve_device
 
     try:
         torch.device(device)
@@ -47,3 +50,4 @@ def _check_device(device: Any) -> None:
             f"device={device!r} is not a torch device ({reason}): pass e.g. 'cpu', 'cuda', "
             "'cuda:0' or a torch.device, or leave it unset"
         ) from None
+    resolve_device(device)

@@ -49,7 +49,15 @@ def test_good_arguments_pass_as_ints():
     assert check() == (0, 2)
     rank, size = check(world_rank=np.int64(1), world_size=np.int32(2))
     assert (rank, size) == (1, 2) and type(rank) is int and type(size) is int
-    for device in ("cpu", "cuda", "cuda:1", torch.device("cpu")):
-        check(batch_format="torch", device=device)  # parsed only: no device is needed
+    for device in ("cpu", torch.device("cpu")):
+        check(batch_format="torch", device=device)
     with pytest.raises(TypeError, match="collate_fn='x' is not callable"):
         check(collate_fn="x")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a machine without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:1", torch.device("cuda", 0)])
+def test_a_cuda_device_without_cuda_fails_at_iterator_not_at_the_first_batch(device):
+    # the iterator is made in the process that uses it: no CUDA there is known at once
+    with pytest.raises(ConfigError, match=r"device='cuda(:\d)?' but CUDA is not available"):
+        check(batch_format="torch", device=device)
