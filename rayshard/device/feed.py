@@ -85,17 +85,22 @@ def default_device() -> torch.device:
     return torch.device("cpu")
 
 
-def resolve_device(device: torch.device | str | None) -> torch.device:
-    """The target device with an explicit CUDA index, so device comparisons are exact; a
-    CUDA device where CUDA is not available is a `ConfigError`."""
+def check_available(device: torch.device) -> None:
+    """A CUDA `device` where CUDA is not available is a `ConfigError` (without making a
+    CUDA context: a process may fork workers after this check)."""
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(
+            f"device={str(device)!r} but CUDA is not available: pass device='cpu' "
+            f"or leave device unset"
+        )
+
+
+def _resolve_device(device: torch.device | str | None) -> torch.device:
+    """The target device with an explicit CUDA index, so device comparisons are exact."""
     resolved = default_device() if device is None else torch.device(device)
     if resolved.type != "cuda":
         return resolved
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            f"device={str(resolved)!r} but CUDA is not available: pass device='cpu' "
-            f"or leave device unset"
-        )
+    check_available(resolved)
     if resolved.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return resolved
@@ -135,7 +140,7 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
             minimum=1,
             fix="2 is the default; raise it when batch times vary more than two batches can hide",
         )
-        self.device = resolve_device(device)
+        self.device = _resolve_device(device)
         self.prefetch_depth = prefetch_depth
         self._source = iter(source)
         self._collate_fn = collate_fn

@@ -40,14 +40,14 @@ def _check_device(device: Any) -> None:
     without CUDA fails here, at `iterator()`, not at the first batch."""
     import torch
 
-    from rayshard.device.feed import resolve_device
+    from rayshard.device.feed import check_available
 
     try:
-        torch.device(device)
+        parsed = torch.device(device)
     except (RuntimeError, TypeError, ValueError) as error:
         reason = str(error).strip().splitlines()[0]
         raise ConfigError(
             f"device={device!r} is not a torch device ({reason}): pass e.g. 'cpu', 'cuda', "
             "'cuda:0' or a torch.device, or leave it unset"
         ) from None
-    resolve_device(device)
+    check_available(parsed)
