@@ -52,18 +52,6 @@ def for_wire(batch: dict[str, Any]) -> dict[str, Any]:
     return {k: compact(v) if isinstance(v, pa.Array) else v for k, v in batch.items()}
 
 
-def shipped_bytes(batch: dict[str, Any], counted: int) -> int:
-    """Bytes a reader's `batch` (after `for_wire`) takes in the object store, given the
-    bytes its tag `counted`: an Arrow column's tag counts 8 bytes a row (the object array
-    its consumer gets), its buffers hold every value's bytes. Sizes object-store blocks,
-    so that `object_bytes` bounds a block of large binaries (images) too."""
-    for column in batch.values():
-        if isinstance(column, pa.Array):
-            held = sum(buffer.size for buffer in column.buffers() if buffer is not None)
-            counted += held - len(column) * np.dtype(object).itemsize
-    return counted
-
-
 def for_user(batch: dict[str, Any]) -> dict[str, Any]:
     """A fetched batch as the user gets it: Arrow columns as numpy object arrays (Python
     `bytes` or `str`), exactly as `convert_table` makes them."""
@@ -75,4 +63,4 @@ def for_user(batch: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-__all__ = ["compact", "for_user", "for_wire", "shipped_bytes", "ships_as_arrow"]
+__all__ = ["compact", "for_user", "for_wire", "ships_as_arrow"]

@@ -77,3 +77,16 @@ def column_bytes(column: Any) -> int:
     if nbytes is not None:
         return int(nbytes)
     return sum(len(v) if isinstance(v, (bytes, str)) else 8 for v in column)
+
+
+def shipped_bytes(batch: dict[str, Any], counted: int) -> int:
+    """Bytes a reader's `batch` (after `wire.for_wire`) takes in the object store, given
+    the bytes its tag `counted`: a string or binary column shipped as Arrow counts in the
+    tag as its consumer's object array (`column_bytes`), its buffers hold every value's
+    bytes. Sizes object-store blocks, so that `object_bytes` bounds a block of large
+    binaries (images) too."""
+    for column in batch.values():
+        if isinstance(column, pa.Array):
+            held = sum(buffer.size for buffer in column.buffers() if buffer is not None)
+            counted += held - column_bytes(column)
+    return counted

@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 from rayshard.data.batching import FLUSH, Reads, Tagged
-from rayshard.data.wire import for_wire, shipped_bytes
+from rayshard.data.wire import for_wire
 from rayshard.errors import (
     RayshardError,
     StaleClientError,
@@ -33,7 +33,7 @@ from rayshard.errors import (
     same_kind,
     unwrap_task_error,
 )
-from rayshard.runtime.block import Block, tag_batch
+from rayshard.runtime.block import Block, shipped_bytes, tag_batch
 from rayshard.runtime.metrics import set_prefetch_depth
 from rayshard.runtime.reader_workers import start_workers, worker_reads
 from rayshard.runtime.reading_threads import threads_for_cpus
