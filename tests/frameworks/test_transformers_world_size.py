@@ -56,6 +56,16 @@ class Recorder(Trainer):
         self.seen.append((epoch, row_ids(inputs)))
         return super().training_step(model, inputs, num_items_in_batch)
 
+    # transformers loads the RNG file inside torch's `safe_globals()`, which adds its
+    # allowed globals on entry and removes them on exit, for the whole process: one
+    # thread's exit took them away under the other's `torch.load` (an UnpicklingError
+    # once on this machine). Real processes share nothing; the emulated ones take turns.
+    _rng_load = threading.Lock()
+
+    def _load_rng_state(self, checkpoint):
+        with self._rng_load:
+            return super()._load_rng_state(checkpoint)
+
 
 def _trainer(cls: type, iterator, rank: int, out: str, save_steps: int | None, stop: int | None):
     """A prepared `cls` Trainer of process `rank` over `iterator`, saving every
