@@ -211,11 +211,10 @@ def padding_indices(plan: RankPlan) -> list[int]:
     size = iv.total(plan.pad_source)
     if plan.padded == 0 or size == 0:
         return []
-    out: list[int] = []
-    while len(out) < plan.padded:
-        need = plan.padded - len(out)
-        out.extend(iv.indices(iv.take(plan.pad_source, 0, min(need, size))))
-    return out
+    # one pass over the source's first `padded` samples, repeated (a small source pads
+    # a long tail: one `take` per turn of the cycle was the cost of the plan tests)
+    cycle = list(iv.indices(iv.take(plan.pad_source, 0, min(plan.padded, size))))
+    return (cycle * -(-plan.padded // len(cycle)))[: plan.padded]
 
 
 def iter_batches(plan: RankPlan, batch_size: int) -> Iterator[tuple[list[int], list[bool]]]:
