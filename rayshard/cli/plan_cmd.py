@@ -1,4 +1,6 @@
-"""`rayshard plan`: which shard and which sample ranges each rank reads in each epoch."""
+"""`rayshard plan`: which shard and which sample ranges each rank reads in each epoch, for
+counts given on the command line or for real Parquet files (`--data`, planned by the same
+`assign` as the loader's)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from typing import Any
 
 import click
 
+from rayshard.core.sharding import ShardingPolicy, assign
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout, EpochPlan, LastBatch, PlanConfig, Rotation, Uneven, plan_epoch
 
@@ -15,7 +18,12 @@ from rayshard.plan import DataLayout, EpochPlan, LastBatch, PlanConfig, Rotation
 # for --world-size), passed to `PlanConfig.resolve` by name; their defaults are its own
 # (None: the `RAYSHARD_*` variable, else the default). tests/plan/test_cli_plan.py checks.
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(PlanConfig)}
-NOT_PLANNING = ("samples", "files", "rows_per_file", "world_size", "epochs", "fmt", "shuffle")
+NOT_PLANNING = (
+    *("samples", "files", "rows_per_file", "data", "policy"),
+    *("world_size", "epochs", "fmt", "shuffle"),
+)
+# The policies that plan every rank's share up front (the others decide at run time).
+PLANNED_POLICIES = ("data", "file", "file_or_data")
 
 
 def _choices(enum_cls) -> click.Choice:
@@ -31,6 +39,16 @@ def _choices(enum_cls) -> click.Choice:
     default=1,
     show_default=True,
     help="Rows in each file when --files is given.",
+)
+@click.option(
+    "--data",
+    help="Parquet files (a file, folder or glob, local or a URI, as ParquetSource takes): "
+    "plan over their real row counts, as a loader over them would.",
+)
+@click.option(
+    "--policy",
+    type=click.Choice(PLANNED_POLICIES, case_sensitive=False),
+    help="With --data: the loader's policy [default: data].",
 )
 @click.option("--world-size", type=click.IntRange(min=1), required=True, help="Ranks W.")
 @click.option("--total-shards", type=click.IntRange(min=1), help="Shards S (default: W).")
@@ -62,6 +80,8 @@ def plan_command(
     samples: int | None,
     files: int | None,
     rows_per_file: int,
+    data: str | None,
+    policy: str | None,
     world_size: int,
     epochs: int,
     fmt: str,
@@ -72,36 +92,72 @@ def plan_command(
 
     In file mode (--files) `ranges` are file index ranges and `sample_ranges` the samples.
     """
-    if (samples is None) == (files is None):
-        raise click.UsageError("give exactly one of '--samples' or '--files'")
+    if sum(given is not None for given in (samples, files, data)) != 1:
+        raise click.UsageError("give exactly one of '--samples', '--files' or '--data'")
     by_files = files is not None
     context = click.get_current_context()
     for name, flag in (("uneven", "--uneven"), ("rows_per_file", "--rows-per-file")):
         given = context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
-        if given and not by_files:
+        if given and not by_files and data is None:
             raise click.UsageError(f"{flag} applies to file mode: give --files, not --samples")
-    layout = (
-        DataLayout.of_files([rows_per_file] * files) if by_files else DataLayout.of_samples(samples)
-    )
+    if policy is not None and data is None:
+        raise click.UsageError(
+            "--policy applies to --data (with --samples the plan is the 'data' policy's, "
+            "with --files the 'file' policy's)"
+        )
     try:
         config = PlanConfig.resolve(explicit=planning)
-        plans = [
-            plan_epoch(config, layout, world_size, e, by_files=by_files, shuffled=shuffle)
-            for e in range(epochs)
-        ]
+        if data is not None:
+            source = _parquet(data)
+            effective, plans = _assigned(
+                config, source, policy or "data", world_size, epochs, shuffle
+            )
+            by_files, layout = effective == "file", source.layout()
+        else:
+            layout = (
+                DataLayout.of_files([rows_per_file] * files)
+                if by_files
+                else DataLayout.of_samples(samples)
+            )
+            plans = [
+                plan_epoch(config, layout, world_size, e, by_files=by_files, shuffled=shuffle)
+                for e in range(epochs)
+            ]
     except ConfigError as error:
         raise click.UsageError(str(error)) from error
     document = {
         "config": config.to_dict(),
         "num_samples": layout.num_samples,
-        "num_files": layout.num_files if by_files else None,
+        "num_files": layout.num_files if by_files or data is not None else None,
         "shuffled": shuffle,
         "epochs": [_epoch_json(p, by_files) for p in plans],
     }
+    if data is not None:
+        document["policy"] = effective
+        rows = layout.file_rows
+        document["files"] = [{"path": p, "rows": n} for p, n in zip(source.files, rows)]
     if fmt == "json":
         click.echo(json.dumps(document, indent=2))
     else:
         click.echo(_table(document, by_files))
+
+
+def _parquet(data: str):
+    from rayshard.sources.parquet import ParquetSource  # pyarrow's dataset modules: lazily
+
+    return ParquetSource(data)
+
+
+def _assigned(
+    config: PlanConfig, source: Any, policy: str, world_size: int, epochs: int, shuffle: bool
+) -> tuple[str, list[EpochPlan]]:
+    """The effective policy (`file_or_data` resolves to one of the two) and each epoch's
+    plan, from the loader's own `assign`."""
+    assignments = [
+        assign(ShardingPolicy.parse(policy), config, source, world_size, e, shuffled=shuffle)
+        for e in range(epochs)
+    ]
+    return assignments[0].policy.value, [a.plan for a in assignments]
 
 
 def _epoch_json(plan: EpochPlan, by_files: bool) -> dict:
@@ -139,9 +195,13 @@ def _table(document: dict, by_files: bool) -> str:
     cfg = document["config"]
     title = (
         f"{document['num_samples']} samples"
-        + (f" in {document['num_files']} files" if by_files else "")
+        + (f" in {document['num_files']} files" if document["num_files"] is not None else "")
+        + (f", policy={document['policy']}" if "policy" in document else "")
         + f", rotation={cfg['rotation']}, batch_size={cfg['batch_size']}, "
         f"last_batch={cfg['last_batch']}, pad_last_batch={cfg['pad_last_batch']}"
         + (", shuffled" if document["shuffled"] else "")
     )
-    return title + "\n" + "\n".join(lines)
+    named = [
+        f"file {i}: {f['path']} ({f['rows']} rows)" for i, f in enumerate(document.get("files", []))
+    ]
+    return "\n".join([title, *lines, *named])

@@ -1,0 +1,108 @@
+"""`rayshard plan --data PATH --policy P`: the plan of real Parquet files (written by two
+writers) is what a loader over them reads, rank for rank, epoch for epoch; usage errors
+name the flag or the path."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.plan.test_cli_plan import invoke, plan_json
+from tests.runtime.helpers import run_lockstep, unique_name
+
+SIZES = (30, 50, 20)  # rows of the files a-, b-, c-, in dataset order
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    """Three files with a global `id`: pyarrow wrote the first and last, polars the middle."""
+    folder = tmp_path_factory.mktemp("plan-data")
+    start = 0
+    for index, rows in enumerate(SIZES):
+        ids = np.arange(start, start + rows, dtype=np.int64)
+        path = os.path.join(folder, f"{'abc'[index]}-part.parquet")
+        if index == 1:
+            pl.DataFrame({"id": ids}).write_parquet(path, row_group_size=16)
+        else:
+            pq.write_table(pa.table({"id": ids}), path, row_group_size=10)
+        start += rows
+    return str(folder)
+
+
+@pytest.mark.parametrize(
+    ("policy", "world", "effective"),
+    [("data", 2, "data"), ("file", 2, "file"), ("file_or_data", 4, "data")],
+)
+def test_the_plan_of_real_files_is_what_the_loader_reads(
+    ray_session, dataset, policy, world, effective
+):
+    doc = plan_json(
+        *("--data", dataset, "--policy", policy, "--world-size", str(world)),
+        *("--batch-size", "8", "--epochs", "2", "--pad-last-batch"),
+    )
+    assert doc["policy"] == effective
+    assert [f["rows"] for f in doc["files"]] == list(SIZES)
+    names = [os.path.basename(f["path"]) for f in doc["files"]]
+    assert names == ["a-part.parquet", "b-part.parquet", "c-part.parquet"]
+    by_files = effective == "file"
+    loader = Loader(
+        ParquetSource(dataset),
+        batch_size=8,
+        policy=policy,
+        pad_last_batch=True,
+        name=unique_name("plan"),
+    )
+    iterators = [
+        loader.iterator(world_rank=r, world_size=world, batch_format="numpy") for r in range(world)
+    ]
+    for epoch in doc["epochs"]:
+        received = run_lockstep(iterators)
+        for rank in epoch["ranks"]:
+            batches = received[rank["rank"]]
+            ranges = rank["sample_ranges"] if by_files else rank["ranges"]
+            real = [int(i) for b in batches for i in b["id"][~b["_padded"]]]
+            assert real == [i for start, end in ranges for i in range(start, end)], epoch
+            assert sum(int(b["_padded"].sum()) for b in batches) == rank["padded"]
+            assert len(batches) == rank["batches"]
+    loader.shutdown()
+
+
+def test_the_table_names_the_policy_and_every_file_with_its_rows(dataset):
+    result = invoke("--data", dataset, "--policy", "file", "--world-size", "2")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("100 samples in 3 files, policy=file,")
+    names = ("a-part.parquet", "b-part.parquet", "c-part.parquet")
+    assert lines[-3:] == [
+        f"file {i}: {os.path.join(dataset, name)} ({rows} rows)"
+        for i, (name, rows) in enumerate(zip(names, SIZES))
+    ]
+
+
+def test_data_usage_errors_name_the_flag_or_the_path(dataset, tmp_path):
+    missing = str(tmp_path / "nowhere")
+    cases = [
+        (("--data", missing, "--world-size", "2"), missing),
+        (("--data", dataset, "--samples", "4", "--world-size", "2"), "'--data'"),
+        (("--samples", "4", "--policy", "file", "--world-size", "2"), "--policy applies to --data"),
+        (("--data", dataset, "--policy", "dynamic", "--world-size", "2"), "'dynamic'"),
+        (("--data", dataset, "--policy", "file", "--world-size", "4"), "3 files cannot be split"),
+    ]
+    for args, named in cases:
+        result = invoke(*args)
+        assert result.exit_code == 2, (args, result.output)
+        assert named in result.output, (args, result.output)
+
+
+def test_json_of_data_lists_files_in_dataset_order(dataset):
+    doc = json.loads(invoke("--data", dataset, "--world-size", "3", "--format", "json").output)
+    assert doc["num_samples"] == sum(SIZES) and doc["num_files"] == len(SIZES)
+    assert doc["policy"] == "data" and len(doc["epochs"]) == 1
