@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -106,3 +108,15 @@ def test_json_of_data_lists_files_in_dataset_order(dataset):
     doc = json.loads(invoke("--data", dataset, "--world-size", "3", "--format", "json").output)
     assert doc["num_samples"] == sum(SIZES) and doc["num_files"] == len(SIZES)
     assert doc["policy"] == "data" and len(doc["epochs"]) == 1
+
+
+def test_the_readmes_data_example_is_the_output(dataset, tmp_path, monkeypatch):
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    command = "$ rayshard plan --data data/ --policy file --world-size 2\n"
+    block = readme[readme.index(command) + len(command) :]
+    shown = block[: block.index("```")].rstrip("\n")
+    shutil.copytree(dataset, tmp_path / "data")
+    monkeypatch.chdir(tmp_path)
+    result = invoke(*command.split()[3:])
+    assert result.exit_code == 0, result.output
+    assert result.output.rstrip("\n") == shown
