@@ -21,6 +21,7 @@ from rayshard.data.batching import Tagged
 from rayshard.data.formats import FORMATS, convert_batch, torch_host_batch
 from rayshard.errors import epoch_broken, unwrap_task_error
 from rayshard.plan import DataParallelRank
+from rayshard.runtime import generations
 from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import BatchMeta
 from rayshard.runtime.fetch import STALL_FLUSH_S, fetch_batches
@@ -50,6 +51,8 @@ class ShardIterator:
         self._nested = tuple(nested_columns)
         self._coordinator = coordinator
         self._generation = registration["generation"]
+        self._loader_key = generations.key_of(coordinator)
+        generations.note(self._loader_key, self._generation)
         self._reader = registration["reader"]
         self._reader_name = registration.get("reader_name", "")
         self._watch_key = registration.get("watch_key")  # the reader is a shared watch
@@ -144,6 +147,9 @@ class ShardIterator:
 
     def _yield(self, epoch: int, iteration: int) -> Iterator[Any]:
         while iteration == self._iterations:
+            newest = generations.newer(self._loader_key, self._generation)
+            if newest is not None:  # nothing taken from the stream: nothing lost
+                raise generations.stale_error(self._where(), self._generation, newest)
             waited = time.perf_counter()
             try:
                 meta, batch = next(self._stream)
@@ -208,9 +214,9 @@ class ShardIterator:
         try:
             epoch, self._generation = ray.get(self._coordinator.restore.remote(state))
         except ray.exceptions.RayTaskError as error:  # a refused state: its own error
-            where = f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
-            raise unwrap_task_error(error, f"{where}, load_state_dict") from None
+            raise unwrap_task_error(error, f"{self._where()}, load_state_dict") from None
         self._acks.generation = self._generation
+        generations.note(self._loader_key, self._generation)
         self.set_epoch(epoch)
 
     def close(self) -> None:
@@ -232,8 +238,11 @@ class ShardIterator:
             self._dropped.detach()
             self._reader.stop.remote(self._watch_key)
 
+    def _where(self) -> str:
+        return f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
+
     def _begin(self) -> None:
-        where = f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
+        where = self._where()
         try:  # the coordinator plans the epoch here (under packing it reads token counts)
             if self._local is not None:
                 started = self._local.start(self._generation, self._epoch)
