@@ -1,10 +1,12 @@
-"""The newest generation of each loader that an iterator of this process took part in.
+"""The newest generation of each loader that an iterator of this process took part in, and
+the newest registration of each of its data-parallel ranks made here.
 
 A loader's coordinator refuses every call of an older generation (`StaleClientError`), but
 a static rank reads its planned share without calling it per batch: an iterator made
 before another iterator of the same loader in this process started a new generation (a
 notebook that took a new iterator for another world size, and went on with the old one)
-would read on through the rows of a plan no longer in force, rows the new world reads too.
+would read on through the rows of a plan no longer in force, rows the new world reads too;
+so would an iterator of a rank after a newer iterator of the same rank took it over.
 Each iterator notes its generation here and checks it before every batch: a dictionary
 lookup, no remote call. Processes that do not share memory learn it from the coordinator
 at their next call, as before (a Ray Train restart replaces the old processes anyway).
@@ -18,6 +20,7 @@ from typing import Any
 from rayshard.errors import StaleClientError
 
 _newest: dict[str, int] = {}  # coordinator actor id -> newest generation noted here
+_holder: dict[tuple[str, int], tuple[int, str]] = {}  # (id, dp rank) -> (generation, reader)
 _lock = threading.Lock()
 
 
@@ -26,26 +29,35 @@ def key_of(coordinator: Any) -> str:
     return coordinator._actor_id.hex()
 
 
-def note(key: str, generation: int) -> None:
-    """An iterator of this process is at `generation` of the loader of `key`."""
+def note(key: str, generation: int, dp_rank: int, reader: str) -> None:
+    """An iterator of this process registered (or restored) `dp_rank` at `generation` of
+    the loader of `key`, reading through `reader` (the members of a model-parallel group
+    share theirs)."""
     with _lock:
-        if generation > _newest.get(key, 0):
-            _newest[key] = generation
+        _newest[key] = max(_newest.get(key, 0), generation)
+        if generation >= _holder.get((key, dp_rank), (0, ""))[0]:
+            _holder[(key, dp_rank)] = (generation, reader)
 
 
-def newer(key: str, generation: int) -> int | None:
-    """The newest generation noted for `key` if it is newer than `generation`."""
+def superseded(key: str, generation: int, dp_rank: int, reader: str) -> str | None:
+    """What superseded an iterator of this registration in this process, or None."""
     newest = _newest.get(key, 0)
-    return newest if newest > generation else None
+    if newest > generation:
+        return (
+            f"another iterator of the same loader in this process started generation {newest} "
+            "(another world size, or a restored state)"
+        )
+    if _holder.get((key, dp_rank), (generation, reader)) != (generation, reader):
+        return f"a newer iterator of data-parallel rank {dp_rank} in this process took it over"
+    return None
 
 
-def stale_error(where: str, generation: int, newest: int) -> StaleClientError:
+def stale_error(where: str, generation: int, reason: str) -> StaleClientError:
     return StaleClientError(
-        f"{where}: this iterator is of generation {generation}, and another iterator of the "
-        f"same loader in this process started generation {newest} (another world size, or "
-        "a restored state): its plan is no longer in force, and reading on would repeat rows "
-        "the new generation reads; use the newer iterator"
+        f"{where}: this iterator (generation {generation}) is superseded: {reason}; its plan "
+        "is no longer in force, and reading on would repeat rows the newer iterator reads: "
+        "use the newer iterator"
     )
 
 
-__all__ = ["key_of", "newer", "note", "stale_error"]
+__all__ = ["key_of", "note", "stale_error", "superseded"]

@@ -51,10 +51,11 @@ class ShardIterator:
         self._nested = tuple(nested_columns)
         self._coordinator = coordinator
         self._generation = registration["generation"]
-        self._loader_key = generations.key_of(coordinator)
-        generations.note(self._loader_key, self._generation)
         self._reader = registration["reader"]
         self._reader_name = registration.get("reader_name", "")
+        self._placement = placement
+        self._loader_key = generations.key_of(coordinator)
+        generations.note(*self._registered())
         self._watch_key = registration.get("watch_key")  # the reader is a shared watch
         self._dropped: Any = None  # releases the key if this iterator is dropped unclosed
         if self._watch_key is not None:
@@ -62,7 +63,6 @@ class ShardIterator:
                 self, abandon_rank, local_reads, self._reader, self._watch_key
             )
         self._local = local_reads  # a `LocalReads`: this worker reads for itself
-        self._placement = placement
         self._depth = prefetch_depth
         self._blocks_ahead = blocks_ahead
         self._format = batch_format
@@ -147,9 +147,9 @@ class ShardIterator:
 
     def _yield(self, epoch: int, iteration: int) -> Iterator[Any]:
         while iteration == self._iterations:
-            newest = generations.newer(self._loader_key, self._generation)
-            if newest is not None:  # nothing taken from the stream: nothing lost
-                raise generations.stale_error(self._where(), self._generation, newest)
+            reason = generations.superseded(*self._registered())
+            if reason is not None:  # nothing taken from the stream: nothing lost
+                raise generations.stale_error(self._where(), self._generation, reason)
             waited = time.perf_counter()
             try:
                 meta, batch = next(self._stream)
@@ -216,7 +216,7 @@ class ShardIterator:
         except ray.exceptions.RayTaskError as error:  # a refused state: its own error
             raise unwrap_task_error(error, f"{self._where()}, load_state_dict") from None
         self._acks.generation = self._generation
-        generations.note(self._loader_key, self._generation)
+        generations.note(*self._registered())
         self.set_epoch(epoch)
 
     def close(self) -> None:
@@ -237,6 +237,11 @@ class ShardIterator:
         else:
             self._dropped.detach()
             self._reader.stop.remote(self._watch_key)
+
+    def _registered(self) -> tuple[str, int, int, str]:
+        """What `rayshard.runtime.generations` knows this iterator's registration by."""
+        dp_rank = self._placement.dp_rank
+        return self._loader_key, self._generation, dp_rank, self._reader_name
 
     def _where(self) -> str:
         return f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"

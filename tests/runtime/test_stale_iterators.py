@@ -1,6 +1,7 @@
 """An iterator that another iterator of the same loader in this process superseded (a new
-generation: another world size) stops at its next batch with `StaleClientError`, instead
-of reading on through rows of a plan no longer in force, rows the new world reads too."""
+generation: another world size; or a newer iterator of its rank) stops at its next batch
+with `StaleClientError`, instead of reading on through rows of a plan no longer in force,
+rows the newer iterator reads too."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def test_an_iterator_of_an_older_generation_stops_at_its_next_batch(
 
     new = loader.iterator(world_rank=0, world_size=after, batch_format="numpy")
     assert loader.stats()["generation"] == 2
-    with pytest.raises(StaleClientError, match="generation 1, and another iterator .* 2"):
+    with pytest.raises(StaleClientError, match="another iterator .* started generation 2"):
         next(reading)
     with pytest.raises(StaleClientError):  # and again from a new iteration
         next(iter(old))
@@ -47,4 +48,21 @@ def test_an_iterator_of_an_older_generation_stops_at_its_next_batch(
     assert set(received) <= set(range(100))
     for it in [new, *others]:
         it.close()
+    loader.shutdown()
+
+
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_an_iterator_whose_rank_a_newer_one_took_over_stops_at_its_next_batch(
+    ray_session, dataset, policy
+):
+    loader = Loader(ParquetSource(dataset), name=unique_name("over"), batch_size=10, policy=policy)
+    old = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    reading = iter(old)
+    assert len(real_ids([next(reading)])) == 10
+    new = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    with pytest.raises(StaleClientError, match="newer iterator of data-parallel rank 0"):
+        next(reading)
+    received = real_ids(list(new))
+    assert len(received) == len(set(received)) and set(received) <= set(range(100))
+    new.close()
     loader.shutdown()
