@@ -11,6 +11,7 @@ import ray
 
 from rayshard.plan.id_runs import as_runs, union
 from rayshard.runtime.metrics import record_batches
+from rayshard.runtime.ray_held import ray_held
 
 
 class AckSender:
@@ -43,9 +44,10 @@ class AckSender:
         self._sent: list[Any] = []  # ObjectRefs of acknowledgements not known to be recorded
         self._wake = threading.Event()
         self._interval = interval_s
+        self._thread: threading.Thread | None = None
         if interval_s > 0:
-            thread = threading.Thread(target=self._run, daemon=True, name="rayshard-acks")
-            thread.start()
+            self._thread = threading.Thread(target=self._run, daemon=True, name="rayshard-acks")
+            self._thread.start()
 
     def add(
         self,
@@ -103,13 +105,33 @@ class AckSender:
                 self._sent = busy + self._sent
 
     def stop(self) -> None:
-        """Send what is pending, wait until it is recorded, end the background thread."""
+        """End the background thread, then send what is pending and wait until it is
+        recorded. After `ray.shutdown()` there is no one to send to: the acknowledgements
+        are dropped, and no Ray call is made (it would start a new local Ray)."""
         self._wake.set()
-        self.flush(wait=True)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()  # no flush of the thread's can follow
+        with ray_held() as up:
+            if up:
+                self.flush(wait=True)
+            else:
+                self._forget()
 
     def _run(self) -> None:
+        """Flush every `interval_s` until `stop()`, or until Ray is shut down under it
+        (a `ray.shutdown()` with the iterator still open)."""
         while not self._wake.wait(self._interval):
-            self.flush()
+            with ray_held() as up:
+                if not up:
+                    self._forget()
+                    return
+                self.flush()
+
+    def _forget(self) -> None:
+        """Drop what is pending and the references to what was sent (Ray is down: called
+        under `ray_held()`, since a dropped `ObjectRef` calls into Ray's core worker)."""
+        with self._lock:
+            self._pending, self._sent = {}, []
 
 
 def sample_runs(sorted_ids: np.ndarray) -> np.ndarray:

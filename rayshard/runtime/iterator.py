@@ -26,6 +26,7 @@ from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import BatchMeta
 from rayshard.runtime.fetch import STALL_FLUSH_S, fetch_batches
 from rayshard.runtime.local_reads import abandon_rank
+from rayshard.runtime.ray_held import ray_held
 
 
 class ShardIterator:
@@ -222,16 +223,23 @@ class ShardIterator:
     def close(self) -> None:
         """Leave the loader: stop the device feed and the reader; under `dynamic` this
         rank's unfinished leases go back to the queue for the others. After
-        `Loader.shutdown()` there is nothing left to leave: a no-op."""
+        `Loader.shutdown()` there is nothing left to leave: a no-op, and after
+        `ray.shutdown()` too (a Ray call would start a new local Ray)."""
         self._close_feed()
         if self._local is not None:
             self._local.close()
         try:
             self._acks.stop()
-            leave = self._coordinator.leave
-            ray.get(leave.remote(self._generation, self._placement.dp_rank, self._reader_name))
+            with ray_held() as up:
+                if up:
+                    self._leave()
         except ray.exceptions.RayActorError:
             return  # the loader was shut down: coordinator and readers are gone
+
+    def _leave(self) -> None:
+        """Leave the coordinator and stop the reader (or release this rank's key)."""
+        leave = self._coordinator.leave
+        ray.get(leave.remote(self._generation, self._placement.dp_rank, self._reader_name))
         if self._watch_key is None:
             self._reader.stop.remote()
         else:

@@ -27,6 +27,7 @@ from rayshard.device._channel import CLOSED, EMPTY, Channel
 from rayshard.errors import RayshardError, TransformError, same_kind, unwrap_task_error
 from rayshard.runtime.block import tag_batch
 from rayshard.runtime.fetch import STALL_FLUSH_S
+from rayshard.runtime.ray_held import ray_held
 from rayshard.runtime.row_streams import RankReading, length_is_exact
 
 _END = object()  # the epoch's last batch was put
@@ -164,11 +165,30 @@ def abandon_rank(local_reads: Any, watch: Any, key: str) -> None:
     """An iterator dropped without `close()`: its reading thread is told to stop (not
     waited for: this runs in the garbage collector) and its key in the process's watch is
     released, so the coordinator treats the rank as lost and hands its unfinished work to
-    the others, as when a watch actor of its own ended with it."""
+    the others, as when a watch actor of its own ended with it. After `ray.shutdown()`
+    there is nothing left to release. A finalizer must not wait: if Ray's lock is busy
+    (another thread's Ray calls, or Ray starting or shutting down), a thread of its own
+    releases the key once it is free."""
     if local_reads is not None:
         local_reads.abandon()
-    with contextlib.suppress(Exception):  # Ray already shut down: nothing left to release
-        watch.stop.remote(key)
+    if not _release_key(watch, key, blocking=False):
+        later = threading.Thread(
+            target=_release_key, args=(watch, key), daemon=True, name="rayshard-release"
+        )
+        with contextlib.suppress(RuntimeError):  # the interpreter exits: Ray goes with it
+            later.start()
+
+
+def _release_key(watch: Any, key: str, blocking: bool = True) -> bool:
+    """Release `key` in `watch` if Ray is up (see `ray_held`); False if Ray's lock was busy
+    and `blocking` is False: nothing was done."""
+    with ray_held(blocking) as up:
+        if up is None:
+            return False
+        if up:
+            with contextlib.suppress(Exception):  # the watch is gone: nothing to release
+                watch.stop.remote(key)
+    return True
 
 
 __all__ = ["LocalReads", "abandon_rank", "reads_in_consumer"]
