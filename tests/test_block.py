@@ -74,11 +74,12 @@ def test_bytes_of_string_and_bytes_columns_are_counted():
     assert meta.nbytes == 150 + 5 + 2 * 8 + 2
 
 
-def test_a_shipped_text_column_counts_as_the_object_array_its_consumer_gets():
+def test_a_text_column_counts_its_values_bytes_shipped_or_not():
     # a reader ships string and binary columns as Arrow (`rayshard.data.wire`); the tag's
-    # bytes (and so block sizing and the bytes metric) stay those of the consumer's path
-    text = ["a" * 100, "bb", ""]
+    # bytes (and so block sizing and the bytes metric) count the values (UTF-8), as for
+    # the object array a consumer that reads for itself tags
+    text = ["a" * 100, "bé", ""]
     ids = {"_index": np.arange(3), "_padded": np.zeros(3, bool)}
     shipped, _ = tag_batch({"s": pa.array(text), **ids})
     local, _ = tag_batch({"s": np.array(text, dtype=object), **ids})
-    assert shipped.nbytes == local.nbytes
+    assert shipped.nbytes == local.nbytes == 103 + 3 * 8 + 3

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from rayshard.data.batching import INDEX_KEY, PADDED_KEY, Tagged
+from rayshard.data.wire import value_bytes
 from rayshard.plan.id_runs import as_runs, to_intervals, union
 from rayshard.runtime.acks import sample_runs
 from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY
@@ -67,12 +68,14 @@ def tag_batch(batch: dict) -> Tagged:
 
 
 def column_bytes(column: Any) -> int:
-    """Bytes of a batch column (arrays: exact; lists of bytes or strings: an estimate), for
-    the batch's tag and for sizing object-store blocks). A string or binary column a reader
-    ships as Arrow (`rayshard.data.wire`) counts as the object array its consumer gets (8
-    bytes a row), as on the path that reads in the consumer."""
-    if isinstance(column, pa.Array):
-        return len(column) * np.dtype(object).itemsize
+    """Bytes of a batch column, for the batch's tag (the bytes metric) and for sizing
+    object-store blocks: a string or binary column (Arrow, as a reader ships it, or an
+    object array of only `bytes` or only `str`) its values' bytes (UTF-8 for text,
+    `wire.value_bytes`), the same on every path; other arrays their `nbytes` (object
+    arrays: 8 bytes a row); lists of bytes or strings an estimate."""
+    values = value_bytes(column)
+    if values is not None:
+        return values
     nbytes = getattr(column, "nbytes", None)
     if nbytes is not None:
         return int(nbytes)
@@ -82,9 +85,9 @@ def column_bytes(column: Any) -> int:
 def shipped_bytes(batch: dict[str, Any], counted: int) -> int:
     """Bytes a reader's `batch` (after `wire.for_wire`) takes in the object store, given
     the bytes its tag `counted`: a string or binary column shipped as Arrow counts in the
-    tag as its consumer's object array (`column_bytes`), its buffers hold every value's
-    bytes. Sizes object-store blocks, so that `object_bytes` bounds a block of large
-    binaries (images) too."""
+    tag its values (`column_bytes`), its buffers hold their offsets too. Sizes
+    object-store blocks, so that `object_bytes` bounds a block of large binaries (images)
+    too."""
     for column in batch.values():
         if isinstance(column, pa.Array):
             held = sum(buffer.size for buffer in column.buffers() if buffer is not None)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 import ray
 
 from rayshard.data.batching import Tagged
-from rayshard.data.wire import for_user
+from rayshard.data.wire import for_arrow, for_user
 from rayshard.errors import RayshardError, unwrap_task_error
 from rayshard.runtime.block import Block
 
@@ -26,13 +26,16 @@ def fetch_batches(
     flush: Callable[[], None],
     where: str,
     blocks_ahead: int = 1,
+    arrow: bool = False,
 ) -> Iterator[Tagged]:
     """Tagged numpy batches of `epoch` from `reader`, in order; `blocks_ahead` block
     requests stay in flight beyond the block being consumed (the loader's read-ahead
     budget, `LoaderConfig.blocks_ahead`). While waiting for the reader, `flush()` sends the
     acknowledgements so far (at a `dynamic` epoch's end the other ranks' readers wait for
     exactly that). A reader's error is raised as its rayshard type, `where` naming loader
-    and rank."""
+    and rank. String and binary columns come as numpy object arrays, or with `arrow`
+    (`batch_format="arrow"`) as Arrow where that is the same (`wire.for_arrow`)."""
+    convert = for_arrow if arrow else for_user
     more, requested = True, 0
     pending: collections.deque = collections.deque()  # (index, request) in flight
     while True:
@@ -62,7 +65,7 @@ def fetch_batches(
                 f"{(block.generation, block.epoch)}: take a new iterator"
             )
         for tagged in block.batches:  # string and binary columns: Arrow to numpy here
-            yield Tagged(tagged.tag, for_user(tagged.batch))
+            yield Tagged(tagged.tag, convert(tagged.batch))
 
 
 def _settle(requests: Iterable[ray.ObjectRef]) -> None:

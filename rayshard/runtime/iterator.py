@@ -258,7 +258,9 @@ class ShardIterator:
         where = self._where()
         try:  # the coordinator plans the epoch here (under packing it reads token counts)
             if self._local is not None:
-                started = self._local.start(self._generation, self._epoch)
+                started = self._local.start(
+                    self._generation, self._epoch, arrow=self._format == "arrow"
+                )
             else:
                 started = ray.get(self._reader.start.remote(self._generation, self._epoch))
         except ray.exceptions.RayTaskError as error:
@@ -284,6 +286,7 @@ class ShardIterator:
                 flush=flush,
                 where=where,
                 blocks_ahead=self._blocks_ahead,
+                arrow=self._format == "arrow",
             )
         if self._format == "torch":
             from rayshard.device import DeviceFeed

@@ -23,6 +23,7 @@ import ray
 
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.data.batching import FLUSH, Tagged
+from rayshard.data.wire import for_arrow, for_user
 from rayshard.device._channel import CLOSED, EMPTY, Channel
 from rayshard.errors import RayshardError, TransformError, same_kind, unwrap_task_error
 from rayshard.runtime.block import tag_batch
@@ -85,19 +86,23 @@ class LocalReads:
         self._channel: Channel | None = None
         self._thread: threading.Thread | None = None
 
-    def start(self, generation: int, epoch: int) -> dict:
+    def start(self, generation: int, epoch: int, arrow: bool = False) -> dict:
         """Begin reading `epoch` (ending any epoch being read). Returns `batches`, the
-        batches the epoch yields, and `exact`, whether that count is final."""
+        batches the epoch yields, and `exact`, whether that count is final. String and
+        binary columns are read as Arrow, tagged, and converted as a reader actor's
+        consumer converts them (`fetch_batches`; `arrow`: for `batch_format="arrow"`)."""
         self.stop()
         reading = self._reading
         started = ray.get(
             reading.coordinator.start_epoch.remote(generation, reading.dp_rank, epoch)
         )
         cancel = self._cancel = threading.Event()
-        stream = reading.epoch(started, generation, epoch, cancel=lambda: cancel)
+        stream = reading.epoch(started, generation, epoch, cancel=lambda: cancel, keep_text=True)
         self._channel = Channel(reading.settings.prefetch_depth)
         self._thread = threading.Thread(
-            target=_produce, args=(stream, self._channel, cancel), daemon=True
+            target=_produce,
+            args=(stream, self._channel, cancel, for_arrow if arrow else for_user),
+            daemon=True,
         )
         self._thread.start()
         return {"batches": started["batches"], "exact": length_is_exact(reading.settings)}
@@ -144,13 +149,20 @@ def _drain(channel: Channel, epoch: int, flush: Callable[[], None], where: str) 
         yield item
 
 
-def _produce(stream: Iterator[Any], channel: Channel, cancel: threading.Event) -> None:
-    """Move `stream`'s batches into `channel` until it ends, fails, or is cancelled."""
+def _produce(
+    stream: Iterator[Any],
+    channel: Channel,
+    cancel: threading.Event,
+    convert: Callable[[dict], dict],
+) -> None:
+    """Move `stream`'s batches into `channel`, tagged, then `convert`ed, until it ends,
+    fails, or is cancelled."""
     try:
         for batch in stream:
             if batch is FLUSH:  # a reader actor's cue to publish a block: nothing to do here
                 continue
-            if cancel.is_set() or not channel.put(tag_batch(batch)):
+            meta, batch = tag_batch(batch)
+            if cancel.is_set() or not channel.put(Tagged(meta, convert(batch))):
                 return
         channel.put(_END)
     except BaseException as error:  # noqa: BLE001 - delivered to the consumer in order

@@ -34,6 +34,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayshard.data.batching import Reads, in_piece_order, iter_rows
 from rayshard.data.transforms import INDEX_KEY, PADDED_KEY, TransformContext
+from rayshard.data.wire import for_wire
 from rayshard.errors import RayshardError, TransformError
 from rayshard.runtime.remote import remote_class
 from rayshard.runtime.transform_stage import apply_transform
@@ -77,7 +78,8 @@ class ReaderWorker:
                     padded=np.asarray(batch[PADDED_KEY]),
                 )
                 try:
-                    results.append(apply_transform(self._transform, dict(batch), ctx))
+                    result = apply_transform(self._transform, dict(batch), ctx)
+                    results.append(for_wire(result))  # bytes and str columns: Arrow
                 except TransformError as error:
                     return results, error, time.perf_counter() - start
             return results, None, time.perf_counter() - start

@@ -73,11 +73,13 @@ BLOCKS = 6  # blocks a `BlockServer` serves
 
 class BlockServer:
     """Serves `BLOCKS` one-batch blocks of (generation 0, epoch 1) like a reader's `next`,
-    recording every index asked for; `wrong_at` answers a block of another epoch there."""
+    recording every index asked for; `wrong_at` answers a block of another epoch there;
+    `text` adds a `large_string` column as a reader ships it (Arrow)."""
 
-    def __init__(self, wrong_at: int | None = None) -> None:
+    def __init__(self, wrong_at: int | None = None, text: bool = False) -> None:
         self.asked: list[int] = []
         self.wrong_at = wrong_at
+        self.text = text
 
     def next(self, generation: int, epoch: int, index: int):
         import ray
@@ -86,6 +88,10 @@ class BlockServer:
         if index >= BLOCKS:
             return None
         batch = {"_index": np.array([index]), "_padded": np.array([False])}
+        if self.text:
+            import pyarrow as pa
+
+            batch["s"] = pa.array([f"row {index}"], pa.large_string())
         epoch = epoch + 1 if index == self.wrong_at else epoch
         return ray.put(Block.of((generation, epoch), index, [tag_batch(batch)]))
 

@@ -197,5 +197,14 @@ def test_string_and_binary_columns_arrive_alike_from_a_reader_and_from_the_consu
     for fmt in ("numpy", "torch", "arrow"):
         assert seen[True, fmt] == seen[False, fmt]
         assert sum(len(r) for r in seen[True, fmt]) == 8  # 61 rows and 3 padding rows
+    # under "arrow" the types are those of the object arrays: large ones come down
+    (schema, _) = seen[False, "arrow"][0][0]
+    assert schema.split("\n")[:5] == [
+        "id: int64",
+        "s: string",
+        "ls: string",
+        "b: binary",
+        "lb: binary",
+    ]
     first = dict((k, v) for k, _, v in seen[False, "numpy"][0][0])
     assert first["s"][4] == ("str", "?") and first["b"][3] == ("bytes", b"\x03\xff" * 3)

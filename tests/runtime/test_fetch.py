@@ -35,3 +35,18 @@ def test_a_block_from_another_epoch_is_refused(ray_session):
     assert [batch["_index"][0] for _, batch in (next(stream), next(stream))] == [0, 1]
     with pytest.raises(RayshardError, match=r"rank 0: asked for block 2 .* of \(0, 2\)"):
         next(stream)
+
+
+def test_text_columns_come_as_numpy_objects_or_under_arrow_as_arrow(ray_session):
+    import numpy as np
+    import pyarrow as pa
+    import ray
+
+    server = ray.remote(BlockServer).remote(text=True)
+    plain = [batch["s"] for _, batch in fetch_batches(server, 0, 1, flush=lambda: None, where="t")]
+    assert all(isinstance(s, np.ndarray) and s.dtype == object for s in plain)
+    server = ray.remote(BlockServer).remote(text=True)
+    stream = fetch_batches(server, 0, 1, flush=lambda: None, where="t", arrow=True)
+    arrow = [batch["s"] for _, batch in stream]
+    assert all(isinstance(s, pa.Array) and s.type == pa.string() for s in arrow)  # cast down
+    assert [s.to_pylist() for s in arrow] == [s.tolist() for s in plain]

@@ -48,3 +48,23 @@ def identity(batch, ctx):
 def keep_below_4(sample, rng):
     """A `per_sample` filter: only samples 0..3 are kept (the first batch of 4)."""
     return {"v": sample["id"] * 2} if sample["id"] < 4 else None
+
+
+def text_objects(batch, ctx):
+    """Object arrays of only str and only bytes (shipped as Arrow), one with None and one
+    of mixed types (shipped as they are), and a list of bytes."""
+    n = len(ctx)
+    mixed = np.empty(n, object)
+    mixed[:] = [t if i % 2 else t.encode() for i, t in enumerate(batch["text"])]
+    holes = np.empty(n, object)
+    holes[:] = [None if i % 3 == 0 else t for i, t in enumerate(batch["text"])]
+    blob = np.empty(n, object)
+    blob[:] = batch["blob"]
+    return {
+        "id": batch["id"],
+        "text": np.array([t + "é" for t in batch["text"]], dtype=object),
+        "blob": blob,
+        "mixed": mixed,
+        "holes": holes,
+        "listed": list(batch["blob"]),
+    }
