@@ -17,14 +17,14 @@ from typing import Any
 import ray
 
 from rayshard.config.checks import check_int
-from rayshard.data.batching import Tagged
-from rayshard.data.formats import FORMATS, convert_batch, torch_host_batch
+from rayshard.data.formats import FORMATS
 from rayshard.errors import epoch_broken, unwrap_task_error
 from rayshard.plan import DataParallelRank
 from rayshard.runtime import generations
 from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import BatchMeta
-from rayshard.runtime.fetch import STALL_FLUSH_S, fetch_batches
+from rayshard.runtime.delivery import deliver
+from rayshard.runtime.fetch import fetch_batches
 from rayshard.runtime.local_reads import abandon_rank
 from rayshard.runtime.ray_held import ray_held
 
@@ -222,9 +222,8 @@ class ShardIterator:
 
     def close(self) -> None:
         """Leave the loader: stop the device feed and the reader; under `dynamic` this
-        rank's unfinished leases go back to the queue for the others. After
-        `Loader.shutdown()` there is nothing left to leave: a no-op, and after
-        `ray.shutdown()` too (a Ray call would start a new local Ray)."""
+        rank's unfinished leases go back to the queue for the others. A no-op after
+        `Loader.shutdown()` or `ray.shutdown()` (a Ray call would start a new local Ray)."""
         self._close_feed()
         if self._local is not None:
             self._local.close()
@@ -248,8 +247,7 @@ class ShardIterator:
 
     def _registered(self) -> tuple[str, int, int, str]:
         """What `rayshard.runtime.generations` knows this iterator's registration by."""
-        dp_rank = self._placement.dp_rank
-        return self._loader_key, self._generation, dp_rank, self._reader_name
+        return self._loader_key, self._generation, self._placement.dp_rank, self._reader_name
 
     def _where(self) -> str:
         return f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
@@ -288,24 +286,15 @@ class ShardIterator:
                 blocks_ahead=self._blocks_ahead,
                 arrow=self._format == "arrow",
             )
-        if self._format == "torch":
-            from rayshard.device import DeviceFeed
-
-            nested = self._nested
-            self._feed = DeviceFeed(
-                (Tagged(meta, torch_host_batch(batch, nested)) for meta, batch in raw),
-                device=self._device,
-                prefetch_depth=self._depth,
-                collate_fn=self._collate_fn,
-                on_wait=flush,
-                on_wait_after_s=STALL_FLUSH_S,
-            )
-            self._stream = self._feed
-        else:
-            fmt, nested, collate_fn = self._format, self._nested, self._collate_fn
-            self._stream = (
-                Tagged(meta, convert_batch(batch, fmt, nested, collate_fn)) for meta, batch in raw
-            )
+        self._stream, self._feed = deliver(
+            raw,
+            self._format,
+            nested=self._nested,
+            collate_fn=self._collate_fn,
+            device=self._device,
+            prefetch_depth=self._depth,
+            flush=flush,
+        )
 
     def _close_feed(self) -> None:
         if self._feed is not None:
