@@ -127,3 +127,15 @@ class RestartCheck:
             warnings.simplefilter("always")
             _ = ray.get_runtime_context().was_current_actor_reconstructed
         return restarted, [str(w.message) for w in ours], [str(w.message) for w in rays]
+
+
+def as_seen(batch) -> list:
+    """A batch as comparable values with the type of every column and element."""
+    if isinstance(batch, pa.RecordBatch):
+        return [str(batch.schema), batch.to_pydict()]
+    out = []
+    for key, value in sorted(batch.items()):
+        kind = type(value).__name__ + str(getattr(value, "dtype", ""))
+        rows = value.tolist() if hasattr(value, "tolist") else list(value)
+        out.append((key, kind, [(type(v).__name__, v) for v in rows]))
+    return out

@@ -17,7 +17,7 @@ from rayshard.errors import ConfigError
 from rayshard.loader import Loader
 from rayshard.runtime.local_reads import reads_in_consumer
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import run_lockstep, unique_name, write_parquet
+from tests.runtime.helpers import as_seen, run_lockstep, unique_name, write_parquet
 
 ROWS = [40, 35, 26]  # 101 rows, row groups of 7
 
@@ -146,18 +146,6 @@ def _text_table(rows: int) -> pa.Table:
     )
 
 
-def _as_seen(batch) -> list:
-    """A batch as comparable values with the type of every column and element."""
-    if isinstance(batch, pa.RecordBatch):
-        return [str(batch.schema), batch.to_pydict()]
-    out = []
-    for key, value in sorted(batch.items()):
-        kind = type(value).__name__ + str(getattr(value, "dtype", ""))
-        rows = value.tolist() if hasattr(value, "tolist") else list(value)
-        out.append((key, kind, [(type(v).__name__, v) for v in rows]))
-    return out
-
-
 @pytest.mark.ray
 def test_string_and_binary_columns_arrive_alike_from_a_reader_and_from_the_consumer(
     ray_session, tmp_path
@@ -178,7 +166,7 @@ def test_string_and_binary_columns_arrive_alike_from_a_reader_and_from_the_consu
         try:
             for fmt in ("numpy", "torch", "arrow"):
                 its = [loader.iterator(world_rank=0, world_size=1, batch_format=fmt, device="cpu")]
-                seen[consumer_reads, fmt] = [[_as_seen(b) for b in r] for r in run_lockstep(its)]
+                seen[consumer_reads, fmt] = [[as_seen(b) for b in r] for r in run_lockstep(its)]
                 its[0].close()
             if not consumer_reads:  # the reader's blocks hold the text columns as Arrow
                 it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")

@@ -16,7 +16,7 @@ import ray
 
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import run_lockstep, unique_name
+from tests.runtime.helpers import as_seen, run_lockstep, unique_name
 from tests.runtime.transform_fns import text_objects
 
 pytestmark = pytest.mark.ray
@@ -42,18 +42,6 @@ def dataset(tmp_path_factory):
     return str(folder)
 
 
-def _as_seen(batch) -> list:
-    """A batch as comparable values with the type of every column and element."""
-    if isinstance(batch, pa.RecordBatch):
-        return [str(batch.schema), batch.to_pydict()]
-    out = []
-    for key, value in sorted(batch.items()):
-        kind = type(value).__name__ + str(getattr(value, "dtype", ""))
-        rows = value.tolist() if isinstance(value, np.ndarray) else value
-        out.append((key, kind, [(type(v).__name__, v) for v in rows]))
-    return out
-
-
 def _seen(dataset, **options) -> tuple[list, int, list]:
     """An epoch's batches under "numpy" as seen, the bytes the coordinator counted for them,
     and an epoch's batches under "arrow"."""
@@ -73,7 +61,7 @@ def _seen(dataset, **options) -> tuple[list, int, list]:
         it = loader.iterator(world_rank=0, world_size=1, batch_format="arrow")
         (arrow,) = run_lockstep([it])
         it.close()
-        return [_as_seen(b) for b in batches], counted, [_as_seen(b) for b in arrow]
+        return [as_seen(b) for b in batches], counted, [as_seen(b) for b in arrow]
     finally:
         loader.shutdown()
 
