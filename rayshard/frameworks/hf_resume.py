@@ -14,11 +14,14 @@ skip the epoch's first `global_step % steps_per_epoch` batches by reading them
 that skip must not apply too: the prepared Trainer sets `ignore_data_skip` for a
 `train()` that resumes with a rayshard state. The state is loaded at the Trainer's first
 `set_epoch()` call, after it measured an epoch with `len()` (a restored iterator's `len()`
-counts the rest of its epoch, as the Trainer's step count for that epoch then must); an
-iterator stopped mid-epoch by an interrupted `train()` is first sent back to that epoch's
-start (`restart_epoch`), so that `len()` is a whole epoch's. Without a state the loader
-reads the Trainer's epoch from its start: it cannot go back to one it finished (a
-`ConfigError`).
+counts the rest of its epoch, as the Trainer's step count for that epoch then must).
+Before, every process puts the loader at the start of the checkpoint's epoch
+(`epoch_start`, between two `wait_for_everyone()`), so that the Trainer measures a whole
+epoch: also with the dataset of an interrupted `train()` (its iterator stopped mid-epoch),
+whose loader may have resumed that very epoch before (its plan of the epoch is then the
+rest after that resume point). Without a state an iterator stopped mid-epoch is sent back
+to that epoch's start (`restart_epoch`) and the loader reads the Trainer's epoch from its
+start: it cannot go back to one it finished (a `ConfigError`).
 """
 
 from __future__ import annotations
@@ -61,6 +64,11 @@ def find_loader_state(folder: str | os.PathLike, rank: int) -> dict | None:
             )
             return read_state_json(path, fix)
     return None
+
+
+def epoch_start(state: dict) -> dict:
+    """`state` (a loader state) moved back to the start of its epoch: nothing consumed."""
+    return {**state, "consumed": [], "partial": []}
 
 
 def restart_epoch(iterator: Any) -> None:
@@ -117,6 +125,7 @@ __all__ = [
     "STATE_FILE_PATTERN",
     "ResumingDataLoader",
     "find_loader_state",
+    "epoch_start",
     "restart_epoch",
     "save_loader_state",
     "state_path",

@@ -32,6 +32,7 @@ from rayshard.data.columns import MASK_SUFFIX
 from rayshard.frameworks.hf_resume import (
     NOT_RESUMING,
     ResumingDataLoader,
+    epoch_start,
     find_loader_state,
     restart_epoch,
     save_loader_state,
@@ -85,7 +86,11 @@ def prepare_trainer(trainer: Any) -> Any:
                     " had, which repeats no sample only if that epoch's plan is the same",
                     stacklevel=2,
                 )
-            restart_epoch(self.train_dataset.iterator)
+                restart_epoch(self.train_dataset.iterator)
+            else:  # a whole epoch's len() even where this loader resumed that epoch before
+                self.accelerator.wait_for_everyone()  # all made their Trainer (it asks len())
+                self.train_dataset.load_state_dict(epoch_start(state))
+                self.accelerator.wait_for_everyone()  # none loads the state before all did
             skip = self.args.ignore_data_skip
             self.args.ignore_data_skip = skip or state is not None  # the loader resumes
             self._rayshard_resume = state

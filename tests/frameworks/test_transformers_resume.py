@@ -96,8 +96,9 @@ def _train(
     resume: str | None = None,
     stop: int | None = None,
     batches: IterableAdapter | None = None,
+    save_steps: int = 3,
 ):
-    args = cpu_args(TrainingArguments, output_dir, 3 if stop else None, EPOCHS)
+    args = cpu_args(TrainingArguments, output_dir, save_steps if stop else None, EPOCHS)
     if batches is None:
         batches = IterableAdapter(loader.iterator(world_rank=0, world_size=1), causal_lm_inputs)
     trainer = tiny_trainer(Recorder, args, batches, stop)
@@ -201,6 +202,28 @@ def test_a_resume_with_the_interrupted_dataset_reads_the_whole_rest(ray_session,
             _train(loader, str(tmp_path / "back"), resume=bare, batches=batches)
     finally:
         loader.shutdown()
+
+
+def test_a_second_interruption_of_a_resumed_epoch_resumes_the_whole_budget(ray_session, tmp_path):
+    """The same dataset interrupted twice in one epoch (in a notebook): after the first
+    resume the loader's plan of that epoch is its rest, so sending the iterator back to the
+    epoch's start measured only that rest and the second resume ran out of steps a data
+    epoch early. Every resume with a state first puts the loader at the start of the
+    checkpoint's epoch: the budget is whole, every epoch is trained exactly once."""
+    data = write_tokens(str(tmp_path / "tokens"), ROWS, files=6)
+    loader = Loader(ParquetSource(data), batch_size=BATCH, name=unique_name("hftwice"))
+    try:
+        batches = IterableAdapter(loader.iterator(world_rank=0, world_size=1), causal_lm_inputs)
+        out, runs, resume = tmp_path / "out", [], None
+        for stop in (7, 10, None):  # epoch 1 after 1 of its batches, after 4, to the end
+            runs.append(_train(loader, str(out / str(stop)), resume, stop, batches, 1))
+            resume = str(out / str(stop) / f"checkpoint-{stop}")
+    finally:
+        loader.shutdown()
+    assert runs[-1].state.global_step == EPOCHS * 6
+    got = _epochs(*(run.seen for run in runs))
+    for epoch in range(EPOCHS):
+        assert collections.Counter(got[epoch]) == collections.Counter(range(ROWS)), epoch
 
 
 class EvalRecorder(Trainer):

@@ -67,16 +67,28 @@ class Recorder(Trainer):
             return super()._load_rng_state(checkpoint)
 
 
-def _trainer(cls: type, iterator, rank: int, out: str, save_steps: int | None, stop: int | None):
+def _trainer(
+    cls: type,
+    iterator,
+    rank: int,
+    out: str,
+    save_steps: int | None,
+    stop: int | None,
+    barrier: threading.Barrier | None = None,
+):
     """A prepared `cls` Trainer of process `rank` over `iterator`, saving every
-    `save_steps` steps (never if None) and stopped after the save of step `stop`."""
+    `save_steps` steps (never if None) and stopped after the save of step `stop`; its
+    `accelerator.wait_for_everyone()` waits at `barrier` (the emulated processes' threads)."""
     args = cpu_args(RankArgs, out, save_steps, EPOCHS)
     args.rank = rank
-    return tiny_trainer(cls, args, IterableAdapter(iterator, causal_lm_inputs), stop)
+    trainer = tiny_trainer(cls, args, IterableAdapter(iterator, causal_lm_inputs), stop)
+    if barrier is not None:
+        trainer.accelerator.wait_for_everyone = functools.partial(barrier.wait, timeout=120)
+    return trainer
 
 
-def _train(iterator, rank: int, output_dir: str, resume: str | None, stop: int | None):
-    trainer = _trainer(Recorder, iterator, rank, output_dir, stop, stop)
+def _train(iterator, rank: int, output_dir: str, resume, stop, barrier: threading.Barrier):
+    trainer = _trainer(Recorder, iterator, rank, output_dir, stop, stop, barrier)
     with contextlib.suppress(_Stop):
         trainer.train(resume_from_checkpoint=resume)
     return trainer
@@ -93,9 +105,10 @@ def _run(data: str, name: str, world: int, out: str, resume=None, stop=None) -> 
     )
     try:
         iterators = [loader.iterator(world_rank=r, world_size=world) for r in range(world)]
+        barrier = threading.Barrier(world)
         with ThreadPoolExecutor(world) as pool:
             runs = [
-                pool.submit(_train, it, r, f"{out}/rank{r}", resume, stop)
+                pool.submit(_train, it, r, f"{out}/rank{r}", resume, stop, barrier)
                 for r, it in enumerate(iterators)
             ]
             trainers = [run.result() for run in runs]
