@@ -22,7 +22,7 @@ from rayshard.frameworks.hf_resume import state_path
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.frameworks.hf_loops import write_tokens
-from tests.frameworks.test_transformers_resume import _Stop
+from tests.frameworks.test_transformers_resume import _epochs, _Stop
 from tests.frameworks.test_transformers_world_size import Recorder, _checkpoint, _trainer
 from tests.runtime.helpers import unique_name
 
@@ -80,10 +80,7 @@ def test_accumulation_resume_from_mid_epoch_is_exactly_once(
     second = _job(data, name, world, accumulate, str(tmp_path / "second"), resume=resume)
     assert [t.state.global_step for t in second] == [EPOCHS * updates] * world
     assert all(len(t.seen) == EPOCHS * batches - len(f.seen) for f, t in zip(first, second))
-    got: dict[int, list[int]] = collections.defaultdict(list)
-    for trainer in [*first, *second]:
-        for epoch, ids in trainer.seen:
-            got[epoch] += ids
+    got = _epochs(*(trainer.seen for trainer in [*first, *second]))
     assert sorted(got) == list(range(EPOCHS))
     for epoch in range(EPOCHS):
         assert collections.Counter(got[epoch]) == collections.Counter(range(ROWS)), epoch

@@ -18,7 +18,7 @@ import pytest
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.frameworks.hf_loops import write_tokens
-from tests.frameworks.test_transformers_resume import _Stop
+from tests.frameworks.test_transformers_resume import _epochs, _Stop
 from tests.frameworks.test_transformers_world_size import Recorder, _checkpoint, _trainer
 from tests.runtime.helpers import unique_name
 
@@ -58,10 +58,7 @@ def test_a_resume_after_processes_stopped_apart_is_exactly_once(ray_session, tmp
     finally:
         loader.shutdown()
     assert [t.state.global_step for t in second] == [EPOCHS * 6] * 2
-    got: dict[int, list[int]] = collections.defaultdict(list)
-    for trainer in [*first, *second]:
-        for epoch, ids in trainer.seen:
-            got[epoch] += ids
+    got = _epochs(*(trainer.seen for trainer in [*first, *second]))
     assert sorted(got) == list(range(EPOCHS))
     for epoch in range(EPOCHS):
         assert collections.Counter(got[epoch]) == collections.Counter(range(ROWS)), epoch
