@@ -768,47 +768,44 @@ def scenario_rank_rejoins_same_number() -> dict:
     return result
 
 
-# -- scenario 5: transforms on a CPU-only node -----------------------------------------------
+# -- scenario 5: transform and reader workers on a CPU-only node ------------------------------
 def tag_node(batch: dict, ctx: Any) -> dict:
     """A transform that records which node ran it."""
     batch["node"] = [ray.get_runtime_context().get_node_id()] * len(batch["id"])
     return batch
 
 
-def scenario_transform_on_cpu_node() -> dict:
-    """The consumer and its reader on the head; `transform_resources` sends the rank's 2
-    transform workers to node n1 (a CPU-only node, resource `n1`). One epoch, dynamic."""
+def scenario_workers_on_cpu_node() -> dict:
+    """One cluster, two loaders in turn, each one epoch of one rank consumed on the head
+    (dynamic), with `transform_resources` naming node n1 (a CPU-only node, resource `n1`):
+    `transform`: the rank's 2 transform workers run there, its reader stays on the head;
+    `readers`: `reader_workers=2` read the pieces and run the transform there, the reader
+    again on the head."""
+    from tests.runtime.reading_fns import READ_NODE, NodeStampedSource
+
     start_cluster(worker_nodes=1, head_cpus=1, node_cpus=2)
     data = make_dataset([120, 80], row_group_size=20)
-    loader = dynamic_loader(
+    on_n1 = {"CPU": 1, "n1": 1}
+    transform = dynamic_loader(
         data,
         "prep",
         batch_size=10,
         transform=tag_node,
         transform_workers=2,
-        transform_resources={"CPU": 1, "n1": 1},
+        transform_resources=on_n1,
     )
-    return one_rank_on_head(loader, 200)
-
-
-def scenario_readers_on_cpu_node() -> dict:
-    """`reader_workers=2` with `transform_resources`: the rank's 2 reader workers on node n1
-    (CPU-only, resource `n1`) read the pieces and run the transform; the consumer and its
-    reader stay on the head. One epoch, dynamic."""
-    from tests.runtime.reading_fns import READ_NODE, NodeStampedSource
-
-    start_cluster(worker_nodes=1, head_cpus=1, node_cpus=2)
-    data = make_dataset([120, 80], row_group_size=20)
-    loader = dynamic_loader(
+    result = {"transform": one_rank_on_head(transform, 200)}
+    readers = dynamic_loader(
         data,
         "readers",
         source=NodeStampedSource(data),
         batch_size=10,
         transform=lambda batch, ctx: {**tag_node(batch, ctx), "read": batch[READ_NODE]},
         reader_workers=2,
-        transform_resources={"CPU": 1, "n1": 1},
+        transform_resources=on_n1,
     )
-    return one_rank_on_head(loader, 200)
+    result["readers"] = one_rank_on_head(readers, 200)
+    return result
 
 
 def one_rank_on_head(loader: Any, rows: int) -> dict:
@@ -857,8 +854,7 @@ SCENARIOS = {
     "coordinator_sigkill": scenario_coordinator_sigkill,
     "elastic_trainer": scenario_elastic_trainer,
     "rank_rejoins_same_number": scenario_rank_rejoins_same_number,
-    "transform_on_cpu_node": scenario_transform_on_cpu_node,
-    "readers_on_cpu_node": scenario_readers_on_cpu_node,
+    "workers_on_cpu_node": scenario_workers_on_cpu_node,
 }
 
 

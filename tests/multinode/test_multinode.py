@@ -186,24 +186,19 @@ def test_rank_rejoining_under_same_number_is_watched_again():
     check(r, epoch["lost"] == 0, f"samples lost: {epoch}")
 
 
-def test_transform_workers_run_on_a_cpu_only_node_with_exact_coverage():
-    """`transform_resources` sends a rank's transform workers to another node (a CPU-only
-    node here) while its reader stays on the consumer's node; the epoch stays exact."""
-    r = run_scenario("transform_on_cpu_node")
+def test_transform_and_reader_workers_run_on_a_cpu_only_node_with_exact_coverage():
+    """`transform_resources` sends a rank's transform workers, or with `reader_workers=2`
+    its reader workers (which read the pieces and transform them), to another node (a
+    CPU-only node here) while its reader stays on the consumer's node; both epochs exact.
+    One cluster for both loaders (a cluster start is most of such a scenario's cost)."""
+    r = run_scenario("workers_on_cpu_node")
     check(r, not r.get("error"), f"scenario error: {r.get('error')}")
-    check(r, r["transform_nodes"] == ["n1"], f"transformed on {r['transform_nodes']}")
-    check(r, r["reader_node"] == "head", f"reader on {r['reader_node']}")
-    epoch = r["audit"]["0"]
-    check(r, epoch["lost"] == 0 and epoch["duplicates"] == 0, f"coverage: {epoch}")
-
-
-def test_reader_workers_read_and_transform_on_a_cpu_only_node_with_exact_coverage():
-    """`reader_workers=2` with `transform_resources`: the pieces are read and transformed on
-    another node (CPU-only here) while the reader stays on the consumer's node; exact."""
-    r = run_scenario("readers_on_cpu_node")
-    check(r, not r.get("error"), f"scenario error: {r.get('error')}")
-    check(r, r["read_nodes"] == ["n1"], f"read on {r['read_nodes']}")
-    check(r, r["transform_nodes"] == ["n1"], f"transformed on {r['transform_nodes']}")
-    check(r, r["reader_node"] == "head", f"reader on {r['reader_node']}")
-    epoch = r["audit"]["0"]
-    check(r, epoch["lost"] == 0 and epoch["duplicates"] == 0, f"coverage: {epoch}")
+    transform, readers = r["transform"], r["readers"]
+    check(r, transform["transform_nodes"] == ["n1"], f"transformed on {transform}")
+    check(r, transform["reader_node"] == "head", f"reader on {transform['reader_node']}")
+    check(r, readers["read_nodes"] == ["n1"], f"read on {readers['read_nodes']}")
+    check(r, readers["transform_nodes"] == ["n1"], f"transformed on {readers}")
+    check(r, readers["reader_node"] == "head", f"reader on {readers['reader_node']}")
+    for name, part in (("transform", transform), ("readers", readers)):
+        epoch = part["audit"]["0"]
+        check(r, epoch["lost"] == 0 and epoch["duplicates"] == 0, f"{name} coverage: {epoch}")
