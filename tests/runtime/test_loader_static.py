@@ -33,20 +33,23 @@ def make_loader(dataset, **options):
     return Loader(ParquetSource(dataset), name=unique_name(), **options)
 
 
-@pytest.mark.parametrize("world_size", [1, 2, 3])
 @pytest.mark.parametrize("policy", ["data", "file", "file_or_data"])
-def test_one_epoch_covers_dataset_with_equal_steps(ray_session, dataset, world_size, policy):
+def test_one_epoch_covers_dataset_with_equal_steps(ray_session, dataset, policy):
+    # One loader, one world size after the other (each a new membership at the next
+    # epoch, read whole): every world size's epoch covers the dataset in equal steps.
     loader = make_loader(dataset, policy=policy, uneven="unbalanced")
-    iterators = [
-        loader.iterator(world_rank=r, world_size=world_size, batch_format="numpy")
-        for r in range(world_size)
-    ]
-    lengths = [len(it) for it in iterators]
-    batches = run_lockstep(iterators)
-    assert [len(b) for b in batches] == lengths, "len() must equal the batches yielded"
-    assert len(set(lengths)) == 1, f"unequal steps {lengths}"
-    ids = [i for rank in batches for i in real_ids(rank)]
-    assert Counter(ids) == Counter(range(sum(SIZES)))
+    for epoch, world_size in enumerate([1, 2, 3]):
+        iterators = [
+            loader.iterator(world_rank=r, world_size=world_size, batch_format="numpy")
+            for r in range(world_size)
+        ]
+        assert [it.epoch for it in iterators] == [epoch] * world_size
+        lengths = [len(it) for it in iterators]
+        batches = run_lockstep(iterators)
+        assert [len(b) for b in batches] == lengths, f"len() must equal the batches {world_size}"
+        assert len(set(lengths)) == 1, f"unequal steps {lengths} on {world_size} ranks"
+        ids = [i for rank in batches for i in real_ids(rank)]
+        assert Counter(ids) == Counter(range(sum(SIZES))), f"world size {world_size}"
     loader.shutdown()
 
 
@@ -95,18 +98,21 @@ def test_pad_last_batch_marks_padding(ray_session, dataset):
     loader.shutdown()
 
 
-def test_same_seed_same_order_per_rank(ray_session, dataset):
-    def orders(seed):
-        loader = make_loader(dataset, shuffle=True, seed=seed)
+def test_same_seed_same_order_per_rank_whatever_the_reader_threads(ray_session, dataset):
+    def orders(seed, threads):
+        loader = make_loader(dataset, shuffle=True, seed=seed, reader_threads=threads)
         its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
         out = [real_ids(b) for b in run_lockstep(its)]
         loader.shutdown()
         return out
 
-    first, again, other = orders(3), orders(3), orders(4)
+    # The same seed on another loader gives the same order, also when 3 threads read
+    # pieces ahead (the order stays the plan's); another seed another order.
+    first, again, other = orders(3, 1), orders(3, 3), orders(4, 1)
     assert first == again
     assert first != other
     assert sorted(first[0] + first[1]) == list(range(100))
+    assert sorted(again[0] + again[1]) == list(range(100))
 
 
 def test_rotation_follows_plan_cli(ray_session, dataset):
@@ -142,8 +148,7 @@ def test_rotation_follows_plan_cli(ray_session, dataset):
     loader.shutdown()
 
 
-@pytest.mark.parametrize("new_world", [2, 3, 1])
-def test_resume_mid_epoch_nothing_missing_nothing_repeated(ray_session, dataset, new_world):
+def test_resume_mid_epoch_nothing_missing_nothing_repeated(ray_session, dataset):
     loader = make_loader(dataset, shuffle=True, seed=1)
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     before = run_lockstep(its, steps=3)
@@ -156,41 +161,28 @@ def test_resume_mid_epoch_nothing_missing_nothing_repeated(ray_session, dataset,
 
     fresh = make_loader(dataset, shuffle=True, seed=1)
     state["loader"] = fresh.loader_id  # same configuration, new name in this test
-    resumed = [
-        fresh.iterator(world_rank=r, world_size=new_world, batch_format="numpy")
-        for r in range(new_world)
-    ]
-    for it in resumed:
-        it.load_state_dict(state)
-    lengths = [len(it) for it in resumed]
-    after = run_lockstep(resumed)
-    assert [len(b) for b in after] == lengths
-    rest = [i for rank in after for i in real_ids(rank)]
-    assert Counter(received + rest) == Counter(range(100))
-    # The epoch after the resumed one is whole again.
-    nxt = run_lockstep(resumed)
-    assert Counter(i for rank in nxt for i in real_ids(rank)) == Counter(range(100))
+    # The same world size, then more and fewer ranks: each restores the state again (a
+    # new membership, as a restarted group's) on the same fresh loader.
+    for new_world in [2, 3, 1]:
+        resumed = [
+            fresh.iterator(world_rank=r, world_size=new_world, batch_format="numpy")
+            for r in range(new_world)
+        ]
+        for it in resumed:
+            it.load_state_dict(state)
+        assert [it.epoch for it in resumed] == [0] * new_world
+        lengths = [len(it) for it in resumed]
+        after = run_lockstep(resumed)
+        assert [len(b) for b in after] == lengths, new_world
+        rest = [i for rank in after for i in real_ids(rank)]
+        assert Counter(received + rest) == Counter(range(100)), new_world
+        # The epoch after the resumed one is whole again.
+        nxt = run_lockstep(resumed)
+        assert Counter(i for rank in nxt for i in real_ids(rank)) == Counter(range(100))
     fresh.shutdown()
 
 
-def test_state_from_another_loader_is_refused(ray_session, dataset):
-    loader = make_loader(dataset)
-    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-    state = it.state_dict()
-    other = make_loader(dataset, batch_size=4)
-    with pytest.raises(ConfigError, match="belongs to loader") as refused:
-        other.iterator(world_rank=0, world_size=1).load_state_dict(state)
-    # its own error, naming what differs, not Ray's wrapper with a remote traceback
-    assert type(refused.value) is ConfigError
-    message = str(refused.value)
-    assert message.startswith("loader ") and "load_state_dict" in message
-    assert "batch_size: 8 in the state, 4 here" in message and "Traceback" not in message
-    assert state["made_by"]["batch_size"] == 8
-    loader.shutdown()
-    other.shutdown()
-
-
-def test_same_name_other_namespace_does_not_collide(ray_session, dataset):
+def test_same_name_other_namespace_is_another_loader_whose_state_is_refused(ray_session, dataset):
     name = unique_name("ns")
     a = Loader(ParquetSource(dataset), batch_size=10, name=name, namespace="job-a")
     b = Loader(ParquetSource(dataset), batch_size=25, name=name, namespace="job-b")
@@ -199,6 +191,16 @@ def test_same_name_other_namespace_does_not_collide(ray_session, dataset):
     assert (len(ita), len(itb)) == (10, 4)
     with pytest.raises(ConfigError, match="already exists in namespace 'job-a'"):
         Loader(ParquetSource(dataset), batch_size=10, name=name, namespace="job-a")
+    # A state of one loader is refused by another (same name, another configuration)
+    state = ita.state_dict()
+    with pytest.raises(ConfigError, match="belongs to loader") as refused:
+        b.iterator(world_rank=0, world_size=1).load_state_dict(state)
+    # its own error, naming what differs, not Ray's wrapper with a remote traceback
+    assert type(refused.value) is ConfigError
+    message = str(refused.value)
+    assert message.startswith("loader ") and "load_state_dict" in message
+    assert "batch_size: 10 in the state, 25 here" in message and "Traceback" not in message
+    assert state["made_by"]["batch_size"] == 10
     a.shutdown()
     b.shutdown()
 
@@ -309,7 +311,10 @@ def test_object_bytes_bounds_a_block_of_large_binary_values(ray_session, tmp_pat
     loader.shutdown()
 
 
-@pytest.mark.parametrize(("depth", "per_block", "ahead"), [(1, 1, 1), (3, 1, 3), (5, 2, 3)])
+# (3, 1, 3) is not run: its reader keeps 3 blocks ready as (5, 2, 3)'s does, and the
+# rule ceil(depth / per_block) is checked with one batch a block by (1, 1, 1) and rounding
+# up by (5, 2, 3).
+@pytest.mark.parametrize(("depth", "per_block", "ahead"), [(1, 1, 1), (5, 2, 3)])
 def test_a_reader_keeps_the_read_ahead_budget_ready_in_whole_blocks(
     ray_session, dataset, depth, per_block, ahead
 ):
@@ -341,19 +346,12 @@ def test_a_reader_keeps_the_read_ahead_budget_ready_in_whole_blocks(
     loader.shutdown()
 
 
-def test_stale_iterator_is_rejected(ray_session, dataset):
-    loader = make_loader(dataset)
-    old = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
-    loader.iterator(world_rank=0, world_size=3, batch_format="numpy")  # new membership
-    with pytest.raises(StaleClientError, match="generation"):
-        list(old)
-    loader.shutdown()
-
-
 def test_bad_iterator_arguments_are_refused_before_the_rank_registers(ray_session, dataset):
     """Each is refused before any remote call: no rank joined, no reader started (a bool
     rank was rank 1, a bad device failed only at the first batch)."""
     loader = make_loader(dataset)
+    # (and a loader without a configuration file takes the defaults: seed 0, equal steps)
+    assert loader.settings.plan.seed == 0 and loader.settings.plan.equal_steps is True
     for args, error, message in [
         ({"world_rank": True, "world_size": 2}, ConfigError, "world_rank=True must be an int"),
         ({"world_rank": 0.5}, ConfigError, "world_rank=0.5 must be an integer"),
@@ -375,7 +373,8 @@ def test_ranks_that_come_back_without_a_checkpoint_go_on_with_their_epoch(ray_se
     """A Train group restarted before any checkpoint held the loader's state: its new
     iterators start with the epoch their ranks are in (epoch 1 here, two steps in), not at
     epoch 0, which the loader would refuse as stale. Without a state to resume from, the
-    epoch is read whole again (the model restarted without one too)."""
+    epoch is read whole again (the model restarted without one too). Then a new membership
+    makes those iterators stale."""
     loader = make_loader(dataset)
     first = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in (0, 1)]
     epoch0 = run_lockstep(first)
@@ -389,6 +388,10 @@ def test_ranks_that_come_back_without_a_checkpoint_go_on_with_their_epoch(ray_se
     assert Counter(ids[0]) == Counter(ids[1]) == Counter(range(100))
     assert len(part[0]) == 2
     assert Counter(i for rank in rest for i in real_ids(rank)) == Counter(range(100))
+    # An iterator of an older membership is refused once a new one registered.
+    loader.iterator(world_rank=0, world_size=3, batch_format="numpy")  # new membership
+    with pytest.raises(StaleClientError, match="generation"):
+        list(again[0])
     loader.shutdown()
 
 
@@ -455,8 +458,21 @@ def test_torch_format_and_iterating_again_advances_epoch(ray_session, dataset):
     loader.shutdown()
 
 
-def test_break_and_iterate_again_continues_epoch_through_device_feed(ray_session, dataset):
-    loader = make_loader(dataset, batch_size=10, prefetch_depth=3)
+class FailsOnce:
+    """A collate_fn that raises on its second batch (a transient error in the loop's process)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        if self.calls == 2:
+            raise RuntimeError("transient")
+        return batch
+
+
+def _break_and_iterate_again(loader) -> None:
+    """Epoch 0 on a fresh iterator: break after 3 batches, iterate again."""
     it = loader.iterator(world_rank=0, world_size=1)  # torch format: device feed on the CPU
     seen = []
     for step, batch in enumerate(it):
@@ -471,58 +487,52 @@ def test_break_and_iterate_again_continues_epoch_through_device_feed(ray_session
         seen += batch["id"].tolist()
     assert sorted(seen) == list(range(100))
     assert it.epoch == 1
-    loader.shutdown()
 
 
-class FailsOnce:
-    """A collate_fn that raises on its second batch (a transient error in the loop's process)."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def __call__(self, batch):
-        self.calls += 1
-        if self.calls == 2:
-            raise RuntimeError("transient")
-        return batch
-
-
-@pytest.mark.parametrize("batch_format", ["numpy", "torch"])
-def test_iterating_again_after_an_error_does_not_skip_the_rest_of_the_epoch(
-    ray_session, dataset, batch_format
-):
-    loader = make_loader(dataset, batch_size=10)
+def _error_then_iterate_again(loader, batch_format: str, epoch: int) -> None:
+    """A new iterator at `epoch` whose collate_fn fails at its second batch."""
     it = loader.iterator(
         world_rank=0, world_size=1, batch_format=batch_format, collate_fn=FailsOnce()
     )
+    assert it.epoch == epoch
     seen = []
     with pytest.raises(RuntimeError, match="transient"):
         for batch in it:
             seen += [int(i) for i in batch["id"]]
     assert len(seen) == 10
-    # Iterating again must not end epoch 0 quietly with 90 samples never delivered.
-    with pytest.raises(RayshardError, match=r"epoch 0 stopped after 1 of 10 batches"):
+    # Iterating again must not end the epoch quietly with 90 samples never delivered.
+    with pytest.raises(RayshardError, match=rf"epoch {epoch} stopped after 1 of 10 batches"):
         list(it)
-    assert it.epoch == 0 and len(it) == 9
+    assert it.epoch == epoch and len(it) == 9
     state = it.state_dict()
-    assert state["epoch"] == 0 and iv.total(state["consumed"]) == 10
+    assert state["epoch"] == epoch and iv.total(state["consumed"]) == 10
     # The way on, as the error says: resume from the state, here on the same iterator.
     it.load_state_dict(state)
     rest = [int(i) for b in it for i in b["id"]]
-    assert sorted(seen + rest) == list(range(100)) and it.epoch == 1
+    assert sorted(seen + rest) == list(range(100)) and it.epoch == epoch + 1
+
+
+def test_break_or_an_error_then_iterating_again_continues_the_epoch(ray_session, dataset):
+    """One loader, an epoch each (every time a new iterator for the rank): a break, then
+    an error in the loop's collate_fn with numpy and with torch batches (the device feed,
+    which reads 3 batches ahead here)."""
+    loader = make_loader(dataset, batch_size=10, prefetch_depth=3)
+    _break_and_iterate_again(loader)
+    _error_then_iterate_again(loader, "numpy", epoch=1)
+    _error_then_iterate_again(loader, "torch", epoch=2)
     loader.shutdown()
 
 
-@pytest.mark.parametrize("world_size", [2, 3])
-def test_off_policy_every_rank_reads_everything_in_own_order(ray_session, dataset, world_size):
+def test_off_policy_every_rank_reads_everything_in_own_order(ray_session, dataset):
     loader = make_loader(dataset, policy="off", batch_size=10)
-    its = [
-        loader.iterator(world_rank=r, world_size=world_size, batch_format="numpy")
-        for r in range(world_size)
-    ]
-    orders = [real_ids(b) for b in run_lockstep(its)]
-    assert all(sorted(order) == list(range(100)) for order in orders)
-    assert len({tuple(order) for order in orders}) == world_size  # own seeded order each
+    for world_size in [2, 3]:  # one loader: 3 ranks at the next epoch
+        its = [
+            loader.iterator(world_rank=r, world_size=world_size, batch_format="numpy")
+            for r in range(world_size)
+        ]
+        orders = [real_ids(b) for b in run_lockstep(its)]
+        assert all(sorted(order) == list(range(100)) for order in orders)
+        assert len({tuple(order) for order in orders}) == world_size  # own seeded order each
     loader.shutdown()
 
 
@@ -548,19 +558,6 @@ def test_loader_from_yaml_explicit_wins(ray_session, dataset, tmp_path):
     loader.shutdown()
 
 
-def test_reader_threads_read_ahead_in_order(ray_session, dataset):
-    def order(threads):
-        loader = make_loader(dataset, shuffle=True, seed=9, reader_threads=threads)
-        its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-        out = [real_ids(b) for b in run_lockstep(its)]
-        loader.shutdown()
-        return out
-
-    one, three = order(1), order(3)
-    assert one == three  # threads read pieces ahead, the order stays the plan's
-    assert sorted(three[0] + three[1]) == list(range(100))
-
-
 def test_configuration_file_values_are_not_overridden_by_defaults(ray_session, dataset):
     """`seed` and `equal_steps` left unset take the configuration file's values (the
     constructor's defaults used to count as explicit and silently won); explicit wins."""
@@ -570,9 +567,7 @@ def test_configuration_file_values_are_not_overridden_by_defaults(ray_session, d
     explicit = make_loader(dataset, seed=3, equal_steps=True, config_file={"seed": 5})
     assert explicit.settings.plan.seed == 3 and explicit.settings.plan.equal_steps is True
     explicit.shutdown()
-    default = make_loader(dataset)
-    assert default.settings.plan.seed == 0 and default.settings.plan.equal_steps is True
-    default.shutdown()
+    # without a file, the defaults: test_bad_iterator_arguments_are_refused_before_...
 
 
 def test_the_restart_check_keeps_rays_deprecation_warning_out_of_the_log(ray_session):
