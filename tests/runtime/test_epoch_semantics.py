@@ -3,7 +3,7 @@ last batch has been yielded, whether or not the caller asks for one more; `iter(
 epoch it yields when it is called, and `len()` / `epoch` right after it describe exactly
 that iteration; breaking out mid-epoch and iterating again continues the epoch.
 
-Every way a framework drives an iterable is run here, each on its own epoch, on 1 and 2
+Every way a framework drives an iterable is run here, each on its own epoch, on 1 and then 2
 ranks, under a static policy and under `dynamic`: a full loop, `zip(range(len(it)), it)`
 (Lightning's way: it stops at `len()`), `itertools.islice`, `next(iter(it))` probing, and
 break-and-continue. Each epoch must cover the dataset exactly once."""
@@ -99,10 +99,19 @@ def _run_rank(it, patterns, results, rank):
     results[rank] = out
 
 
-@pytest.mark.parametrize("world_size", [1, 2])
 @pytest.mark.parametrize("policy", ["data", "dynamic"])
-def test_every_loop_shape_gets_every_epoch_exactly_once(ray_session, dataset, policy, world_size):
+def test_every_loop_shape_gets_every_epoch_exactly_once(ray_session, dataset, policy):
     loader = Loader(ParquetSource(dataset), batch_size=8, name=unique_name("ep"), policy=policy)
+    # One rank for an epoch of each pattern, then two ranks (a new membership, at the next
+    # epoch) for as many more.
+    for world_size in (1, 2):
+        first = (world_size - 1) * len(PATTERNS)
+        _every_pattern_once(loader, world_size, first)
+    loader.shutdown()
+
+
+def _every_pattern_once(loader, world_size: int, first: int) -> None:
+    """`world_size` ranks run every pattern, one epoch each from epoch `first`."""
     iterators = [loader.iterator(world_rank=r, world_size=world_size) for r in range(world_size)]
     # Rank r runs the patterns rotated by r, so on 2 ranks the two ranks of an epoch loop
     # differently (one stops at len(), the other asks for one more, ...).
@@ -117,8 +126,9 @@ def test_every_loop_shape_gets_every_epoch_exactly_once(ray_session, dataset, po
     for thread in threads:
         thread.join(180)
     assert len(results) == world_size, "a rank did not finish its epochs"
-    for epoch in range(len(PATTERNS)):
-        rows = [results[r][epoch] for r in range(world_size)]
+    for step in range(len(PATTERNS)):
+        epoch = first + step
+        rows = [results[r][step] for r in range(world_size)]
         for row in rows:
             assert row["epoch"] == epoch, (row["pattern"], row["epoch"], epoch)
             assert row["yielded"] == row["length"], (row["pattern"], row)
@@ -131,8 +141,7 @@ def test_every_loop_shape_gets_every_epoch_exactly_once(ray_session, dataset, po
         )
     # The state after the last batch points at the next epoch, nothing consumed.
     state = iterators[0].state_dict()
-    assert state["epoch"] == len(PATTERNS) and state["consumed"] == []
-    loader.shutdown()
+    assert state["epoch"] == first + len(PATTERNS) and state["consumed"] == []
 
 
 class _CountingHandle:
@@ -200,42 +209,14 @@ def _model_parallel_loader(dataset, policy: str, **options) -> Loader:
     )
 
 
-@pytest.mark.parametrize("policy", ["data", "dynamic"])
-def test_model_parallel_group_members_starting_together(ray_session, dataset, policy):
-    """The two members of each model-parallel group call `iter()` at the same moment (a
-    barrier releases all four ranks at once), epoch after epoch: nobody hangs, the
-    members of a group receive identical batches, and the groups cover every epoch once."""
-    loader = _model_parallel_loader(dataset, policy)
-    world, epochs = 4, 2
-    iterators = [
-        loader.iterator(world_rank=r, world_size=world, batch_format="numpy") for r in range(world)
-    ]
-    barrier = threading.Barrier(world, timeout=120)
-    got: dict = {r: [] for r in range(world)}
-
-    def run(rank):
-        for _ in range(epochs):
-            barrier.wait()  # as a collective would: every member starts the epoch together
-            got[rank].append(_ids(iter(iterators[rank])))
-
-    threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(world)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(180)
-    assert all(len(got[r]) == epochs for r in range(world)), "a member hung"
-    for epoch in range(epochs):
-        assert got[0][epoch] == got[1][epoch] and got[2][epoch] == got[3][epoch]
-        assert Counter(got[0][epoch] + got[2][epoch]) == Counter(range(sum(SIZES)))
-    loader.shutdown()
-
-
-def _run_threads(iterators) -> list[list]:
-    """Each iterator read to the end of its epoch in a thread of its own (as ranks do):
-    every rank's batches."""
+def _run_threads(iterators, barrier=None) -> list[list]:
+    """Each iterator read to the end of its epoch in a thread of its own (as ranks do),
+    all calling `iter()` at once past `barrier` if given: every rank's batches."""
     got: list = [None] * len(iterators)
 
     def run(rank):
+        if barrier is not None:
+            barrier.wait()  # as a collective would: every member starts the epoch together
         got[rank] = list(iter(iterators[rank]))
 
     threads = [threading.Thread(target=run, args=(r,), daemon=True) for r in range(len(got))]
@@ -248,24 +229,35 @@ def _run_threads(iterators) -> list[list]:
 
 
 @pytest.mark.parametrize("policy", ["data", "dynamic"])
-def test_model_parallel_members_making_new_iterators_share_one_reader_and_go_on(
+def test_model_parallel_members_starting_together_or_making_new_iterators(
     ray_session, dataset, policy
 ):
-    """Each epoch every rank makes a new iterator (as a loop per epoch, or a restarted
-    group, does): the members of a group get one new reader between them (one each left
-    both waiting for the other forever) and the epochs go on (they stayed at 0)."""
+    """Model-parallel groups of two (`model_parallel_size=2`) on 4 ranks. Epochs 0 and 1:
+    the members of each group call `iter()` at the same moment (a barrier releases all
+    four ranks at once) on the same iterators: nobody hangs. Epoch 2: every rank makes a
+    new iterator (as a loop per epoch, or a restarted group, does): the members of a group
+    get one new reader between them (one each left both waiting for the other forever) and
+    the epochs go on (they stayed at 0). Every epoch the members of a group receive
+    identical batches and the groups cover the dataset once."""
     loader = _model_parallel_loader(dataset, policy, batches_per_object=1, shuffle=True)
+    world = 4
+    its = [loader.iterator(world_rank=r, world_size=world, batch_format="numpy") for r in range(4)]
     seen = []
     for epoch in range(3):
-        its = [loader.iterator(world_rank=r, world_size=4, batch_format="numpy") for r in range(4)]
+        if epoch == 2:
+            for it in its:
+                it.close()
+            its = [
+                loader.iterator(world_rank=r, world_size=world, batch_format="numpy")
+                for r in range(4)
+            ]
         assert [it.epoch for it in its] == [epoch] * 4
         assert its[0]._reader._actor_id == its[1]._reader._actor_id != its[2]._reader._actor_id
-        got = [_ids(batches) for batches in _run_threads(its)]
+        barrier = threading.Barrier(world, timeout=120)
+        got = [_ids(batches) for batches in _run_threads(its, barrier)]
         assert got[0] == got[1] and got[2] == got[3]
         assert Counter(got[0] + got[2]) == Counter(range(sum(SIZES)))
         seen.append(got[0])
-        for it in its:
-            it.close()
     assert seen[0] != seen[1] or seen[1] != seen[2]  # shuffled anew: not epoch 0 each time
     loader.shutdown()
 
