@@ -102,8 +102,7 @@ def test_two_ranks_deliver_every_token_once_with_equal_steps(ray_session, corpus
     loader.shutdown()
 
 
-@pytest.mark.parametrize("new_world", [3, 1])
-def test_resume_inside_a_split_document_on_another_world_size(ray_session, corpus, new_world):
+def test_resume_inside_a_split_document_on_another_world_size(ray_session, corpus):
     folder, lengths = corpus
     packing = Packing(column="tokens", seq_len=32)
     loader = make_loader(folder, packing, batch_size=2)
@@ -118,16 +117,21 @@ def test_resume_inside_a_split_document_on_another_world_size(ray_session, corpu
 
     fresh = make_loader(folder, packing, batch_size=2)
     state["loader"] = fresh.loader_id  # same configuration, another name in this test
-    resumed = [  # torch tensors this time (the default format), on the CPU
-        fresh.iterator(world_rank=r, world_size=new_world) for r in range(new_world)
-    ]
-    for it in resumed:
-        it.load_state_dict(state)
-    steps = {len(it) for it in resumed}
-    after = run_lockstep(resumed)
-    assert {len(b) for b in after} == steps and len(steps) == 1  # equal steps
-    rest = tokens_of([b for rank in after for b in rank], packing)
-    assert delivered + rest == every_token(lengths, packing)
+    # More ranks, then fewer: each restores the state again (a new membership, as a
+    # restarted group's) on the same fresh loader.
+    for new_world in [3, 1]:
+        resumed = [  # torch tensors this time (the default format), on the CPU
+            fresh.iterator(world_rank=r, world_size=new_world) for r in range(new_world)
+        ]
+        for it in resumed:
+            it.load_state_dict(state)
+        steps = {len(it) for it in resumed}
+        after = run_lockstep(resumed)
+        assert {len(b) for b in after} == steps and len(steps) == 1  # equal steps
+        rest = tokens_of([b for rank in after for b in rank], packing)
+        assert delivered + rest == every_token(lengths, packing), new_world
+        for it in resumed:
+            it.close()
     fresh.shutdown()
 
 
