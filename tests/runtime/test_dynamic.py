@@ -74,7 +74,7 @@ class Consumer(threading.Thread):
 
 
 @pytest.mark.parametrize("reader_threads", [1, 3])
-def test_dynamic_equal_steps_exact_coverage(ray_session, dataset, reader_threads):
+def test_dynamic_equal_steps_exact_coverage_and_stats(ray_session, dataset, reader_threads):
     # With 3 threads a rank has up to 3 leases being read at once.
     loader = dynamic_loader(dataset, reader_threads=reader_threads)
     its = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
@@ -84,6 +84,15 @@ def test_dynamic_equal_steps_exact_coverage(ray_session, dataset, reader_threads
     assert [len(b) for b in batches] == lengths
     ids = [i for rank in batches for i in real_ids(rank)]
     assert Counter(ids) == Counter(range(300))
+    # The stats report what the consumers received.
+    its[0].state_dict()  # waits until every rank's acknowledgements arrived
+    stats = loader.stats()
+    consumers = stats["consumers"]
+    assert sum(c["samples"] for c in consumers.values()) == 300
+    assert [consumers[r]["batches"] for r in range(3)] == [len(b) for b in batches]
+    assert all(c["bytes"] > 0 for c in consumers.values())
+    assert stats["leases"][0]["consumed_rows"] == 300
+    assert sum(it.stats()["samples_received"] for it in its) == 300
     loader.shutdown()
 
 
@@ -295,21 +304,6 @@ def test_randomized_churn_never_loses_a_sample(ray_session, dataset, trial):
     seen = Counter(i for _, c in consumers for i in c.ids)
     lost = 300 - len(seen)
     assert lost == 0, f"trial {trial}: lost {lost}"
-    loader.shutdown()
-
-
-def test_stats_report_what_consumers_received(ray_session, dataset):
-    loader = dynamic_loader(dataset, batch_size=10)
-    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-    batches = run_lockstep(its)
-    its[0].state_dict()  # waits until every rank's acknowledgements arrived
-    stats = loader.stats()
-    consumers = stats["consumers"]
-    assert sum(c["samples"] for c in consumers.values()) == 300
-    assert [consumers[r]["batches"] for r in range(2)] == [len(b) for b in batches]
-    assert all(c["bytes"] > 0 for c in consumers.values())
-    assert stats["leases"][0]["consumed_rows"] == 300
-    assert its[0].stats()["samples_received"] + its[1].stats()["samples_received"] == 300
     loader.shutdown()
 
 
