@@ -12,11 +12,14 @@ import pytest
 # it runs in subprocesses). The suite is CPU-bound on 2 cores; a sampled run attributed
 # 94 CPU-s (5%) to log monitors re-globbing their session's hundreds of worker logs every
 # 0.1 s (tests run with log_to_driver=False, so nothing reads what they publish), and
-# ~1.5 CPU-s per Ray start to workers prestarted for the first driver.
+# ~1.5 CPU-s per Ray start to workers prestarted for the first driver. Ray Train (2.60)
+# starts a `PreemptionWatcher` actor, one more worker process polling the GCS for node
+# drains, with every worker group (restarts included); no test drains a node.
 for _name, _value in {
     "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",  # re-glob every LOG_NAME_UPDATE_INTERVAL_S
     "LOG_NAME_UPDATE_INTERVAL_S": "5",
     "RAY_prestart_worker_first_driver": "0",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
 }.items():
     os.environ.setdefault(_name, _value)
 
