@@ -45,21 +45,20 @@ class _Stop(Exception):
 
 
 class SaveAndStop(pl.Callback):
-    """Saves a checkpoint after global step `step` (mid-epoch) or at the end of epoch
-    `epoch`, then stops the run by raising."""
+    """Saves a checkpoint to `end` at the end of epoch 0 (the run goes on), and one to
+    `mid` after global step `step` (mid-epoch), then stops the run by raising."""
 
-    def __init__(self, path: str, step: int | None = None, epoch: int | None = None) -> None:
-        self.path, self.step, self.epoch = path, step, epoch
+    def __init__(self, end: str, mid: str, step: int) -> None:
+        self.end, self.mid, self.step = end, mid, step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step == self.step:
-            trainer.save_checkpoint(self.path)
+            trainer.save_checkpoint(self.mid)
             raise _Stop
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if trainer.current_epoch == self.epoch:
-            trainer.save_checkpoint(self.path)
-            raise _Stop
+        if trainer.current_epoch == 0:
+            trainer.save_checkpoint(self.end)
 
 
 def _trainer(*callbacks, epochs: int = EPOCHS) -> pl.Trainer:
@@ -80,27 +79,32 @@ def dataset(tmp_path_factory):
     return write_parquet(tmp_path_factory.mktemp("pl"), SIZES, row_group_size=8)
 
 
-@pytest.mark.parametrize("stop", [{"step": 20}, {"epoch": 0}], ids=["mid_epoch", "epoch_end"])
-def test_ckpt_path_resume_covers_every_epoch_exactly_once(ray_session, dataset, tmp_path, stop):
-    name, path = unique_name("plres"), str(tmp_path / "stop.ckpt")
+def test_ckpt_path_resume_covers_every_epoch_exactly_once(ray_session, dataset, tmp_path):
+    # One first run saves a checkpoint after epoch 0's last batch and one mid-epoch (after
+    # global step 20: 5 batches into epoch 1), then stops; each is resumed by a new loader
+    # and a new Trainer, relative to what the first run had trained on when it was saved.
+    name = unique_name("plres")
+    end, mid = str(tmp_path / "end.ckpt"), str(tmp_path / "mid.ckpt")
     loader = Loader(ParquetSource(dataset), batch_size=8, name=name, shuffle=True)
     batches = LightningBatches(loader.iterator(world_rank=0, world_size=1))
     first = Recorder()
     with pytest.raises(_Stop):
-        _trainer(RayshardCheckpoint(batches), SaveAndStop(path, **stop)).fit(first, batches)
+        _trainer(RayshardCheckpoint(batches), SaveAndStop(end, mid, 20)).fit(first, batches)
     loader.shutdown()
-    saved = torch.load(path, weights_only=False)[CHECKPOINT_KEY]
-    assert saved["batches"] == (5 if "step" in stop else 0), saved
+    assert sorted(first.seen) == [0, 1] and len(first.seen[0]) == ROWS, first.seen.keys()
 
-    # A new loader of the same name and configuration (as after a restart), a new Trainer.
-    loader = Loader(ParquetSource(dataset), batch_size=8, name=name, shuffle=True)
-    batches = LightningBatches(loader.iterator(world_rank=0, world_size=1))
-    second = Recorder()
-    _trainer(RayshardCheckpoint(batches)).fit(second, batches, ckpt_path=path)
-    for epoch in range(EPOCHS):
-        ids = collections.Counter(first.seen.get(epoch, []) + second.seen.get(epoch, []))
-        assert ids == collections.Counter(range(ROWS)), (epoch, stop, sorted(ids.items())[:5])
-    loader.shutdown()
+    for path, batches_had, had in ((mid, 5, first.seen), (end, 0, {0: first.seen[0]})):
+        saved = torch.load(path, weights_only=False)[CHECKPOINT_KEY]
+        assert saved["batches"] == batches_had, (path, saved)
+        # A new loader of the same name and configuration (as after a restart), a new Trainer.
+        loader = Loader(ParquetSource(dataset), batch_size=8, name=name, shuffle=True)
+        batches = LightningBatches(loader.iterator(world_rank=0, world_size=1))
+        second = Recorder()
+        _trainer(RayshardCheckpoint(batches)).fit(second, batches, ckpt_path=path)
+        for epoch in range(EPOCHS):
+            ids = collections.Counter(had.get(epoch, []) + second.seen.get(epoch, []))
+            assert ids == collections.Counter(range(ROWS)), (epoch, path, sorted(ids.items())[:5])
+        loader.shutdown()
 
 
 def test_lightning_does_not_restore_an_iterables_state_from_an_epoch_end_checkpoint():
