@@ -1,6 +1,6 @@
 """Decode-bound epochs: PNG decode + random crop + flip through rayshard, Ray Data and torch.
 
-    python -m benchmarks.decode_bench [--samples N] [--epochs E] [--out DIR]
+    python -m benchmarks.decode_bench [--samples N] [--epochs E] [--ranks R] [--out DIR]
 
 The images are scikit-learn's 1,797 bundled digits (8x8), upscaled to 64x64 grey with PIL
 (bilinear), PNG-encoded and repeated to N samples, in Parquet (`png` binary, `label`,
@@ -23,12 +23,14 @@ is the same; Ray Data does not know the epoch and uses epoch 0).
                 driver: its 2 worker processes decode, as rayshard's 2 readers do)
 
 torch runs first, before Ray starts; the Ray loaders share one local Ray (`--ray-cpus`,
-default 2). Each loader is built fresh and read for `--epochs` epochs: the first is the
-cold epoch (its time to first batch includes starting readers or workers), rows/s is the
-median of the warm epochs after it (of the cold one under `--epochs 1`, a smoke test). An
-epoch runs from the moment every rank starts asking for it to the last rank's last batch;
-the time to first batch is to the first batch any rank receives. Every epoch is checked to
-deliver every id (padding rows excluded).
+default 2). `--ranks R` (default 2) sets the ranks, Ray Data's splits and the DataLoader's
+workers for every loader (the smoke test runs 1: fewer processes to start). Each loader is
+built fresh and read for `--epochs` epochs: the first is the cold epoch (its time to first
+batch includes starting readers or workers), rows/s is the median of the warm epochs after
+it (of the cold one under `--epochs 1`, a smoke test). An epoch runs from the moment every
+rank starts asking for it to the last rank's last batch; the time to first batch is to the
+first batch any rank receives. Every epoch is checked to deliver every id (padding rows
+excluded).
 
 Notes. torch's workers are not persistent (`persistent_workers=False`, the default): they
 are forked again each epoch (about 0.2 s of each warm epoch here). Ray Data runs with its
@@ -268,7 +270,7 @@ def _threads(target, count: int) -> None:
         raise errors[0]
 
 
-def run_torch(paths: list[str], epochs: int) -> list[Epoch]:
+def run_torch(paths: list[str], epochs: int, world: int = WORLD) -> list[Epoch]:
     import torch.utils.data
 
     dataset = DecodeDataset(paths)
@@ -280,7 +282,7 @@ def run_torch(paths: list[str], epochs: int) -> list[Epoch]:
             dataset,
             batch_size=BATCH_SIZE,
             shuffle=False,
-            num_workers=WORLD,
+            num_workers=world,
             collate_fn=_torch_collate,
             persistent_workers=False,
         )
@@ -290,7 +292,7 @@ def run_torch(paths: list[str], epochs: int) -> list[Epoch]:
 
 
 def run_rayshard(
-    paths: list[str], epochs: int, workers: int, reader_workers: int = 1
+    paths: list[str], epochs: int, workers: int, reader_workers: int = 1, world: int = WORLD
 ) -> list[Epoch]:
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
@@ -305,28 +307,28 @@ def run_rayshard(
         reader_workers=reader_workers,
     )
     out = [Epoch() for _ in range(epochs)]
-    barrier = threading.Barrier(WORLD)
+    barrier = threading.Barrier(world)
 
     def rank_loop(rank: int) -> None:
-        batches = loader.iterator(world_rank=rank, world_size=WORLD, batch_format="numpy")
+        batches = loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
         for record in out:
             barrier.wait()
             record.consume(batches, lambda b: b["id"][~b["_padded"]])
 
     try:
-        _threads(rank_loop, WORLD)
+        _threads(rank_loop, world)
     finally:
         loader.shutdown()
     return out
 
 
-def run_ray_data(paths: list[str], epochs: int) -> list[Epoch]:
+def run_ray_data(paths: list[str], epochs: int, world: int = WORLD) -> list[Epoch]:
     import ray
 
     dataset = ray.data.read_parquet(paths).map_batches(
         ray_data_transform, batch_size=BATCH_SIZE, batch_format="numpy"
     )
-    splits = dataset.streaming_split(WORLD, equal=False)
+    splits = dataset.streaming_split(world, equal=False)
     out = [Epoch() for _ in range(epochs)]
 
     def rank_loop(rank: int) -> None:
@@ -334,22 +336,22 @@ def run_ray_data(paths: list[str], epochs: int) -> list[Epoch]:
             batches = splits[rank].iter_batches(batch_size=BATCH_SIZE, batch_format="numpy")
             record.consume(batches, lambda b: b["id"])
 
-    _threads(rank_loop, WORLD)
+    _threads(rank_loop, world)
     return out
 
 
 RUNNERS = {
     "torch": run_torch,
-    "rayshard_k1": lambda paths, epochs: run_rayshard(paths, epochs, 1),
-    "rayshard_k2": lambda paths, epochs: run_rayshard(paths, epochs, 2),
-    "rayshard_r2": lambda paths, epochs: run_rayshard(paths, epochs, 1, reader_workers=2),
+    "rayshard_k1": lambda paths, epochs, world: run_rayshard(paths, epochs, 1, world=world),
+    "rayshard_k2": lambda paths, epochs, world: run_rayshard(paths, epochs, 2, world=world),
+    "rayshard_r2": lambda paths, epochs, world: run_rayshard(paths, epochs, 1, 2, world),
     "ray_data": run_ray_data,
 }
 
 
-def measure(name: str, paths: list[str], num_rows: int, epochs: int) -> dict:
+def measure(name: str, paths: list[str], num_rows: int, epochs: int, world: int = WORLD) -> dict:
     begun = time.perf_counter()
-    records = RUNNERS[name](paths, epochs)
+    records = RUNNERS[name](paths, epochs, world)
     total = time.perf_counter() - begun
     per_epoch = [r.summary(num_rows) for r in records]
     warm_epochs = per_epoch[1:] or per_epoch  # --epochs 1 (smoke test): the cold one
@@ -414,6 +416,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="folder for the JSON")
     parser.add_argument("--loaders", default=",".join(LOADERS), help="comma-separated subset")
     parser.add_argument("--ray-cpus", type=int, default=2, help="logical CPUs for ray.init")
+    parser.add_argument(
+        "--ranks", type=int, default=WORLD, help="ranks (and torch workers, Ray Data splits)"
+    )
     parser.add_argument("--data", type=Path, help="dataset folder (default: a temp folder)")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.loaders.split(",") if n.strip()]
@@ -421,7 +426,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown or not names:
         parser.error(f"argument --loaders: invalid choice {','.join(unknown) or args.loaders!r}")
     args.names = [n for n in LOADERS if n in names]  # torch first, before Ray starts
-    for option, value, low in (("--samples", args.samples, WORLD), ("--epochs", args.epochs, 1)):
+    for option, value, low in (
+        ("--ranks", args.ranks, 1),
+        ("--samples", args.samples, max(args.ranks, 1)),
+        ("--epochs", args.epochs, 1),
+    ):
         if value < low:
             parser.error(f"Invalid value for '{option}': {value} is not in the range x>={low}.")
     return args
@@ -434,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     num_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
     print(
         f"decode bench: {num_rows:,} PNGs ({SIZE}x{SIZE} -> crop {CROP}x{CROP} + flip, "
-        f"float32) in {len(paths)} Parquet files, batch {BATCH_SIZE}, {WORLD} ranks, "
+        f"float32) in {len(paths)} Parquet files, batch {BATCH_SIZE}, {args.ranks} ranks, "
         f"{args.epochs} epochs, loaders {', '.join(args.names)}",
         flush=True,
     )
@@ -445,7 +454,7 @@ def main(argv: list[str] | None = None) -> int:
 
             start_local_ray(args.ray_cpus, "rayshard-decode-bench")
             ray.data.DataContext.get_current().enable_progress_bars = False
-        results[name] = measure(name, paths, num_rows, args.epochs)
+        results[name] = measure(name, paths, num_rows, args.epochs, args.ranks)
         print(
             f"  {name}: {results[name]['rows_per_s']:,.0f} rows/s warm "
             f"({results[name]['total_s']:.1f} s)",
@@ -468,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             "image": [SIZE, SIZE],
             "crop": [CROP, CROP],
             "batch_size": BATCH_SIZE,
-            "world_size": WORLD,
+            "world_size": args.ranks,
             "epochs": args.epochs,
             "ray_cpus": args.ray_cpus,
             "data": str(folder),
