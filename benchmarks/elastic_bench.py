@@ -4,10 +4,11 @@ This file is the driver (arguments, tables, targets, JSON); the sections live in
 `benchmarks/elastic/`.
 
     python benchmarks/elastic_bench.py [--quick] [--json PATH] [--only recovery,...]
-        [--profile] [--py-spy PATH]
+        [--profile] [--py-spy PATH] [--recovery-ranks N]
 
-recovery    3 ranks consume a `dynamic` loader (default Ray and loader settings; Parquet
-            ids, batch 256, splits of 1,024 rows, a simulated 20 ms training step). When
+recovery    3 ranks (`--recovery-ranks`; rank 1 is the victim) consume a `dynamic`
+            loader (default Ray and loader settings; Parquet ids, batch 256, splits of
+            1,024 rows, a simulated 20 ms training step). When
             the victim rank has received 8 batches its reader actor dies: `ray.kill`
             (mode `ray_kill`) or SIGKILL of its process (mode `sigkill`). Times, all
             `time.time()` on this one machine, measured from the kill:
@@ -79,6 +80,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="small sizes (smoke test)")
     parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
     parser.add_argument("--repeats", type=int, help="recovery runs per kill mode (default 5)")
+    parser.add_argument(
+        "--recovery-ranks", type=int, default=3, help="ranks of the recovery runs (>= 2)"
+    )
     parser.add_argument("--callers", type=int, default=2, help="caller processes (throughput)")
     parser.add_argument("--ranks", type=int, default=1000, help="registered ranks (throughput)")
     parser.add_argument("--inflight", type=int, default=64, help="calls in flight per caller")
@@ -101,6 +105,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ):
         if value is not None and value < 1:
             parser.error(f"Invalid value for '{option}': {value} is not in the range x>=1.")
+    if args.recovery_ranks < 2:  # rank 1 dies, another rank takes over its rows
+        parser.error(
+            f"Invalid value for '--recovery-ranks': {args.recovery_ranks} is not in the range x>=2."
+        )
     if args.profile and not args.py_spy:
         parser.error("--profile needs py-spy: pip install py-spy, or pass --py-spy PATH")
     if args.repeats is None:
@@ -221,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
         workdir = Path(tmp)
         runners = {
             "recovery": lambda: {
-                **run_recovery(workdir, args.repeats, sizes["recovery_rows"]),
+                **run_recovery(workdir, args.repeats, sizes["recovery_rows"], args.recovery_ranks),
                 "ray_health_checks": ray_health_check_settings(),
             },
             "throughput": lambda: run_throughput(

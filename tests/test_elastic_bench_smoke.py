@@ -1,6 +1,9 @@
 """Smoke test of the elastic benchmark: `python benchmarks/elastic_bench.py --quick` in a
 subprocess (it starts its own local Ray) must write JSON with every section, positive
-rates and times, and no lost sample after a rank's death."""
+rates and times, and no lost sample after a rank's death. Smaller than `--quick` alone
+where the size is not the point (fewer processes to start): 2 ranks in the recovery runs
+(the victim and one survivor that takes its rows over), 1 caller actor and 100 registered
+ranks for the coordinator's throughput."""
 
 from __future__ import annotations
 
@@ -22,7 +25,15 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     out = tmp_path / "elastic_bench.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
     env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, "benchmarks/elastic_bench.py", "--quick", f"--json={out}"]
+    command = [
+        sys.executable,
+        "benchmarks/elastic_bench.py",
+        "--quick",
+        "--recovery-ranks=2",
+        "--callers=1",
+        "--ranks=100",
+        f"--json={out}",
+    ]
     done = subprocess.run(
         command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S
     )
@@ -33,6 +44,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
 
     recovery = results["recovery"]
     assert set(recovery["summary"]) == {"ray_kill", "sigkill"}
+    assert recovery["config"]["world_size"] == 2
     for mode, row in recovery["summary"].items():
         assert row["runs"] >= 1, mode
         assert row["missing"] == 0, mode
@@ -47,6 +59,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert throughput["journal_appends_per_s"] > 0
     assert throughput["actor"]["leases_per_s"] > 0
     assert throughput["actor"]["leases"] == throughput["actor"]["calls"]
+    assert throughput["config"]["callers"] == 1 and throughput["config"]["ranks"] == 100
     assert throughput["batched"]["leases_per_s"] > 0
 
     epoch = results["epoch"]["summary"]

@@ -184,11 +184,11 @@ def recovery_once(paths: list[str], mode: str, rows: int, world: int = 3) -> dic
     }
 
 
-def run_recovery(workdir: Path, repeats: int, rows: int) -> dict:
+def run_recovery(workdir: Path, repeats: int, rows: int, world: int = 3) -> dict:
     paths = write_ids(workdir / "recovery", rows)
     runs = []
     for mode, _ in progress([(m, i) for m in KILL_MODES for i in range(repeats)], desc="recovery"):
-        runs.append(recovery_once(paths, mode, rows))
+        runs.append(recovery_once(paths, mode, rows, world))
     summary = {}
     for mode in KILL_MODES:
         mine = [r for r in runs if r["mode"] == mode]
@@ -203,7 +203,7 @@ def run_recovery(workdir: Path, repeats: int, rows: int) -> dict:
         "config": {
             **RECOVERY,
             "rows": rows,
-            "world_size": 3,
+            "world_size": world,
             "kill_after_batches": KILL_AFTER_BATCHES,
             "repeats": repeats,
         },
