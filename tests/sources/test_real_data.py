@@ -247,8 +247,13 @@ def test_torch_map_fixed_shapes_and_tuples(ray_session):
         TorchMapSource(Pairs(), names=("x",))
 
 
-@pytest.mark.parametrize("consumer_reads", [None, False])  # in the loop's process, or the reader
-@pytest.mark.parametrize("damage", ["delete", "corrupt"])
+# Each damage both ways and each reading place both ways, not every pair: either damage
+# becomes a `DataError` naming the file in the source (`_files.py`, the same in both
+# places), and either place hands on whatever `DataError` its reading raised.
+@pytest.mark.parametrize(
+    "damage, consumer_reads",  # None: read in the loop's process; False: in the reader actor
+    [("delete", None), ("corrupt", False)],
+)
 def test_data_error_is_catchable_in_the_loop(ray_session, tmp_path, damage, consumer_reads):
     write_polars(tmp_path / "a.parquet", range(30))
     write_polars(tmp_path / "b.parquet", range(30, 60))
