@@ -4,7 +4,7 @@ This file is the driver (arguments, tables, targets, JSON); the sections live in
 `benchmarks/elastic/`.
 
     python benchmarks/elastic_bench.py [--quick] [--json PATH] [--only recovery,...]
-        [--profile] [--py-spy PATH] [--recovery-ranks N]
+        [--profile] [--py-spy PATH] [--recovery-ranks N] [--epoch-ranks N]
 
 recovery    3 ranks (`--recovery-ranks`; rank 1 is the victim) consume a `dynamic`
             loader (default Ray and loader settings; Parquet ids, batch 256, splits of
@@ -29,10 +29,10 @@ throughput  the coordinator with 1,000 (`--ranks`) registered data-parallel rank
             one round trip, each journaled). `--profile` samples the
             coordinator with py-spy during the per-call run and lists where time goes.
 epoch       `policy="data"` and `policy="dynamic"` on the same Parquet data (x float32
-            [128], label, id; row groups of 32,768 rows = the dynamic splits), 2 ranks as
-            Ray tasks, batch 1024, numpy batches; each run reads 2 epochs with a fresh
-            loader and the second (warm) one is measured; runs alternate between the
-            policies and the median is reported.
+            [128], label, id; row groups of 32,768 rows = the dynamic splits), 2 ranks
+            (`--epoch-ranks`) as Ray tasks, batch 1024, numpy batches; each run reads 2
+            epochs with a fresh loader and the second (warm) one is measured; runs
+            alternate between the policies and the median is reported.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--recovery-ranks", type=int, default=3, help="ranks of the recovery runs (>= 2)"
     )
+    parser.add_argument("--epoch-ranks", type=int, default=2, help="ranks of the epoch runs")
     parser.add_argument("--callers", type=int, default=2, help="caller processes (throughput)")
     parser.add_argument("--ranks", type=int, default=1000, help="registered ranks (throughput)")
     parser.add_argument("--inflight", type=int, default=64, help="calls in flight per caller")
@@ -100,6 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     for option, value in (
         ("--repeats", args.repeats),
+        ("--epoch-ranks", args.epoch_ranks),
         ("--callers", args.callers),
         ("--inflight", args.inflight),
     ):
@@ -241,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.py_spy if args.profile else None,
                 args.ranks,
             ),
-            "epoch": lambda: run_epoch(workdir, sizes["epoch_rows"], sizes["epoch_repeats"]),
+            "epoch": lambda: run_epoch(
+                workdir, sizes["epoch_rows"], sizes["epoch_repeats"], args.epoch_ranks
+            ),
         }
         for section in SECTIONS:
             if section in args.sections:

@@ -3,7 +3,8 @@ subprocess (it starts its own local Ray) must write JSON with every section, pos
 rates and times, and no lost sample after a rank's death. Smaller than `--quick` alone
 where the size is not the point (fewer processes to start): 2 ranks in the recovery runs
 (the victim and one survivor that takes its rows over), 1 caller actor and 100 registered
-ranks for the coordinator's throughput."""
+ranks for the coordinator's throughput, 1 rank in the epoch runs (one task process and its
+watch actor instead of two)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
         "benchmarks/elastic_bench.py",
         "--quick",
         "--recovery-ranks=2",
+        "--epoch-ranks=1",
         "--callers=1",
         "--ranks=100",
         f"--json={out}",
@@ -62,6 +64,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert throughput["config"]["callers"] == 1 and throughput["config"]["ranks"] == 100
     assert throughput["batched"]["leases_per_s"] > 0
 
+    assert results["epoch"]["config"]["world_size"] == 1
     epoch = results["epoch"]["summary"]
     for policy in ("data", "dynamic"):
         assert epoch[policy]["rows_per_s"] > 0, policy

@@ -22,15 +22,15 @@ def write_features(folder: Path, rows: int, files: int = 8, row_group: int = 327
     return parquet_files(make_dataset(folder, rows, files, row_group))
 
 
-def _epoch_rank(loader, rank: int, epochs: int):
-    batches = loader.iterator(world_rank=rank, world_size=EPOCH_WORLD, batch_format="numpy")
+def _epoch_rank(loader, rank: int, epochs: int, world: int = EPOCH_WORLD):
+    batches = loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
     return [
         EpochTimer(rank, e).consume(batches, lambda b: b["id"][~b["_padded"]])
         for e in range(epochs)
     ]
 
 
-def epoch_once(paths: list[str], policy: str, rows: int) -> dict:
+def epoch_once(paths: list[str], policy: str, rows: int, world: int = EPOCH_WORLD) -> dict:
     import ray
 
     from rayshard.loader import Loader
@@ -44,18 +44,18 @@ def epoch_once(paths: list[str], policy: str, rows: int) -> dict:
     )
     try:
         task = ray.remote(num_cpus=0)(_epoch_rank)
-        records = ray.get([task.remote(loader, r, 2) for r in range(EPOCH_WORLD)])
+        records = ray.get([task.remote(loader, r, 2, world) for r in range(world)])
     finally:
         loader.shutdown()
     warm = [rank[-1] for rank in records]
     return summarize_epoch(warm, rows, ROW_BYTES)
 
 
-def run_epoch(workdir: Path, rows: int, repeats: int) -> dict:
+def run_epoch(workdir: Path, rows: int, repeats: int, world: int = EPOCH_WORLD) -> dict:
     paths = write_features(workdir / "epoch", rows)
     runs: dict[str, list[dict]] = {"data": [], "dynamic": []}
     for _, policy in progress([(i, p) for i in range(repeats) for p in runs], desc="epoch"):
-        runs[policy].append(epoch_once(paths, policy, rows))
+        runs[policy].append(epoch_once(paths, policy, rows, world))
     summary = {}
     for policy, mine in runs.items():
         rates = [r["rows_per_s"] for r in mine]
@@ -73,7 +73,7 @@ def run_epoch(workdir: Path, rows: int, repeats: int) -> dict:
         "config": {
             "rows": rows,
             "batch_size": EPOCH_BATCH,
-            "world_size": EPOCH_WORLD,
+            "world_size": world,
             "repeats": repeats,
             "files": len(paths),
             "row_group": 32768,
