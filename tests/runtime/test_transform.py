@@ -70,39 +70,46 @@ def iterators(loader, world, fmt="numpy"):
     return [loader.iterator(world_rank=r, world_size=world, batch_format=fmt) for r in range(world)]
 
 
-def test_transform_runs_in_the_reader_process_on_lists_for_strings(ray_session, dataset):
-    loader = make_loader(dataset, transform=noisy)
+@pytest.fixture(scope="module")
+def reference(ray_session, dataset):
+    """One rank's epoch of `noisy` (seed 11) and the pid of the reader that ran it."""
+    loader = make_loader(dataset, transform=noisy, seed=11)
     (it,) = iterators(loader, 1)
     batches = list(it)
-    pids = {int(p) for b in batches for p in b["pid"]}
     (name,) = ray.get(loader._coordinator.reader_names.remote())
     reader = ray.get_actor(name, namespace=loader.namespace)
     reader_pid = ray.get(reader.__ray_call__.remote(lambda self: os.getpid()))
-    assert pids == {reader_pid} and reader_pid != os.getpid()
-    assert all(b["text_ok"].all() for b in batches)
-    assert [int(n) for b in batches for n in b["blob_len"]] == [i % 5 for i in range(N)]
     loader.shutdown()
+    return batches, reader_pid
 
 
 @pytest.fixture(scope="module")
-def reference_noise(ray_session, dataset):
-    loader = make_loader(dataset, transform=noisy, seed=11)
-    out = noise_by_sample(run_lockstep(iterators(loader, 1)))
-    loader.shutdown()
-    assert sorted(out) == list(range(N))
-    assert out == {i: sample_rng(11, 0, i).random() for i in range(N)}
-    return out
+def reference_noise(reference):
+    return noise_by_sample([reference[0]])
+
+
+def test_transform_runs_in_the_reader_process_on_lists_for_strings(reference):
+    batches, reader_pid = reference
+    pids = {int(p) for b in batches for p in b["pid"]}
+    assert pids == {reader_pid} and reader_pid != os.getpid()
+    assert all(b["text_ok"].all() for b in batches)
+    assert [int(n) for b in batches for n in b["blob_len"]] == [i % 5 for i in range(N)]
+
+
+def test_reference_noise_is_the_samples_own_random_state(reference_noise):
+    assert sorted(reference_noise) == list(range(N))
+    assert reference_noise == {i: sample_rng(11, 0, i).random() for i in range(N)}
 
 
 @pytest.mark.parametrize(
     ("world", "options"),
     [
-        (2, {"policy": "data"}),
+        # The transform sees the batches the policy made, whatever it is (`reader_batches`):
+        # a policy's pieces, batch sizes, split rows and world sizes are what differ here.
+        # Transform workers: `test_transform_workers_keep_the_order_and_survive_a_worker_death`.
         (3, {"policy": "data", "shuffle": True, "batch_size": 5}),
         (2, {"policy": "file"}),
-        (2, {"policy": "dynamic", "split_rows": 10}),
-        (3, {"policy": "dynamic", "batch_size": 4}),
-        (2, {"policy": "dynamic", "transform_workers": 2}),
+        (3, {"policy": "dynamic", "split_rows": 10, "batch_size": 4}),
     ],
 )
 def test_same_noise_per_sample_whatever_world_policy_and_batching(
@@ -124,12 +131,14 @@ def test_same_noise_per_sample_whatever_world_policy_and_batching(
     loader.shutdown()
 
 
-@pytest.mark.parametrize(("policy", "new_world"), [("data", 3), ("dynamic", 1)])
+@pytest.mark.parametrize(
+    ("policy", "world", "new_world"), [("data", 1, 2), ("dynamic", 2, 1)]
+)  # one grows, one shrinks
 def test_same_noise_per_sample_across_a_resume_on_another_world_size(
-    ray_session, dataset, reference_noise, policy, new_world
+    ray_session, dataset, reference_noise, policy, world, new_world
 ):
     loader = make_loader(dataset, transform=noisy, seed=11, policy=policy, shuffle=True)
-    its = iterators(loader, 2)
+    its = iterators(loader, world)
     before = run_lockstep(its, steps=3)
     state = json.loads(json.dumps(its[0].state_dict()))
     loader.shutdown()
@@ -145,8 +154,11 @@ def test_same_noise_per_sample_across_a_resume_on_another_world_size(
 
 @pytest.mark.parametrize("policy", ["data", "dynamic"])
 def test_filter_covers_the_kept_samples_exactly_once_and_keeps_steps(ray_session, dataset, policy):
-    loader = make_loader(dataset, transform=drop_thirds, policy=policy)
-    plain = make_loader(dataset, policy=policy)
+    name = unique_name("tf")  # the same name in two namespaces: the same configuration
+    options = {"batch_size": 8, "name": name, "policy": policy}
+    loader = Loader(ParquetSource(dataset), namespace=f"{name}-a", transform=drop_thirds, **options)
+    plain = Loader(ParquetSource(dataset), namespace=f"{name}-b", **options)
+    assert plain.loader_id == loader.loader_id  # the transform is not part of the loader id
     its, reference = iterators(loader, 2), iterators(plain, 2)
     for epoch in range(2):
         lengths = [len(it) for it in its]
@@ -201,7 +213,9 @@ def test_filter_resume_counts_dropped_samples_consumed(ray_session, dataset):
     fresh.shutdown()
 
 
-@pytest.mark.parametrize(("fmt", "workers"), [("torch", 1), ("numpy", 1), ("torch", 2)])
+# Each format and each place the transform runs once: the error reaches the consumer's
+# blocks the same way from a reader and from its workers, before any format conversion.
+@pytest.mark.parametrize(("fmt", "workers"), [("torch", 1), ("numpy", 2)])
 def test_transform_error_reaches_the_loop_as_transform_error(
     ray_session, dataset, fmt, workers, monkeypatch
 ):
@@ -218,7 +232,7 @@ def test_transform_error_reaches_the_loop_as_transform_error(
         return {"id": batch["id"]}
 
     loader = make_loader(dataset, transform=explode_at_42, transform_workers=workers)
-    its = iterators(loader, 2, fmt)
+    its = iterators(loader, 1, fmt)  # rows 40..47 are the sixth batch of rank 0 in any world
     received = []
     with pytest.raises(TransformError) as info:
         for batch in its[0]:
@@ -244,21 +258,6 @@ def test_bad_transforms_are_refused_at_construction(ray_session, dataset):
         make_loader(dataset, transform=lambda batch, ctx: batch if lock else None)
 
 
-def test_transform_is_not_part_of_the_loader_id(ray_session, dataset):
-    name = unique_name("tf")
-    plain = Loader(ParquetSource(dataset), batch_size=8, name=name, namespace=f"{name}-a")
-    other = Loader(
-        ParquetSource(dataset),
-        batch_size=8,
-        name=name,
-        namespace=f"{name}-b",
-        transform=drop_thirds,
-    )
-    assert plain.loader_id == other.loader_id  # a saved state loads into either
-    plain.shutdown()
-    other.shutdown()
-
-
 def worker_pids(loader) -> list[int]:
     """The pids of the transform workers of every reader of `loader`."""
     pids = []
@@ -276,9 +275,13 @@ def batches_as_tuples(rank_batches):
     ]
 
 
-def test_transform_workers_keep_the_order_and_survive_a_worker_death(ray_session, dataset):
+def test_transform_workers_keep_the_order_and_survive_a_worker_death(
+    ray_session, dataset, reference_noise
+):
     options = {"transform": slow_noisy, "seed": 11, "batch_size": 4, "shuffle": True}
-    single = make_loader(dataset, **options)
+    # The batches of one process running the transform (the consumer here: it gives a
+    # reader's batches, `test_consumer_reads`), as the reference for the workers'.
+    single = make_loader(dataset, consumer_reads=True, **options)
     expected = batches_as_tuples(run_lockstep(iterators(single, 2)))
     single.shutdown()
 
@@ -291,6 +294,7 @@ def test_transform_workers_keep_the_order_and_survive_a_worker_death(ray_session
     rest = run_lockstep(its)
     got = batches_as_tuples([a + b for a, b in zip(first, rest)])
     assert got == expected  # same batches, same order, same random state
+    assert noise_by_sample([a + b for a, b in zip(first, rest)]) == reference_noise
     seen = {int(p) for rank in rest for b in rank for p in b["pid"]}
     assert seen - set(pids), "a restarted worker process took over"
     names = ray.get(loader._coordinator.reader_names.remote())
@@ -298,6 +302,8 @@ def test_transform_workers_keep_the_order_and_survive_a_worker_death(ray_session
     readers = ray.get([h.__ray_call__.remote(lambda self: os.getpid()) for h in handles])
     assert not seen & set(readers)  # the transform ran in the workers, not the readers
     assert loader.stats()["reserved_samples"] == 0
+    epoch1 = noise_by_sample(run_lockstep(its))  # the workers draw the next epoch anew
+    assert epoch1 == {i: sample_rng(11, 1, i).random() for i in range(N)}
     live = worker_pids(loader)
     loader.shutdown()
     deadline = time.monotonic() + EVENT_TIMEOUT_S
@@ -335,10 +341,7 @@ def test_transform_workers_need_a_transform(ray_session, dataset):
         make_loader(dataset, transform_workers=2)
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_a_transform_sees_columns_under_the_loaders_padding_and_fill_rules(
-    ray_session, tmp_path, workers
-):
+def test_a_transform_sees_columns_under_the_loaders_padding_and_fill_rules(ray_session, tmp_path):
     from rayshard.data.columns import Padding
     from tests.runtime.transform_fns import identity
 
@@ -347,19 +350,21 @@ def test_a_transform_sees_columns_under_the_loaders_padding_and_fill_rules(
     pq.write_table(table, tmp_path / "part.parquet")
     rules = {"padding": {"tok": Padding(max_length=2, pad_value=-1)}, "fill_null": {"x": 0.0}}
     batches = {}
-    for transform in (None, identity):
+    for transform, workers in ((None, 1), (identity, 1), (identity, 2)):  # in the reader, workers
         loader = Loader(
             ParquetSource(str(tmp_path)),
             batch_size=4,
             name=unique_name(),
             transform=transform,
-            transform_workers=workers if transform else 1,
+            transform_workers=workers,
             **rules,
         )
         (batch,) = list(loader.iterator(world_rank=0, world_size=1, batch_format="numpy"))
-        batches[transform] = {k: np.asarray(v).tolist() for k, v in batch.items()}
+        batches[workers if transform else None] = {
+            k: np.asarray(v).tolist() for k, v in batch.items()
+        }
         loader.shutdown()
-    assert batches[identity] == batches[None]
+    assert batches[1] == batches[None] and batches[2] == batches[None]
     assert batches[None]["tok"] == [[7, 0], [1, -1], [2, 0], [3, -1]]
     assert batches[None]["tok_mask"] == [[True, True], [True, False], [True, True], [True, False]]
     assert batches[None]["x"] == [1.0, 0.0, 3.0, 4.0]
