@@ -139,3 +139,16 @@ def as_seen(batch) -> list:
         rows = value.tolist() if hasattr(value, "tolist") else list(value)
         out.append((key, kind, [(type(v).__name__, v) for v in rows]))
     return out
+
+
+def arrow_columns_of_next_block(iterator) -> set[str]:
+    """The columns a rank's reader actor holds as Arrow arrays in the first batch it reads
+    of `iterator.epoch` (the next epoch once the iterator finished one), started on the
+    reader as the iterator would start it; the iterator is spent after this."""
+    import ray
+
+    reader, generation, epoch = iterator._reader, iterator._generation, iterator.epoch
+    ray.get(reader.start.remote(generation, epoch))
+    block = ray.get(ray.get(reader.next.remote(generation, epoch, 0)))
+    _, batch = block.batches[0]
+    return {key for key, value in batch.items() if isinstance(value, pa.Array)}

@@ -12,11 +12,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-import ray
 
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import as_seen, run_lockstep, unique_name
+from tests.runtime.helpers import arrow_columns_of_next_block, as_seen, run_lockstep, unique_name
 from tests.runtime.transform_fns import text_objects
 
 pytestmark = pytest.mark.ray
@@ -42,9 +41,10 @@ def dataset(tmp_path_factory):
     return str(folder)
 
 
-def _seen(dataset, **options) -> tuple[list, int, list]:
+def _seen(dataset, **options) -> tuple[list, int, list, set | None]:
     """An epoch's batches under "numpy" as seen, the bytes the coordinator counted for them,
-    and an epoch's batches under "arrow"."""
+    an epoch's batches under "arrow", and (with a reader actor) the columns the reader's
+    blocks hold as Arrow arrays."""
     loader = Loader(
         ParquetSource(dataset),
         name=unique_name("wire"),
@@ -60,8 +60,9 @@ def _seen(dataset, **options) -> tuple[list, int, list]:
         it.close()
         it = loader.iterator(world_rank=0, world_size=1, batch_format="arrow")
         (arrow,) = run_lockstep([it])
+        blocks = None if it._local is not None else arrow_columns_of_next_block(it)
         it.close()
-        return [as_seen(b) for b in batches], counted, [as_seen(b) for b in arrow]
+        return [as_seen(b) for b in batches], counted, [as_seen(b) for b in arrow], blocks
     finally:
         loader.shutdown()
 
@@ -93,8 +94,8 @@ def test_a_transforms_text_output_arrives_as_when_the_consumer_runs_it(
     ray_session, dataset, in_consumer, where
 ):
     options = {"transform_workers": 2} if where == "transform_workers" else {}
-    shipped, counted, arrow = _seen(dataset, consumer_reads=False, **options)
-    mine, counted_mine, arrow_mine = in_consumer
+    shipped, counted, arrow, blocks = _seen(dataset, consumer_reads=False, **options)
+    mine, counted_mine, arrow_mine, _ = in_consumer
     assert shipped == mine and arrow == arrow_mine
     assert sum(len(b[0][2]) for b in mine) == 70
     first = {key: (kind, rows) for key, kind, rows in mine[0]}
@@ -102,18 +103,5 @@ def test_a_transforms_text_output_arrives_as_when_the_consumer_runs_it(
     assert first["text"][1][:2] == [("str", "é"), ("str", "s-1é")]
     assert first["holes"][1][0] == ("NoneType", None) and first["mixed"][1][0] == ("bytes", b"")
     assert counted == counted_mine == _expected_bytes(mine)
-
-
-def test_the_readers_blocks_hold_bytes_and_str_output_as_arrow(ray_session, dataset):
-    loader = Loader(
-        ParquetSource(dataset), name=unique_name("wire"), batch_size=8, transform=text_objects
-    )
-    try:
-        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-        ray.get(it._reader.start.remote(it._generation, it.epoch))
-        block = ray.get(ray.get(it._reader.next.remote(it._generation, it.epoch, 0)))
-        _, batch = block.batches[0]
-        assert {k for k, v in batch.items() if isinstance(v, pa.Array)} == {"text", "blob"}
-        it.close()
-    finally:
-        loader.shutdown()
+    if where == "reader":  # the reader's blocks hold bytes and str output as Arrow
+        assert blocks == {"text", "blob"}
