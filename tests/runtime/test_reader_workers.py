@@ -73,8 +73,9 @@ def actor_pids(loader) -> tuple[list[int], list[int]]:
 def test_reader_workers_read_in_order_and_survive_a_worker_death(ray_session, dataset):
     options = {"transform": slow_stamped, "shuffle": True, "batches_per_object": 1}
     columns = ("_index", "_padded", "noise")
-    # One rank: 100 rows, 17 pieces, more than its reader holds ahead at the kill.
-    single = make_loader(PidStampedSource(dataset), **options)
+    # One rank: 100 rows, 17 pieces, more than its reader holds ahead at the kill. The
+    # reference batches are one process's: the consumer's (a reader's, `test_consumer_reads`).
+    single = make_loader(PidStampedSource(dataset), consumer_reads=True, **options)
     expected = as_tuples(run_lockstep(iterators(single, world=1)), *columns)
     single.shutdown()
 
@@ -102,7 +103,7 @@ def test_reader_workers_read_in_order_and_survive_a_worker_death(ray_session, da
 def test_reader_workers_without_a_transform_under_dynamic_read_in_threads(ray_session, dataset):
     source = PidStampedSource(dataset, delay_s=0.05)  # a lease's pieces overlap in a worker
     loader = make_loader(source, policy="dynamic", reader_workers=2, reader_threads=2)
-    its = iterators(loader)  # kept: an iterator dropped takes its reader with it
+    its = iterators(loader, world=1)  # kept: an iterator dropped takes its reader with it
     batches = run_lockstep(its)
     readers, workers = actor_pids(loader)
     assert real_ids(batches) == Counter(range(N))
@@ -143,7 +144,8 @@ def test_reader_workers_under_packing_give_the_rows_of_one_reader(ray_session, d
     runs = []
     for workers in (1, 2):
         loader = make_loader(ParquetSource(dataset), reader_workers=workers, **options)
-        runs.append(as_tuples(run_lockstep(iterators(loader)), "tokens", "document_ids"))
+        its = iterators(loader, world=1)  # the rank's pieces are cut before the workers
+        runs.append(as_tuples(run_lockstep(its), "tokens", "document_ids"))
         loader.shutdown()
     assert runs[0] == runs[1]
     docs = Counter(d for rank in runs[0] for _, ids in rank for row in ids for d in set(row))
