@@ -17,7 +17,13 @@ from rayshard.errors import ConfigError
 from rayshard.loader import Loader
 from rayshard.runtime.local_reads import reads_in_consumer
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import as_seen, run_lockstep, unique_name, write_parquet
+from tests.runtime.helpers import (
+    arrow_columns_of_next_block,
+    as_seen,
+    run_lockstep,
+    unique_name,
+    write_parquet,
+)
 
 ROWS = [40, 35, 26]  # 101 rows, row groups of 7
 
@@ -68,32 +74,23 @@ def test_consumer_reads_give_the_reader_actors_batches(ray_session, tmp_path, sh
 
 
 @pytest.mark.ray
-def test_a_watch_stands_in_for_the_reader_when_the_consumer_reads(ray_session, tmp_path):
-    loader = Loader(
-        ParquetSource(write_parquet(tmp_path, ROWS)), name=unique_name("local"), batch_size=8
-    )
+def test_a_watch_stands_in_for_the_reader_and_small_batches_are_slices_of_one_conversion(
+    ray_session, tmp_path
+):
+    """A rank that reads in its consumer has no reader process: the coordinator watches a
+    `RankWatch` made by this worker. Batches of 8 rows cut from one 101-row row group reach
+    the loop as views of one Arrow-to-numpy conversion (`rayshard.data.bulk_batches`), not
+    one conversion each; every row once, in order."""
+    source = ParquetSource(write_parquet(tmp_path, [101], row_group_size=101))
+    loader = Loader(source, name=unique_name("bulk"), batch_size=8)
     try:
         it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
         assert it._local is not None
-        assert sum(len(b["_index"]) for b in it) == 101
-        # No reader process: the coordinator watches a `RankWatch` made by this worker.
+        batches = list(it)
         kind = ray.get(it._reader.__ray_call__.remote(lambda self: type(self).__name__))
         assert kind == "RankWatch"
         assert loader.stats()["readers"] == 1  # attached: its death releases the rank
         it.close()
-    finally:
-        loader.shutdown()
-
-
-@pytest.mark.ray
-def test_small_batches_are_slices_of_one_conversion(ray_session, tmp_path):
-    """Batches of 8 rows cut from one 101-row row group reach the loop as views of one
-    Arrow-to-numpy conversion (`rayshard.data.bulk_batches`), not one conversion each;
-    every row once, in order."""
-    source = ParquetSource(write_parquet(tmp_path, [101], row_group_size=101))
-    loader = Loader(source, name=unique_name("bulk"), batch_size=8)
-    try:
-        batches = list(loader.iterator(world_rank=0, world_size=1, batch_format="numpy"))
     finally:
         loader.shutdown()
     assert [i for b in batches for i in b["_index"].tolist()] == list(range(101))
@@ -167,19 +164,9 @@ def test_string_and_binary_columns_arrive_alike_from_a_reader_and_from_the_consu
             for fmt in ("numpy", "torch", "arrow"):
                 its = [loader.iterator(world_rank=0, world_size=1, batch_format=fmt, device="cpu")]
                 seen[consumer_reads, fmt] = [[as_seen(b) for b in r] for r in run_lockstep(its)]
+                if not consumer_reads and fmt == "arrow":  # the reader's blocks: text as Arrow
+                    assert arrow_columns_of_next_block(its[0]) == {"s", "ls", "b", "lb"}
                 its[0].close()
-            if not consumer_reads:  # the reader's blocks hold the text columns as Arrow
-                it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-                ray.get(it._reader.start.remote(it._generation, it.epoch))
-                block = ray.get(ray.get(it._reader.next.remote(it._generation, it.epoch, 0)))
-                _, batch = block.batches[0]
-                assert {k for k, v in batch.items() if isinstance(v, pa.Array)} == {
-                    "s",
-                    "ls",
-                    "b",
-                    "lb",
-                }
-                it.close()
         finally:
             loader.shutdown()
     for fmt in ("numpy", "torch", "arrow"):
