@@ -142,8 +142,9 @@ def test_reader_workers_under_packing_give_the_rows_of_one_reader(ray_session, d
     packing = Packing(column="tokens", seq_len=16)
     options = {"packing": packing, "shuffle": True, "columns": ["tokens"]}
     runs = []
-    for workers in (1, 2):
-        loader = make_loader(ParquetSource(dataset), reader_workers=workers, **options)
+    for workers in (1, 2):  # one process's packing (the consumer's), then two workers'
+        reads = {"consumer_reads": True} if workers == 1 else {"reader_workers": workers}
+        loader = make_loader(ParquetSource(dataset), **reads, **options)
         its = iterators(loader, world=1)  # the rank's pieces are cut before the workers
         runs.append(as_tuples(run_lockstep(its), "tokens", "document_ids"))
         loader.shutdown()
