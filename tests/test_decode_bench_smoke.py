@@ -50,13 +50,3 @@ def test_decode_bench_tiny_run(tmp_path: Path) -> None:
     }
     assert "rayshard_vs_torch" in report["targets"]
     assert "loader" in done.stdout and "rayshard_k1" in done.stdout  # the printed table
-
-
-def test_decode_bench_rejects_unknown_loader(capsys) -> None:
-    from benchmarks.decode_bench import main  # in this process: no interpreter to start
-
-    with pytest.raises(SystemExit) as exited:
-        main(["--loaders=nope"])
-    assert exited.value.code == 2
-    stderr = capsys.readouterr().err
-    assert "--loaders" in stderr and "nope" in stderr

@@ -4,6 +4,7 @@ every loader asked for, positive throughput and an exactly-once coverage check."
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -55,8 +56,9 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
     assert "loader" in done.stdout and "rayshard" in done.stdout  # the printed table
 
 
-def test_loader_bench_rejects_unknown_loader(capsys) -> None:
-    from benchmarks.loader_bench import main  # in this process: no interpreter to start
+@pytest.mark.parametrize("bench", ["loader_bench", "decode_bench"])
+def test_a_bench_rejects_an_unknown_loader(capsys, bench) -> None:
+    main = importlib.import_module(f"benchmarks.{bench}").main  # in process: no interpreter
 
     with pytest.raises(SystemExit) as exited:
         main(["--loaders=nope"])
