@@ -282,14 +282,14 @@ def test_transform_workers_keep_the_order_and_survive_a_worker_death(
     # The batches of one process running the transform (the consumer here: it gives a
     # reader's batches, `test_consumer_reads`), as the reference for the workers'.
     single = make_loader(dataset, consumer_reads=True, **options)
-    expected = batches_as_tuples(run_lockstep(iterators(single, 2)))
+    expected = batches_as_tuples(run_lockstep(iterators(single, 1)))
     single.shutdown()
 
     loader = make_loader(dataset, transform_workers=2, batches_per_object=1, **options)
-    its = iterators(loader, 2)
+    its = iterators(loader, 1)  # one rank: 25 batches, most still ahead at the kill
     first = run_lockstep(its, steps=2)
     pids = worker_pids(loader)
-    assert len(set(pids)) == 4  # 2 ranks x 2 workers, each its own process
+    assert len(set(pids)) == 2  # 2 workers, each its own process
     os.kill(pids[0], signal.SIGKILL)  # a real process death mid-epoch
     rest = run_lockstep(its)
     got = batches_as_tuples([a + b for a, b in zip(first, rest)])
