@@ -34,7 +34,7 @@ example-lightning: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -m "not submit" -n 2 --durations=15 || [ $$? -eq 5 ]
+	$(PY) -m pytest -m "not submit" -n 2 --dist worksteal --durations=15 || [ $$? -eq 5 ]
 
 # `ray up` + `ray submit` of the demo and, on the same cluster, the three transform and
 # packing examples on small data (their smoke test: each must print its OK line), `ray down`.
