@@ -1,10 +1,9 @@
 """Hugging Face `Trainer` over rayshard with `gradient_accumulation_steps` > 1 (an epoch's
 batch count not a multiple of it), checkpoints every 2 optimizer steps and a resume from a
-mid-epoch one, on 1 process and on 2 (two Trainers in threads, as in
-test_transformers_world_size.py, with a thread barrier for accelerate's
-`wait_for_everyone()`): every data epoch is trained exactly once across the two runs, the
-resumed run takes exactly the optimizer steps left, and every process of a checkpoint
-saved the same loader state (the barrier in `_save_rng_state` holds with accumulation)."""
+mid-epoch one, on 1 process: every data epoch is trained exactly once across the two runs,
+and the resumed run takes exactly the optimizer steps left. `_job` can run `world` Trainers
+in threads (as test_transformers_world_size.py does, which covers two processes and the
+barrier in `_save_rng_state`); the cases here use one."""
 
 from __future__ import annotations
 
