@@ -534,14 +534,17 @@ def elastic_loop(config: dict) -> None:
     """Train worker: static rayshard iterator (resumed from Train's latest checkpoint),
     every batch's ids to the ledger, a checkpoint every `every` batches inside an epoch.
     It runs `epochs` epochs, and on until the scenario calls `request_stop()` (at most
-    `max_epochs`). No model: the loader is what is under test. With `crash_at`,
-    rank 1 of the first attempt exits its process after at least that many batches, once
-    rank 0 has reported two checkpoints (so the first of them reached Train's controller
-    and the restart resumes from a checkpoint)."""
+    `max_epochs`). No model unless `ddp`: the loader is what is under test. With
+    `crash_at`, rank 1 of the first attempt exits its process after at least that many
+    batches, once rank 0 has reported two checkpoints (so the first of them reached Train's
+    controller and the restart resumes from a checkpoint). With `ddp`, every batch is also a
+    step of a DDP model (its backward all-reduces: unequal step counts would hang); with
+    `final_checkpoint`, the run ends with a checkpoint of the finished loader."""
     from ray.train import Checkpoint
     from ray.train.collective import broadcast_from_rank_zero
 
     import rayshard.train
+    from tests.runtime.train_loops import DdpModel
 
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
@@ -555,6 +558,7 @@ def elastic_loop(config: dict) -> None:
         ):
             resumed_from = json.load(handle)
     batches = rayshard.train.iterator(config["loader"], batch_format="numpy")
+    model = DdpModel() if config.get("ddp") else None
     attempt = ray.get(ledger.new_attempt.remote(world, resumed_from)) if rank == 0 else None
     attempt = broadcast_from_rank_zero(attempt)
     seq = 0
@@ -566,7 +570,7 @@ def elastic_loop(config: dict) -> None:
             with open(os.path.join(folder, MARKER_FILE), "w") as handle:
                 json.dump(marker, handle)
             ray.train.report(
-                {"attempt": attempt, "seq": seq, "epoch": epoch},
+                {"attempt": attempt, "seq": seq, "epoch": epoch, "state_epoch": state["epoch"]},
                 checkpoint=Checkpoint.from_directory(folder),
             )
         if rank == 0:  # reported (not necessarily registered yet: the driver's cue only)
@@ -584,6 +588,8 @@ def elastic_loop(config: dict) -> None:
         for batch in batches:
             seq += 1
             ids = batch["id"][~batch["_padded"]].tolist()
+            if model is not None:
+                model.step(batch)
             if not ray.get(ledger.batch.remote(attempt, rank, epoch, seq, ids)):
                 time.sleep(config["delay"])  # the run must outlast the scenario's cues
             # Checkpoints only inside an epoch (never after its last batch), so every
@@ -598,6 +604,8 @@ def elastic_loop(config: dict) -> None:
                 and len(ray.get(ledger.progress.remote())["checkpoints"]) >= 2
             ):
                 os._exit(1)  # a real worker death; Ray Train restarts the group
+    if config.get("final_checkpoint"):
+        save(batches.epoch)
     if rank == 0:
         ray.get(ledger.finished.remote(batches.epoch))
 

@@ -1,40 +1,22 @@
-"""Training loops run inside Ray Train workers (importable there as `tests.runtime...`)."""
+"""Training pieces run inside Ray Train workers (importable there as `tests.runtime...`)."""
 
 from __future__ import annotations
 
-import tempfile
-
 import ray
 import torch
-from ray.train import Checkpoint
-
-import rayshard.train
 
 
-def ddp_loop(config):
-    """DDP over rayshard; every received id goes to the audit actor."""
-    batches = rayshard.train.iterator(config["loader"])
-    model = ray.train.torch.prepare_model(torch.nn.Linear(4, 1))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    context = ray.train.get_context()
-    while batches.epoch < config["epochs"]:
-        epoch, steps = batches.epoch, 0
-        for batch in batches:
-            real = ~batch["_padded"]
-            loss = ((model(batch["x"]).squeeze(1) * real) ** 2).mean()
-            optimizer.zero_grad()
-            loss.backward()  # DDP all-reduce: hangs if ranks had unequal steps
-            optimizer.step()
-            config["audit"].add.remote(epoch, batch["id"][real].numpy())
-            steps += 1
-        with tempfile.TemporaryDirectory() as folder:
-            state = rayshard.train.save_state(batches, folder)
-            ray.train.report(
-                {
-                    "epoch": epoch,
-                    "steps": steps,
-                    "rank": context.get_world_rank(),
-                    "state_epoch": state["epoch"],
-                },
-                checkpoint=Checkpoint.from_directory(folder),
-            )
+class DdpModel:
+    """A linear model under DDP, one optimizer step per (numpy) batch, padding rows masked
+    out of the loss. Its backward is an all-reduce: ranks with unequal step counts hang."""
+
+    def __init__(self) -> None:
+        self.model = ray.train.torch.prepare_model(torch.nn.Linear(4, 1))
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+
+    def step(self, batch: dict) -> None:
+        real = torch.from_numpy(~batch["_padded"])
+        loss = ((self.model(torch.from_numpy(batch["x"])).squeeze(1) * real) ** 2).mean()
+        self.optimizer.zero_grad()
+        loss.backward()
+        self.optimizer.step()
