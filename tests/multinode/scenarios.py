@@ -1,14 +1,16 @@
-"""Multi-node scenarios of issue 5, each in its own process with its own Ray cluster.
+"""Multi-node scenarios of issue 5, in a process of their own with their own Ray cluster.
 
-Run one from the repository root:
+Run one from the repository root, or several of `SHAREABLE` in turn on one cluster (what
+`test_multinode.py` does: a cluster start is a large part of a scenario's cost):
 
-    PYTHONPATH=. python -m tests.multinode.scenarios <name>
+    PYTHONPATH=. python -m tests.multinode.scenarios <name> [<name>...]
 
-Every scenario builds a `ray.cluster_utils.Cluster` (a head and worker nodes, all on this
-machine, each its own raylet), does real damage to it (`cluster.remove_node` kills a node's
-raylet and every process on it; `os.kill(pid, SIGKILL)` kills an actor's process) and
-prints one line `RESULT_JSON: {...}` that `test_multinode.py` parses and asserts on.
-Nothing is mocked.
+Every scenario adds its worker nodes to a `ray.cluster_utils.Cluster` (a head and worker
+nodes, all on this machine, each its own raylet), does real damage to it
+(`cluster.remove_node` kills a node's raylet and every process on it; `os.kill(pid,
+SIGKILL)` kills an actor's process) and prints one line `RESULT_JSON: {...}` (with its
+name under "scenario") that `test_multinode.py` parses and asserts on. Between two
+scenarios the cluster goes back to a bare head (`reset_cluster`). Nothing is mocked.
 
 Placement: the head carries the custom resource `head`, worker node k the resource `nk`;
 consumers and trainers ask for those resources so they land on the node we mean. The loader
@@ -18,6 +20,7 @@ actor is pinned to the head too, so no id it holds is lost with a worker node.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -51,7 +54,22 @@ FAST_HEALTH_CHECKS = {
 
 # -- cluster plumbing ------------------------------------------------------------------------
 def start_cluster(worker_nodes: int, *, head_cpus: int = 1, node_cpus: int = 1) -> tuple:
-    """A head (resource `head`) and `worker_nodes` nodes (resources n1..nk), connected."""
+    """A head (resource `head`) and `worker_nodes` nodes (resources n1..nk), connected.
+    When several scenarios share one cluster (`main` with several names), the head is the
+    one already running (left bare by `reset_cluster`) and only the nodes are new."""
+    shared = _CLUSTER.get("cluster")
+    if shared is not None:
+        if _CLUSTER["head_cpus"] != head_cpus:
+            raise ValueError(
+                f"head_cpus={head_cpus} but the shared cluster's head has "
+                f"{_CLUSTER['head_cpus']}: run this scenario on its own"
+            )
+        nodes = {
+            f"n{k}": shared.add_node(num_cpus=node_cpus, resources={f"n{k}": 100})
+            for k in range(1, worker_nodes + 1)
+        }
+        shared.wait_for_nodes()
+        return shared, nodes
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     env = {
         "PYTHONPATH": REPO_ROOT,  # workers on every node import `tests.*` from the repo
@@ -73,7 +91,7 @@ def start_cluster(worker_nodes: int, *, head_cpus: int = 1, node_cpus: int = 1) 
             "_system_config": FAST_HEALTH_CHECKS,
         },
     )
-    _CLUSTER["cluster"] = cluster
+    _CLUSTER.update(cluster=cluster, head_cpus=head_cpus)
     nodes = {
         f"n{k}": cluster.add_node(num_cpus=node_cpus, resources={f"n{k}": 100})
         for k in range(1, worker_nodes + 1)
@@ -85,6 +103,35 @@ def start_cluster(worker_nodes: int, *, head_cpus: int = 1, node_cpus: int = 1) 
     )
     cluster.wait_for_nodes()
     return cluster, nodes
+
+
+def reset_cluster() -> None:
+    """Back to a bare head after a scenario, for the next one on the same cluster: every
+    worker node it left is removed, every node is dead in the GCS (those it killed too),
+    and every actor it started has ended (their handles were the scenario's locals; the
+    loaders' coordinators on the head end with them). Raises if one is still alive: a
+    leftover node or actor would change the next scenario's placement or events."""
+    cluster = _CLUSTER["cluster"]
+    for node in list(cluster.worker_nodes):
+        cluster.remove_node(node)
+    gc.collect()  # handles held in reference cycles (a failed scenario's frames)
+    wait_until(
+        lambda: _safe(lambda: cluster.wait_for_nodes(timeout=1) or True),
+        "the scenario's nodes to be gone",
+    )
+    try:
+        wait_until(lambda: not alive_actors(), "the scenario's actors to end")
+    except TimeoutError as error:
+        raise TimeoutError(f"{error}; still alive: {alive_actors()}") from None
+
+
+def alive_actors() -> list[str]:
+    """Class names of this cluster's actors that have not ended."""
+    return [
+        actor["ActorClassName"]
+        for actor in ray._private.state.actors().values()
+        if actor["State"] != "DEAD"
+    ]
 
 
 def add_node(cluster: Cluster, nodes: dict, label: str, cpus: int = 1) -> Any:
@@ -866,21 +913,49 @@ SCENARIOS = {
 }
 
 
+# Scenarios that can run one after another on one cluster (a head with one CPU).
+SHAREABLE = (
+    "dynamic_node_churn",
+    "coordinator_sigkill",
+    "rank_rejoins_same_number",
+    "workers_on_cpu_node",
+)
+SCENARIO_MARK = "SCENARIO_BEGIN: "  # on stdout and stderr before each scenario's output
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or argv[0] not in SCENARIOS:
+    """One scenario on its own cluster, or several of `SHAREABLE` in turn on one cluster
+    (the nodes of each are gone, and its actors ended, before the next starts). Prints
+    each scenario's result line, tagged with its name; a scenario that raises reports the
+    error and its traceback, and the next ones still run on the same cluster unless the
+    cluster cannot be brought back to a bare head."""
+    known = argv and all(name in SCENARIOS for name in argv) and len(set(argv)) == len(argv)
+    if not known or (len(argv) > 1 and not set(argv) <= set(SHAREABLE)):
         print(f"usage: python -m tests.multinode.scenarios {{{','.join(SCENARIOS)}}}")
+        print(f"   or: python -m tests.multinode.scenarios NAME... (of {', '.join(SHAREABLE)})")
         return 2
     sys.path.insert(0, REPO_ROOT)
-    started = time.time()
+    failed = 0
+    broken = None  # why the cluster cannot serve the next scenario
     try:
-        result = SCENARIOS[argv[0]]()
-        result["scenario_s"] = round(time.time() - started, 2)
-        emit(result)
-        return 0
-    except BaseException as error:  # noqa: BLE001 - reported to the test
-        traceback.print_exc()
-        emit({"error": f"{type(error).__name__}: {error}", "scenario_s": time.time() - started})
-        return 1
+        for name in argv:
+            print(SCENARIO_MARK + name, flush=True)
+            print(SCENARIO_MARK + name, file=sys.stderr, flush=True)
+            if broken is not None:
+                emit({"scenario": name, "error": f"not run: {broken}"})
+                failed += 1
+                continue
+            result = run_one(name)
+            if len(argv) > 1 and name != argv[-1]:
+                try:
+                    reset_cluster()
+                except Exception as error:  # noqa: BLE001 - reported
+                    traceback.print_exc()
+                    broken = f"the cluster was not bare again after {name}: {error!r}"
+                    result.setdefault("error", broken)
+            failed += bool(result.get("error"))
+            emit(result)
+        return 1 if failed else 0
     finally:
         # Shut down hard-killed clusters without waiting on anything that may hang.
         done = threading.Event()
@@ -896,6 +971,17 @@ def main(argv: list[str]) -> int:
         cluster = _CLUSTER.get("cluster")
         if cluster is not None:
             cluster.shutdown()
+
+
+def run_one(name: str) -> dict:
+    """Scenario `name`'s result, or its error with the traceback."""
+    started = time.time()
+    try:
+        result = SCENARIOS[name]()
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        traceback.print_exc()
+        result = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()}
+    return {"scenario": name, **result, "scenario_s": round(time.time() - started, 2)}
 
 
 _CLUSTER: dict[str, Any] = {}

@@ -2,32 +2,48 @@
 losses (`cluster.remove_node`, SIGKILL to a node's raylet and processes) and a SIGKILLed
 coordinator process. No mocks.
 
-The pytest session shares one local Ray (`ray_session`), so each scenario runs in its own
-process with its own cluster (`python -m tests.multinode.scenarios <name>`, see
-scenarios.py) and prints one `RESULT_JSON:` line that the test asserts on. On failure the
-subprocess output is printed.
+The pytest session shares one local Ray (`ray_session`), so the scenarios run in a process
+of their own with their own cluster (`python -m tests.multinode.scenarios <name>...`, see
+scenarios.py), which prints one `RESULT_JSON:` line per scenario that its test asserts on.
+The Ray Train scenario has a process and a cluster to itself; the others share one of each
+(`shared_scenarios`: a cluster start is a large part of a scenario's cost), started once
+for the whole pytest run, whichever xdist worker gets to them first. On failure the
+scenario's part of the output is printed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pathlib
+import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
+from filelock import FileLock
 
-from tests.multinode.scenarios import RESULT_PREFIX
+from tests.multinode.scenarios import RESULT_PREFIX, SCENARIO_MARK, SHAREABLE
 from tests.timeouts import SCENARIO_TIMEOUT_S, scenario_timeout_message
 
-pytestmark = pytest.mark.slow
+# A test of a shared scenario may wait for the scenarios run before its own.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(len(SHAREABLE) * SCENARIO_TIMEOUT_S + 60)]
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run_scenario(name: str) -> dict:
+def scenario_env() -> dict:
     env = {**os.environ, "PYTHONPATH": REPO_ROOT, "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    env.pop("RAY_ADDRESS", None)  # the scenario makes its own cluster
+    env.pop("RAY_ADDRESS", None)  # the scenarios make their own cluster
+    return env
+
+
+def run_scenario(name: str) -> dict:
+    """Scenario `name` on a cluster of its own."""
+    env = scenario_env()
     try:
         done = subprocess.run(
             [sys.executable, "-u", "-m", "tests.multinode.scenarios", name],
@@ -60,6 +76,88 @@ def run_scenario(name: str) -> dict:
     return result
 
 
+class SharedRun:
+    """The `SHAREABLE` scenarios in one process on one cluster, started once per pytest run
+    by the first test that asks (the files in `folder`, shared by the xdist workers, say
+    whether it was): `out`, `err` its output, `pid` its process, `rc` its exit status."""
+
+    def __init__(self, folder: pathlib.Path) -> None:
+        self.folder = folder
+
+    def launch(self) -> None:
+        with FileLock(str(self.folder / "lock")):
+            if (self.folder / "launched").exists():
+                return
+            command = shlex.join([sys.executable, "-u", "-m", "tests.multinode.scenarios"])
+            names = shlex.join(SHAREABLE)
+            out, err = (shlex.quote(str(self.folder / f)) for f in ("out", "err"))
+            pid, rc = (shlex.quote(str(self.folder / f)) for f in ("pid", "rc"))
+            script = (
+                f"{command} {names} >{out} 2>{err} & echo $! >{pid}.tmp; mv {pid}.tmp {pid}; "
+                f"wait $!; echo $? >{rc}.tmp; mv {rc}.tmp {rc}"
+            )
+            subprocess.Popen(["sh", "-c", script], cwd=REPO_ROOT, env=scenario_env())
+            (self.folder / "launched").touch()
+
+    def result(self, name: str) -> dict:
+        """Scenario `name`'s result, once its line is out. Fails when the run ends without
+        it, or when no scenario finished for the scenario timeout (the run is killed)."""
+        self.launch()
+        seen, progress_at = -1, time.monotonic()
+        while True:
+            results = self._results()
+            if name in results:
+                result = results[name]
+                result["_output"] = _tail(*self._section(name))
+                return result
+            if (self.folder / "rc").exists():
+                print(_tail(*self._section(name)))
+                status = (self.folder / "rc").read_text().strip()
+                pytest.fail(f"scenario {name}: the run ended (exit {status}) without its result")
+            if len(results) > seen:
+                seen, progress_at = len(results), time.monotonic()
+            elif time.monotonic() - progress_at > SCENARIO_TIMEOUT_S:
+                if (self.folder / "pid").exists():
+                    pid = int((self.folder / "pid").read_text())
+                    with contextlib.suppress(ProcessLookupError):  # it just ended
+                        os.kill(pid, signal.SIGKILL)
+                print(_tail(*self._section(name)))
+                pytest.fail(scenario_timeout_message(name))
+            time.sleep(1.0)  # the next look at the run's output
+
+    def _read(self, stream: str) -> str:
+        path = self.folder / stream
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def _results(self) -> dict[str, dict]:
+        written = self._read("out").rpartition("\n")[0]  # whole lines only
+        lines = [ln for ln in written.splitlines() if ln.startswith(RESULT_PREFIX)]
+        results = (json.loads(ln[len(RESULT_PREFIX) :]) for ln in lines)
+        return {result["scenario"]: result for result in results}
+
+    def _section(self, name: str) -> tuple[str, str]:
+        """The run's stdout and stderr from scenario `name`'s mark to the next mark."""
+
+        def part(text: str) -> str:
+            mark = f"{SCENARIO_MARK}{name}\n"
+            if mark not in text:
+                return text
+            rest = text.split(mark, 1)[1]
+            return rest.split(SCENARIO_MARK, 1)[0]
+
+        return part(self._read("out")), part(self._read("err"))
+
+
+@pytest.fixture(scope="session")
+def shared_scenarios(tmp_path_factory) -> SharedRun:
+    basetemp = tmp_path_factory.getbasetemp()
+    # Under xdist each worker has its own basetemp in the run's shared one.
+    root = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+    folder = root / "multinode-shared"
+    folder.mkdir(exist_ok=True)
+    return SharedRun(folder)
+
+
 def _tail(stdout: str, stderr: str, keep: int = 12000) -> str:
     # Raylet state dumps are long and say nothing here: keep the rest.
     out = "\n".join(ln for ln in stdout.splitlines() if "[state-dump]" not in ln)
@@ -74,11 +172,11 @@ def check(result: dict, condition: bool, message: str) -> None:
         pytest.fail(message)
 
 
-def test_dynamic_node_loss_and_join_exact_coverage():
+def test_dynamic_node_loss_and_join_exact_coverage(shared_scenarios):
     """Dynamic mode: 3 ranks on 3 nodes; one node is killed mid-epoch, a node is added and a
     new rank starts there. Nothing is lost, duplicates are bounded by the dead rank's
     in-flight window, the new rank takes splits, and the events say so."""
-    r = run_scenario("dynamic_node_churn")
+    r = shared_scenarios.result("dynamic_node_churn")
     print({k: v for k, v in r.items() if k != "_output"})
     check(r, not r.get("error"), f"scenario error: {r.get('error')}")
     report = r["report"]
@@ -148,11 +246,11 @@ def test_elastic_torch_trainer_2_3_1_exact_relative_to_checkpoints():
     check(r, events.count("new_generation") >= 2, f"loader events: {events}")
 
 
-def test_coordinator_sigkill_mid_epoch_then_node_loss():
+def test_coordinator_sigkill_mid_epoch_then_node_loss(shared_scenarios):
     """The coordinator's process is SIGKILLed mid-epoch (ranks on 3 worker nodes, the
     coordinator on the head): Ray restarts it from its journal and nothing is lost or
     repeated; a node killed afterwards is still noticed by the restarted coordinator."""
-    r = run_scenario("coordinator_sigkill")
+    r = shared_scenarios.result("coordinator_sigkill")
     print({k: v for k, v in r.items() if k != "_output"})
     check(r, not r.get("error"), f"scenario error: {r.get('error')}")
     check(r, r["pid_after"] != r["pid_before"], "the coordinator runs in the same process")
@@ -170,10 +268,10 @@ def test_coordinator_sigkill_mid_epoch_then_node_loss():
     check(r, sorted(r["errors"]) == ["1"], f"ranks that failed: {r['errors']} (only 1 died)")
 
 
-def test_rank_rejoining_under_same_number_is_watched_again():
+def test_rank_rejoining_under_same_number_is_watched_again(shared_scenarios):
     """Rank 1 dies with its node, comes back on a replacement node as rank 1, and dies
     again: the second loss must be noticed and the epoch must still complete."""
-    r = run_scenario("rank_rejoins_same_number")
+    r = shared_scenarios.result("rank_rejoins_same_number")
     print({k: v for k, v in r.items() if k != "_output"})
     check(r, not r.get("error"), f"scenario error: {r.get('error')}")
     check(
@@ -186,12 +284,12 @@ def test_rank_rejoining_under_same_number_is_watched_again():
     check(r, epoch["lost"] == 0, f"samples lost: {epoch}")
 
 
-def test_transform_and_reader_workers_run_on_a_cpu_only_node_with_exact_coverage():
+def test_transform_and_reader_workers_run_on_a_cpu_only_node_with_exact_coverage(shared_scenarios):
     """`transform_resources` sends a rank's transform workers, or with `reader_workers=2`
     its reader workers (which read the pieces and transform them), to another node (a
     CPU-only node here) while its reader stays on the consumer's node; both epochs exact.
     One cluster for both loaders (a cluster start is most of such a scenario's cost)."""
-    r = run_scenario("workers_on_cpu_node")
+    r = shared_scenarios.result("workers_on_cpu_node")
     check(r, not r.get("error"), f"scenario error: {r.get('error')}")
     transform, readers = r["transform"], r["readers"]
     check(r, transform["transform_nodes"] == ["n1"], f"transformed on {transform}")
