@@ -247,7 +247,7 @@ def test_elastic_torch_trainer_2_3_1_exact_relative_to_checkpoints():
 
 
 def test_coordinator_sigkill_mid_epoch_then_node_loss(shared_scenarios):
-    """The coordinator's process is SIGKILLed mid-epoch (ranks on 3 worker nodes, the
+    """The coordinator's process is SIGKILLed mid-epoch (ranks on 2 worker nodes, the
     coordinator on the head): Ray restarts it from its journal and nothing is lost or
     repeated; a node killed afterwards is still noticed by the restarted coordinator."""
     r = shared_scenarios.result("coordinator_sigkill")
