@@ -29,8 +29,10 @@ from filelock import FileLock
 from tests.multinode.scenarios import RESULT_PREFIX, SCENARIO_MARK, SHAREABLE
 from tests.timeouts import SCENARIO_TIMEOUT_S, scenario_timeout_message
 
-# A test of a shared scenario may wait for the scenarios run before its own.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(len(SHAREABLE) * SCENARIO_TIMEOUT_S + 60)]
+pytestmark = pytest.mark.slow
+# A test of a shared scenario may wait for the scenarios run before its own (its own wait
+# fails when no scenario finished for the scenario timeout).
+shared_timeout = pytest.mark.timeout(len(SHAREABLE) * SCENARIO_TIMEOUT_S + 60)
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -172,6 +174,7 @@ def check(result: dict, condition: bool, message: str) -> None:
         pytest.fail(message)
 
 
+@shared_timeout
 def test_dynamic_node_loss_and_join_exact_coverage(shared_scenarios):
     """Dynamic mode: 2 ranks on 2 nodes; one node is killed mid-epoch, a node is added and a
     new rank starts there. Nothing is lost, duplicates are bounded by the dead rank's
@@ -246,6 +249,7 @@ def test_elastic_torch_trainer_2_3_1_exact_relative_to_checkpoints():
     check(r, events.count("new_generation") >= 2, f"loader events: {events}")
 
 
+@shared_timeout
 def test_coordinator_sigkill_mid_epoch_then_node_loss(shared_scenarios):
     """The coordinator's process is SIGKILLed mid-epoch (ranks on 2 worker nodes, the
     coordinator on the head): Ray restarts it from its journal and nothing is lost or
@@ -268,6 +272,7 @@ def test_coordinator_sigkill_mid_epoch_then_node_loss(shared_scenarios):
     check(r, sorted(r["errors"]) == ["1"], f"ranks that failed: {r['errors']} (only 1 died)")
 
 
+@shared_timeout
 def test_rank_rejoining_under_same_number_is_watched_again(shared_scenarios):
     """Rank 1 dies with its node, comes back on a replacement node as rank 1, and dies
     again: the second loss must be noticed and the epoch must still complete."""
@@ -284,6 +289,7 @@ def test_rank_rejoining_under_same_number_is_watched_again(shared_scenarios):
     check(r, epoch["lost"] == 0, f"samples lost: {epoch}")
 
 
+@shared_timeout
 def test_transform_and_reader_workers_run_on_a_cpu_only_node_with_exact_coverage(shared_scenarios):
     """`transform_resources` sends a rank's transform workers, or with `reader_workers=2`
     its reader workers (which read the pieces and transform them), to another node (a
