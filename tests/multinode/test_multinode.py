@@ -107,12 +107,13 @@ class SharedRun:
         self.launch()
         seen, progress_at = -1, time.monotonic()
         while True:
+            ended = (self.folder / "rc").exists()  # before reading: then all output is in
             results = self._results()
             if name in results:
                 result = results[name]
                 result["_output"] = _tail(*self._section(name))
                 return result
-            if (self.folder / "rc").exists():
+            if ended:
                 print(_tail(*self._section(name)))
                 status = (self.folder / "rc").read_text().strip()
                 pytest.fail(f"scenario {name}: the run ended (exit {status}) without its result")
