@@ -85,6 +85,7 @@ class SharedRun:
 
     def __init__(self, folder: pathlib.Path) -> None:
         self.folder = folder
+        self.process: subprocess.Popen | None = None  # where this worker started the run
 
     def launch(self) -> None:
         with FileLock(str(self.folder / "lock")):
@@ -98,7 +99,8 @@ class SharedRun:
                 f"{command} {names} >{out} 2>{err} & echo $! >{pid}.tmp; mv {pid}.tmp {pid}; "
                 f"wait $!; echo $? >{rc}.tmp; mv {rc}.tmp {rc}"
             )
-            subprocess.Popen(["sh", "-c", script], cwd=REPO_ROOT, env=scenario_env())
+            # Kept (not waited on: `rc` says when it ended, to every worker).
+            self.process = subprocess.Popen(["sh", "-c", script], cwd=REPO_ROOT, env=scenario_env())
             (self.folder / "launched").touch()
 
     def result(self, name: str) -> dict:
