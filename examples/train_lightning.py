@@ -141,9 +141,10 @@ def fit(
         trainer.fit(model, train_dataloaders=train, val_dataloaders=val, ckpt_path=ckpt_path)
 
 
-def train_loop_per_worker(config: dict) -> None:
-    """One Ray Train worker: the Lightning module, fed by rayshard."""
-    fit(config, Classifier(audit=config.get("audit")))
+def train_loop_per_worker(config: dict, callbacks: list | None = None) -> None:
+    """One Ray Train worker: the Lightning module, fed by rayshard (`callbacks`: more
+    Lightning callbacks, after the reporting one; the tests add one)."""
+    fit(config, Classifier(audit=config.get("audit")), callbacks=callbacks)
 
 
 def make_loaders(

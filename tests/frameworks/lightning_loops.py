@@ -1,7 +1,8 @@
 """Lightning training loops run inside Ray Train workers (importable there as
-`tests.frameworks.lightning_loops`): the example's module and trainer, plus a callback that
-records every training step's ids in a `TrainLedger`, reports mid-epoch checkpoints with a
-marker of what the model had received, and kills a worker process on request."""
+`tests.frameworks.lightning_loops`): the example's worker loop (its module, trainer and
+epoch-end `RayTrainReportCallback`), plus a callback that records every training step's ids
+in a `TrainLedger`, reports mid-epoch checkpoints with a marker of what the model had
+received, and kills a worker process on request."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import lightning.pytorch as pl
 import ray
 from ray.train import Checkpoint
 
-from examples.train_lightning import Classifier, fit
+from examples.train_lightning import train_loop_per_worker
 
 MARKER_FILE = "marker.json"
 CKPT_FILE = "checkpoint.ckpt"  # the name RayTrainReportCallback uses, which `fit` resumes from
@@ -22,9 +23,9 @@ CKPT_FILE = "checkpoint.ckpt"  # the name RayTrainReportCallback uses, which `fi
 class LedgerCallback(pl.Callback):
     """Every training step's real ids to the ledger (tagged attempt, rank, Lightning's epoch,
     the rank's step count `seq`); a Lightning checkpoint reported to Ray Train every `every`
-    steps (not at an epoch's last step) and, unless `epoch_end` is False, at every epoch end,
-    with a marker {attempt, seq, epoch}. With `crash_at`, rank 1
-    of attempt 0 exits its process at a step >= crash_at once rank 0 reported 2 checkpoints."""
+    global steps but not at an epoch's last step (the example's `RayTrainReportCallback`
+    reports there), with a marker {attempt, seq, epoch}. With `crash_at`, rank 1 of attempt
+    0 exits its process at a step >= crash_at once rank 0 reported 2 of these checkpoints."""
 
     def __init__(self, config: dict, attempt: int) -> None:
         self.ledger, self.attempt, self.config = config["ledger"], attempt, config
@@ -54,10 +55,6 @@ class LedgerCallback(pl.Callback):
         ):
             self._report(trainer)
 
-    def on_train_epoch_end(self, trainer, pl_module) -> None:
-        if self.config.get("epoch_end", True):
-            self._report(trainer)
-
     def _report(self, trainer: pl.Trainer) -> None:
         marker = {"attempt": self.attempt, "seq": self.seq, "epoch": trainer.current_epoch}
         with tempfile.TemporaryDirectory() as folder:
@@ -71,8 +68,9 @@ class LedgerCallback(pl.Callback):
 
 
 def ledger_loop(config: dict) -> None:
-    """The example's `fit` with a `LedgerCallback`; resumes from Ray Train's latest
-    checkpoint through Lightning's `ckpt_path` (the marker says which one, for the audit)."""
+    """The example's `train_loop_per_worker` with a `LedgerCallback`; it resumes from Ray
+    Train's latest checkpoint through Lightning's `ckpt_path` (the marker says which one,
+    for the audit; the run must resume from one of the ledger's mid-epoch checkpoints)."""
     from ray.train.collective import broadcast_from_rank_zero
 
     context = ray.train.get_context()
@@ -86,4 +84,4 @@ def ledger_loop(config: dict) -> None:
     if context.get_world_rank() == 0:
         attempt = ray.get(ledger.new_attempt.remote(context.get_world_size(), resumed_from))
     attempt = broadcast_from_rank_zero(attempt)
-    fit(config, Classifier(), callbacks=[LedgerCallback(config, attempt)], report=False)
+    train_loop_per_worker(config, callbacks=[LedgerCallback(config, attempt)])

@@ -1,8 +1,9 @@
 """PyTorch Lightning over rayshard: real Lightning, real TorchTrainer on the
-session's local Ray, 2 workers. Every epoch covers the dataset exactly once; the loader's
-state rides in Lightning's checkpoint, and resuming from it (Lightning's `ckpt_path`, after
-Ray Train restarts a group whose worker process died mid-epoch) skips and repeats nothing
-relative to the checkpoint resumed from; the validation metric ignores padding rows."""
+session's local Ray, 2 workers, in one run of the example's worker loop. Every epoch covers
+the dataset exactly once; the loader's state rides in Lightning's checkpoint, and resuming
+from it (Lightning's `ckpt_path`, after Ray Train restarts a group whose worker process died
+mid-epoch) skips and repeats nothing relative to the checkpoint resumed from; the
+validation loader is restored too, and the validation metric ignores padding rows."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
-from examples.train_lightning import Classifier, make_dataset, make_loaders, train_loop_per_worker
+from examples.train_lightning import Classifier, make_dataset, make_loaders
 from rayshard.frameworks.lightning import CHECKPOINT_KEY
 from rayshard.runtime.audit import start_audit
 from tests.frameworks.lightning_loops import CKPT_FILE, ledger_loop
@@ -25,7 +26,7 @@ from tests.runtime.helpers import unique_name
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-ROWS, VAL_ROWS, BATCH = 224, 101, 16  # 7 steps per epoch on 2 ranks; validation pads
+ROWS, VAL_ROWS, BATCH, EPOCHS = 224, 101, 16, 3  # 7 steps per epoch on 2 ranks; validation pads
 
 
 def _trainer(loop, config: dict, tmp_path, **run) -> TorchTrainer:
@@ -46,23 +47,50 @@ def _val_loss(model: Classifier, folder: str) -> tuple[float, int]:
     return float(loss) / len(label), len(label)
 
 
-def test_fit_three_epochs_exact_coverage_and_padding_free_validation(ray_session, tmp_path):
+def test_fit_killed_mid_epoch_resumes_exactly_with_padding_free_validation(ray_session, tmp_path):
+    # The example's `train_loop_per_worker` (its `fit`: RayTrainReportCallback reports a
+    # checkpoint at every epoch end, global steps 7, 14, 21) with a LedgerCallback that
+    # reports one mid-epoch every 3 global steps (3, 6 | 9, 12 | 15, 18). Rank 1 of the first
+    # attempt exits its process at its 13th step (epoch 1; rank 0 reported 2 checkpoints
+    # long before). A report returns only once Ray Train took the rank's previous one
+    # (`ray.train.report` blocks while the result queue, of size 1, is full) and every rank
+    # reported it (a barrier follows each report), so when rank 1 dies after reporting step
+    # 12, step 9's checkpoint is registered: the group resumes mid-epoch 1, from 9 or 12.
+    # The validation loader runs every epoch: restored from the checkpoint with the rest,
+    # the new validation iterators go on with the next validation epoch (not stale).
     data = make_dataset(str(tmp_path / "train"), ROWS)
     val = make_dataset(str(tmp_path / "val"), VAL_ROWS, seed=1)
     loader, val_loader = make_loaders(data, val, BATCH, name=unique_name("pl"))
     audit = start_audit(ROWS)
-    config = {"loader": loader, "val_loader": val_loader, "audit": audit, "epochs": 3}
-    result = _trainer(train_loop_per_worker, config, tmp_path).fit()
+    ledger = ray.remote(TrainLedger).options(num_cpus=0).remote()
+    config = {"loader": loader, "val_loader": val_loader, "audit": audit, "ledger": ledger}
+    config.update({"epochs": EPOCHS, "every": 3, "crash_at": 13})
+    result = _trainer(
+        ledger_loop, config, tmp_path, failure_config=FailureConfig(max_failures=1)
+    ).fit()
     assert result.error is None, result.error
-    report = ray.get(audit.report.remote())
-    assert sorted(report) == [0, 1, 2], report
-    for epoch, row in report.items():
+    ledger_audit = ray.get(ledger.audit.remote(ROWS, EPOCHS))
+    assert ledger_audit["world_sizes"] == [2, 2], ledger_audit
+    resumed = ledger_audit["resumed_from"][1]
+    assert resumed is not None and resumed["attempt"] == 0, resumed
+    assert resumed["seq"] in (9, 12) and resumed["epoch"] == 1, resumed  # mid-epoch 1
+    # Every epoch exactly once relative to the checkpoint resumed from (the ledger drops
+    # what attempt 0 trained after it) ...
+    for epoch, row in ledger_audit["per_epoch"].items():
         assert row["lost"] == 0 and row["duplicates"] == 0 and row["seen"] == ROWS, (epoch, row)
-    # The loader's state rides in Lightning's checkpoint (RayshardCheckpoint).
+    # ... and, by the model's own audit (the example's), absolutely in the epochs before
+    # and after the one the kill cut: epoch 1 was trained once more from the checkpoint on.
+    report = ray.get(audit.report.remote())
+    assert sorted(report) == list(range(EPOCHS)), report
+    for epoch in (0, 2):
+        row = report[epoch]
+        assert row["lost"] == 0 and row["duplicates"] == 0 and row["seen"] == ROWS, (epoch, row)
+    # The loader's state rides in Lightning's checkpoint (RayshardCheckpoint); the last one
+    # is the example's, after the last epoch.
     with result.checkpoint.as_directory() as folder:
         ckpt = torch.load(os.path.join(folder, CKPT_FILE), weights_only=False)
     state = ckpt[CHECKPOINT_KEY]["loader"]
-    assert state["epoch"] == 3 and state["consumed"] == []
+    assert state["epoch"] == EPOCHS and state["consumed"] == []
     # Validation counted the real rows once each (101 over 2 ranks: padding on one) and
     # its loss equals the loss of the final weights over the whole validation set.
     model = Classifier()
@@ -70,34 +98,5 @@ def test_fit_three_epochs_exact_coverage_and_padding_free_validation(ray_session
     expected, rows = _val_loss(model, val)
     assert result.metrics["val_rows"] == rows == VAL_ROWS
     assert result.metrics["val_loss"] == pytest.approx(expected, rel=1e-5)
-    loader.shutdown()
-    val_loader.shutdown()
-
-
-def test_worker_killed_mid_epoch_resumes_from_lightning_checkpoint_exactly(ray_session, tmp_path):
-    # 160 rows: 5 steps per epoch; checkpoints only mid-epoch, after steps 3, 6 and 9 (the
-    # epoch-end path is tested in test_lightning_resume.py); rank 1 dies at its 7th step or
-    # later (epoch 1), once rank 0 reported two checkpoints. Whichever of them Ray Train had
-    # registered, the group resumes mid-epoch.
-    # A validation loader runs every epoch too: restored from the checkpoint with the rest,
-    # the new validation iterators go on with the next validation epoch (not stale).
-    rows = 160
-    data = make_dataset(str(tmp_path / "train"), rows)
-    val = make_dataset(str(tmp_path / "val"), 40, seed=1)
-    loader, val_loader = make_loaders(data, val, BATCH, name=unique_name("plr"))
-    ledger = ray.remote(TrainLedger).options(num_cpus=0).remote()
-    config = {"loader": loader, "val_loader": val_loader, "ledger": ledger, "epochs": 2}
-    config.update({"every": 3, "crash_at": 7, "epoch_end": False})
-    result = _trainer(
-        ledger_loop, config, tmp_path, failure_config=FailureConfig(max_failures=1)
-    ).fit()
-    assert result.error is None, result.error
-    audit = ray.get(ledger.audit.remote(rows, 2))
-    assert audit["world_sizes"] == [2, 2], audit
-    resumed = audit["resumed_from"][1]
-    assert resumed is not None and resumed["attempt"] == 0, resumed
-    assert resumed["seq"] in (3, 6), resumed  # mid-epoch
-    for epoch, row in audit["per_epoch"].items():
-        assert row["lost"] == 0 and row["duplicates"] == 0 and row["seen"] == rows, (epoch, row)
     loader.shutdown()
     val_loader.shutdown()
