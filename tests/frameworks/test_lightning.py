@@ -18,7 +18,7 @@ from ray.train import FailureConfig, RunConfig, ScalingConfig
 from ray.train.torch import TorchTrainer
 
 from examples.train_lightning import Classifier, make_dataset, make_loaders
-from rayshard.frameworks.lightning import CHECKPOINT_KEY
+from rayshard.frameworks.lightning import CHECKPOINT_KEY, VAL_CHECKPOINT_KEY
 from rayshard.runtime.audit import start_audit
 from tests.frameworks.lightning_loops import CKPT_FILE, ledger_loop
 from tests.multinode.scenarios import TrainLedger
@@ -91,6 +91,8 @@ def test_fit_killed_mid_epoch_resumes_exactly_with_padding_free_validation(ray_s
         ckpt = torch.load(os.path.join(folder, CKPT_FILE), weights_only=False)
     state = ckpt[CHECKPOINT_KEY]["loader"]
     assert state["epoch"] == EPOCHS and state["consumed"] == []
+    val_state = ckpt[VAL_CHECKPOINT_KEY]  # the validation loader's, restored with the rest
+    assert val_state["epoch"] == EPOCHS and val_state["consumed"] == [], val_state
     # Validation counted the real rows once each (101 over 2 ranks: padding on one) and
     # its loss equals the loss of the final weights over the whole validation set.
     model = Classifier()
