@@ -26,6 +26,7 @@ from rayshard.core.sharding import assign
 from rayshard.data.transforms import TransformFn
 from rayshard.errors import ConfigError
 from rayshard.plan import data_parallel_rank
+from rayshard.runtime import generations
 from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.iterator import ShardIterator
 from rayshard.runtime.iterator_args import check_iterator_args
@@ -201,7 +202,7 @@ class Loader:
             local = LocalReads(reading)
         registration["reader_name"] = registration["reader"]  # leaving names it
         registration["reader"] = self._reader(registration, dp, reading, local is not None)
-        return ShardIterator(
+        iterator = ShardIterator(
             self._coordinator,
             registration,
             dp,
@@ -216,6 +217,8 @@ class Loader:
             if self.settings.packing is not None
             else self.settings.column_rules.nested_columns(self._read_schema()),
         )
+        generations.made(generations.key_of(self._coordinator), iterator)
+        return iterator
 
     def _read_schema(self) -> Any:
         """The schema of the columns the readers read."""
@@ -265,7 +268,12 @@ class Loader:
 
     def shutdown(self) -> None:
         """Stop the readers and the coordinator, and release this loader's ranks from
-        their processes' shared watches (iterators of this loader stop working)."""
+        their processes' shared watches (iterators of this loader stop working). Its
+        iterators in this process are closed first: what their loops received is recorded,
+        and their threads end."""
+        for iterator in generations.made_here(generations.key_of(self._coordinator)):
+            with contextlib.suppress(Exception):  # a dead coordinator: nothing to record
+                iterator.close()
         try:
             names = ray.get(self._coordinator.reader_names.remote(), timeout=30)
             watches = ray.get(self._coordinator.shared_watches.remote(), timeout=30)

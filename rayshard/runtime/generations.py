@@ -10,17 +10,21 @@ so would an iterator of a rank after a newer iterator of the same rank took it o
 Each iterator notes its generation here and checks it before every batch: a dictionary
 lookup, no remote call. Processes that do not share memory learn it from the coordinator
 at their next call, as before (a Ray Train restart replaces the old processes anyway).
+It also keeps the iterators each loader made in this process (weakly), which
+`Loader.shutdown()` closes before it stops the actors.
 """
 
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from rayshard.errors import StaleClientError
 
 _newest: dict[str, int] = {}  # coordinator actor id -> newest generation noted here
 _holder: dict[tuple[str, int], tuple[int, str]] = {}  # (id, dp rank) -> (generation, reader)
+_made: dict[str, weakref.WeakSet] = {}  # coordinator actor id -> iterators made here
 _lock = threading.Lock()
 
 
@@ -37,6 +41,19 @@ def note(key: str, generation: int, dp_rank: int, reader: str) -> None:
         _newest[key] = max(_newest.get(key, 0), generation)
         if generation >= _holder.get((key, dp_rank), (0, ""))[0]:
             _holder[(key, dp_rank)] = (generation, reader)
+
+
+def made(key: str, iterator: Any) -> None:
+    """The loader of `key` made `iterator` in this process (held weakly)."""
+    with _lock:
+        _made.setdefault(key, weakref.WeakSet()).add(iterator)
+
+
+def made_here(key: str) -> list:
+    """The iterators the loader of `key` made in this process that are still referenced;
+    forgotten here (the loader is shutting down)."""
+    with _lock:
+        return list(_made.pop(key, ()))
 
 
 def superseded(key: str, generation: int, dp_rank: int, reader: str) -> str | None:
@@ -60,4 +77,4 @@ def stale_error(where: str, generation: int, reason: str) -> StaleClientError:
     )
 
 
-__all__ = ["key_of", "note", "stale_error", "superseded"]
+__all__ = ["key_of", "made", "made_here", "note", "stale_error", "superseded"]

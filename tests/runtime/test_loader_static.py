@@ -239,7 +239,12 @@ def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads):
     loader = make_loader(dataset, consumer_reads=consumer_reads)
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     run_lockstep(its, steps=1)
+    threads = [it._acks._thread for it in its]  # their acknowledgement threads
+    assert all(thread.is_alive() for thread in threads)
     loader.shutdown()  # the iterators (and so the readers' handles) are still alive here
+    # It closed this process's iterators first (joining their threads, which would
+    # otherwise wake every `ack_interval_s` for the life of the process).
+    assert not any(thread.is_alive() for thread in threads)
     for it in its:
         if consumer_reads:  # the ranks' keys in this process's watch are released
             # a watch of a held key blocks; of a released one returns
