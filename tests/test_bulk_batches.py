@@ -91,7 +91,7 @@ def test_bulk_rebatch_makes_the_batches_rebatch_makes(
 
 
 def test_bulk_rebatch_converts_once_per_run_of_batches():
-    assert BULK_ROWS == 1024  # the README's number
+    assert BULK_ROWS == 32768  # the README's number
     calls = []
 
     def convert(table):
@@ -99,12 +99,29 @@ def test_bulk_rebatch_converts_once_per_run_of_batches():
         return to_numpy(table)
 
     rows = 4 * BULK_ROWS
-    batches = list(bulk_rebatch(iter(record_batches([rows], False, None)), 32, convert))
-    assert len(batches) == rows // 32 and calls == [BULK_ROWS] * 4
+    batches = list(bulk_rebatch(iter(record_batches([rows], False, None)), 1024, convert))
+    assert len(batches) == rows // 1024 and calls == [BULK_ROWS] * 4
     assert batches[0]["id"].base is batches[1]["id"].base  # slices of one conversion
     calls.clear()
-    ragged = list(bulk_rebatch(iter(record_batches([rows], True, None)), 32, convert))
-    assert len(ragged) == rows // 32 and calls == [32] * (rows // 32)  # padded per batch
+    ragged = list(bulk_rebatch(iter(record_batches([rows // 8], True, None)), 32, convert))
+    assert len(ragged) == rows // 8 // 32 and calls == [32] * (rows // 8 // 32)  # per batch
+
+
+def test_a_run_never_spans_record_batches():
+    """Record batches of 1,500 rows, batches of 1,024: a run converts the whole batches
+    inside one record batch (a zero-copy slice of it); a batch across two record batches
+    is converted on its own, so only its rows are copied to combine them."""
+    calls = []
+
+    def convert(table):
+        calls.append((table.num_rows, table.column("id").num_chunks))
+        return to_numpy(table)
+
+    batches = list(bulk_rebatch(iter(record_batches([1500] * 4, False, None)), 1024, convert))
+    assert [len(b["id"]) for b in batches] == [1024] * 5 + [880]
+    assert np.array_equal(np.concatenate([b["id"] for b in batches]), np.arange(6000))
+    assert all(chunks == 1 or rows <= 1024 for rows, chunks in calls)
+    assert (1024, 2) in calls  # rows 1024-2047 come from two record batches
 
 
 @pytest.mark.parametrize("batch_size", [BULK_ROWS // 2 + 1, BULK_ROWS])

@@ -137,10 +137,11 @@ def cut_rows(
     record_batches: Iterator[pa.RecordBatch], batch_size: int, batches_per_cut: int = 1
 ) -> Iterator[pa.Table]:
     """The rows of a stream of record batches as tables of whole batches: each holds
-    `batch_size` rows times as many full batches as are in hand (at most
-    `batches_per_cut`), the last one and those before a `FLUSH` (passed on) possibly
-    shorter. Rows are taken from the stream only when a batch needs them: under `dynamic` a
-    reader must not hold rows others could read."""
+    `batch_size` rows times as many full batches as the first record batch in hand holds
+    (at most `batches_per_cut`; a zero-copy slice of it), or one batch whose rows span
+    record batches; the last one and those before a `FLUSH` (passed on) possibly shorter.
+    Rows are taken from the stream only when a batch needs them: under `dynamic` a reader
+    must not hold rows others could read."""
     pending: list[pa.RecordBatch] = []
     rows = 0
     for batch in record_batches:
@@ -155,9 +156,9 @@ def cut_rows(
         pending.append(batch)
         rows += batch.num_rows
         while rows >= batch_size:
-            take = min(rows // batch_size, batches_per_cut) * batch_size
             head = pending[0]
-            if head.num_rows >= take:  # the rows lie in one record batch: slice it
+            take = min(head.num_rows // batch_size, batches_per_cut) * batch_size
+            if take:  # whole batches inside one record batch: slice it
                 yield pa.Table.from_batches([head.slice(0, take)])
                 if head.num_rows > take:
                     pending[0] = head.slice(take)
@@ -165,12 +166,12 @@ def cut_rows(
                     pending.pop(0)
                 rows -= take
                 continue
-            # Slice before combining: only these rows are copied (and only when they span
-            # record batches); the rest stays as zero-copy slices instead of being
-            # re-concatenated on every cut.
+            # One batch across record batches, on its own: only its rows get copied (a
+            # cut of many batches across them would copy them all), and the rest stays
+            # as zero-copy slices instead of being re-concatenated on every cut.
             table = pa.Table.from_batches(pending)
-            yield table.slice(0, take)
-            rest = table.slice(take)
+            yield table.slice(0, batch_size)
+            rest = table.slice(batch_size)
             pending = rest.to_batches() if rest.num_rows else []
             rows = rest.num_rows
     if rows:

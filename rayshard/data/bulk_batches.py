@@ -21,7 +21,7 @@ import pyarrow as pa
 from rayshard.data.batching import FLUSH, Batch, cut_rows, rebatch
 from rayshard.data.ragged import converts_by_row
 
-BULK_ROWS = 1024  # rows converted at once at most, in whole batches
+BULK_ROWS = 32768  # rows converted at once at most, in whole batches
 
 
 def bulk_rebatch(

@@ -140,8 +140,12 @@ def sample_runs(sorted_ids: np.ndarray) -> np.ndarray:
     sorted_ids = np.asarray(sorted_ids, dtype=np.int64)
     if sorted_ids.size == 0:
         return np.empty((0, 2), dtype=np.int64)
+    # (n - 1,) whether each id is one past the one before it
+    steps = np.diff(sorted_ids) == 1
+    if steps.all():  # one run: an unshuffled batch
+        return np.array([[sorted_ids[0], sorted_ids[-1] + 1]], dtype=np.int64)
     # (k,) positions where a new run begins, after the first
-    breaks = np.flatnonzero(np.diff(sorted_ids) != 1) + 1
+    breaks = np.flatnonzero(~steps) + 1
     starts = sorted_ids[np.concatenate(([0], breaks))]
     ends = sorted_ids[np.concatenate((breaks, [sorted_ids.size])) - 1] + 1
     return np.stack((starts, ends), axis=1)

@@ -73,6 +73,8 @@ def column_bytes(column: Any) -> int:
     object array of only `bytes` or only `str`) its values' bytes (UTF-8 for text,
     `wire.value_bytes`), the same on every path; other arrays their `nbytes` (object
     arrays: 8 bytes a row); lists of bytes or strings an estimate."""
+    if type(column) is np.ndarray and column.dtype != object:  # numbers: most columns
+        return column.nbytes
     values = value_bytes(column)
     if values is not None:
         return values
