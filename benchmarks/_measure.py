@@ -103,16 +103,16 @@ class PeakPss:
         self.samples = 0
         self.series: list[tuple[float, int]] = []  # (time.time(), total PSS) per sample
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
 
     def __enter__(self) -> PeakPss:
         self.baseline = tree_pss()[0]
-        self._thread.start()
+        self.thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        self.thread.join()
         self._sample()
 
     def _run(self) -> None:

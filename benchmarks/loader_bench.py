@@ -59,6 +59,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from benchmarks._cpu import TreeCpu, cpu_between
 from benchmarks._measure import (
     MB,
     PeakPss,
@@ -167,9 +168,15 @@ def measure(
         time.sleep(1.0)  # let finished actors and processes exit before the baseline
         _wait_for_exit(("ray::ShardReade", "ray::Coordinato"), timeout_s=30)
     begun = time.time()
-    with PeakPss() as memory:
+    with PeakPss() as memory, TreeCpu(measuring=[memory.thread]) as cpu:
         records, started = run(paths, epochs)
     finished = time.time()
+    warm_rows = sum(r.rows for r in records if r.epoch > 0)
+    warm_cpu = cpu_between(
+        cpu.series,
+        min(r.start for r in records if r.epoch == 1),
+        max(r.end for r in records if r.epoch > 0),
+    )
     epochs_out = [
         summarize_epoch([r for r in records if r.epoch == e], num_rows, ROW_BYTES)
         for e in range(epochs)
@@ -196,6 +203,12 @@ def measure(
         "setup_s": min(r.start for r in records) - begun,
         "launch_to_first_batch_s": max(r.first for r in records if r.epoch == 0) - started,
         "total_s": finished - begun,
+        # CPU-seconds of the whole process tree per 1M rows delivered in the warm epochs
+        # (from the first one's start to the last one's end, so process start-up is out):
+        # what the loader needs, which the machine's other load changes far less than
+        # it changes rows/s
+        "cpu_s_per_mrow": warm_cpu / max(warm_rows, 1) * 1e6,
+        "cpu_s": cpu.seconds,
         "peak_pss_mb": memory.peak / MB,
         "baseline_pss_mb": memory.baseline / MB,
         "pss_delta_mb": (memory.peak - memory.baseline) / MB,
@@ -220,6 +233,7 @@ def add_ratios(results: dict[str, dict]) -> dict:
                 result["slowest_rank_rows_per_s"] / raw["slowest_rank_rows_per_s"]
             )
             result["pss_vs_raw"] = result["peak_pss_mb"] / raw["peak_pss_mb"]
+            result["cpu_vs_raw"] = result["cpu_s_per_mrow"] / max(raw["cpu_s_per_mrow"], 1e-9)
             result["pss_delta_vs_raw"] = result["pss_delta_mb"] / max(raw["pss_delta_mb"], 1e-9)
         if ray_data:
             result["rows_vs_ray_data"] = result["rows_per_s"] / ray_data["rows_per_s"]
@@ -265,6 +279,8 @@ TABLE = (
     ("epoch s", "epoch_s", ".2f"),
     ("vs raw", "rows_vs_raw", ".2f"),
     ("vs ray_data", "rows_vs_ray_data", ".2f"),
+    ("CPU s/Mrow", "cpu_s_per_mrow", ".2f"),
+    ("CPU vs raw", "cpu_vs_raw", ".2f"),
     ("TTFB warm s", "time_to_first_batch_s", ".3f"),
     ("TTFB cold s", "cold_time_to_first_batch_s", ".3f"),
     ("launch s", "launch_to_first_batch_s", ".2f"),

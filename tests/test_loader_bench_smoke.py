@@ -51,6 +51,8 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         assert result["peak_pss_mb"] > 0, name
         assert result["steady_rows_per_s"] > 0, name
         assert len(result["pss_by_epoch_mb"]) == 2, name
+        assert result["cpu_s_per_mrow"] > 0 and result["cpu_s"] > 0, name
+        assert result["cpu_vs_raw"] > 0, name
     assert "rows_vs_raw" in report["targets"]
     assert "rayshard_dynamic rows_vs_rayshard" in report["targets"]
     assert "loader" in done.stdout and "rayshard" in done.stdout  # the printed table

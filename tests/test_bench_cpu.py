@@ -1,0 +1,62 @@
+"""The loader benchmark's CPU accounting (`benchmarks._cpu`): a child process's CPU counts,
+the measuring threads' own does not, and a stretch of the run is read off the series."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+from benchmarks._cpu import TreeCpu, cpu_between, process_cpu_s
+
+BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
+
+
+def test_a_child_process_cpu_counts():
+    with TreeCpu(interval_s=0.02) as cpu:
+        subprocess.run([sys.executable, "-c", BURN.format(s=0.4)], check=True)
+    # 0.4 CPU-s of burning, plus the interpreter's start; at most one interval of the
+    # child's time after its last sample is missed
+    assert cpu.seconds >= 0.3
+    assert cpu.series[0][1] == 0.0 and cpu.series[-1][1] == cpu.seconds
+
+
+def test_the_measuring_threads_do_not_count():
+    spent, release = threading.Event(), threading.Event()
+
+    def spin() -> None:  # a measuring thread: burns 0.5 CPU-s, lives until released
+        began = time.thread_time()
+        while time.thread_time() - began < 0.5:
+            pass
+        spent.set()
+        release.wait()
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    try:
+        with TreeCpu(interval_s=0.02, measuring=[spinner]) as cpu:
+            spent.wait()  # this thread only waits: nothing else of the tree works
+    finally:
+        release.set()
+        spinner.join()
+    assert cpu.seconds < 0.25  # the spinner's 0.5 CPU-s are out
+
+
+def test_cpu_between_reads_whole_sampling_intervals():
+    series = [(0.0, 0.0), (1.0, 1.0), (2.0, 3.0), (3.0, 6.0)]
+    assert cpu_between(series, 1.0, 2.0) == 2.0
+    assert cpu_between(series, 1.5, 2.5) == 5.0  # widened to the samples around it
+    assert cpu_between(series, -1.0, 9.0) == 6.0
+
+
+def test_process_cpu_of_a_gone_process_is_none():
+    done = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    assert process_cpu_s(int(done.stdout)) is None
+    assert process_cpu_s(os.getpid()) > 0
