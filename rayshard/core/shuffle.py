@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 
 from rayshard.config.checks import check_int
+from rayshard.data.arrow_numpy import arrow_of
 
 T = TypeVar("T")
 
@@ -80,15 +81,15 @@ def shuffle_batches(
             chosen = rng.choice(buffer_rows, size=step, replace=False)
             keep = np.ones(buffer_rows, dtype=bool)
             keep[chosen] = False
-            yield _one_batch(window.take(pa.array(chosen)))
-            queue = _batches(window.filter(pa.array(keep))) + _batches(rest)
+            yield _one_batch(window.take(arrow_of(chosen)))
+            queue = _batches(window.filter(arrow_of(keep))) + _batches(rest)
             queued -= step
     if queued:
         table = pa.Table.from_batches(queue)
         # (queued,) the rest, in random order
         order = rng.permutation(queued)
         for start in range(0, queued, step):
-            yield _one_batch(table.take(pa.array(order[start : start + step])))
+            yield _one_batch(table.take(arrow_of(order[start : start + step])))
 
 
 def _one_batch(table: pa.Table) -> pa.RecordBatch:

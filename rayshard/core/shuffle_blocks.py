@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 
 from rayshard.core.shuffle import epoch_rng
+from rayshard.data.arrow_numpy import arrow_of
 from rayshard.plan import EpochPlan
 from rayshard.plan import intervals as iv
 
@@ -77,7 +78,7 @@ def block_shuffle(
 def _permuted(block: pa.Table, rng: np.random.Generator) -> Iterator[pa.RecordBatch]:
     # (rows,) a permutation of the block's rows
     order = rng.permutation(block.num_rows)
-    yield from block.take(pa.array(order)).combine_chunks().to_batches()
+    yield from block.take(arrow_of(order)).combine_chunks().to_batches()
 
 
 __all__ = ["along_sequence", "block_shuffle", "global_sequence"]

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from rayshard.data.arrow_numpy import arrow_of
 from rayshard.data.columns import ColumnRules
 from rayshard.data.ragged import convert_table
 from rayshard.plan import RankPlan, padding_indices
@@ -187,7 +188,7 @@ def to_numpy(table: pa.Table, rules: ColumnRules | None = None, keep_text: bool 
 
 
 def _tag(batch: pa.RecordBatch, index: np.ndarray, *, padded: bool) -> pa.RecordBatch:
-    arrays = [*batch.columns, pa.array(index, pa.int64()), pa.array(np.full(len(index), padded))]
+    arrays = [*batch.columns, arrow_of(index, pa.int64()), arrow_of(np.full(len(index), padded))]
     names = [*batch.schema.names, INDEX_KEY, PADDED_KEY]
     return pa.RecordBatch.from_arrays(arrays, names=names)
 

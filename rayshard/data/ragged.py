@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rayshard.data.arrow_numpy import numpy_of
 from rayshard.data.columns import (
     LENGTHS_SUFFIX,
     MASK_SUFFIX,
@@ -59,7 +60,7 @@ def convert_table(
                     raise _null_error(name, column.is_null(), index)
                 column = column.fill_null(pa.scalar(fill).cast(column.type))
             keep = keep_text and ships_as_arrow(column.type)
-            out[name] = column if keep else column.to_numpy(zero_copy_only=False)
+            out[name] = column if keep else numpy_of(column)
     return out
 
 
@@ -82,7 +83,7 @@ def _fixed(
             raise _null_error(name, None, index, row=row, detail=detail)
         nulls = pa.array(_fixed_nulls(levels, shape))
         flat = pc.if_else(nulls, pa.scalar(fill).cast(flat.type), flat)
-    return flat.to_numpy(zero_copy_only=False).reshape(len(column), *shape)
+    return numpy_of(flat).reshape(len(column), *shape)
 
 
 def _first_fixed_null(levels: list[pa.Array], shape: tuple[int, ...]) -> tuple[int, bool]:
@@ -199,7 +200,7 @@ def pad_list(
     elements `fill` when `has_fill`; otherwise a null is a `DataError`."""
     rows = len(column)
     # (rows + 1,) offsets into the child array (a slice keeps its parent's child)
-    offsets = column.offsets.to_numpy().astype(np.int64)
+    offsets = numpy_of(column.offsets).astype(np.int64)
     # only the child values this slice uses (a batch is often a slice of a row group)
     values = column.values.slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
     offsets = offsets - offsets[0]
@@ -230,7 +231,7 @@ def pad_list(
         # nulls no row keeps are filled too: `to_numpy` would make integers floats
         filler = fill if has_fill else padding.pad_value
         values = values.fill_null(pa.scalar(filler).cast(values.type))
-    flat = values.to_numpy(zero_copy_only=False)
+    flat = numpy_of(values)
     if padding.nested:
         return _jagged(name, flat, starts, lengths)
     width = padding.width(int(lengths.max()) if rows else 0)

@@ -25,6 +25,7 @@ import pyarrow as pa
 import ray
 
 from rayshard.config.loader_config import LoaderConfig
+from rayshard.data.arrow_numpy import arrow_of, numpy_of
 from rayshard.data.batching import (
     FLUSH,
     INDEX_KEY,
@@ -91,7 +92,7 @@ def dynamic_rows(
                 rows = drop_taken_back(rows, held, pause_s, leases=stream.taken)
             for batch in rows:
                 rows_out += batch.num_rows
-                last_index = int(np.asarray(batch.column(INDEX_KEY))[-1])
+                last_index = batch.column(INDEX_KEY)[-1].as_py()
                 yield batch
             leased = stream.ended_by
             continue
@@ -173,11 +174,11 @@ def drop_taken_back(
 
 def keep_rows(batch: pa.RecordBatch, kept: iv.Intervals) -> pa.RecordBatch:
     """The rows of `batch` whose `_index` lies in `kept`."""
-    index = np.asarray(batch.column(INDEX_KEY))
+    index = numpy_of(batch.column(INDEX_KEY))
     mask = np.zeros(index.shape, dtype=bool)
     for start, end in kept:
         mask |= (index >= start) & (index < end)
-    return batch if mask.all() else batch.filter(pa.array(mask))
+    return batch if mask.all() else batch.filter(arrow_of(mask))
 
 
 __all__ = ["LeaseStream", "drop_taken_back", "dynamic_rows", "keep_rows"]

@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from rayshard.config.checks import check_int
+from rayshard.data.arrow_numpy import arrow_of
 from rayshard.errors import ConfigError, DataError, ReadDeniedError
 from rayshard.plan import DataLayout
 from rayshard.sources import _catalog, _select
@@ -231,7 +232,7 @@ class ChunkedFileSource(Source):
                 "delivered"
             )
         if selection is not None:
-            table = table.take(pa.array(selection))
+            table = table.take(arrow_of(np.asarray(selection)))
         if parts.names:
             values = dict(file.partition)
             for field, column in zip(parts, _select.constants(parts, values, table.num_rows)):

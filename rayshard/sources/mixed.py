@@ -21,6 +21,7 @@ import pyarrow as pa
 from rayshard.config.checks import check_int
 from rayshard.core.mix_pieces import MIN_PIECE, aligned_pieces
 from rayshard.core.mixing import Mix, apportion, check_weights
+from rayshard.data.arrow_numpy import arrow_of
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout
 from rayshard.sources.base import Source
@@ -139,7 +140,7 @@ class MixedSource(Source):
             order.append(where)
         if parts:
             table = pa.concat_tables(parts)
-            table = table.take(pa.array(np.argsort(np.concatenate(order), kind="stable")))
+            table = table.take(arrow_of(np.argsort(np.concatenate(order), kind="stable")))
         else:
             table = target.empty_table()
         extra = {SOURCE_KEY: source, SOURCE_INDEX_KEY: index}
@@ -279,7 +280,7 @@ class _SplitCache:
             tables.append(table)
             rows += table.num_rows
         at = unique + offsets[split]  # (u,) rows in the concatenated splits
-        return pa.concat_tables(tables).take(pa.array(at[inverse.reshape(-1)]))
+        return pa.concat_tables(tables).take(arrow_of(at[inverse.reshape(-1)]))
 
     def _split(self, source: int, k: int, columns: list[str]) -> pa.Table:
         key = (source, k, tuple(columns))

@@ -69,11 +69,12 @@ def test_cpu_torch_batches_view_object_store_memory(ray_session, tmp_path):
 
 
 def arrow_owner(array: np.ndarray) -> object | None:
-    """The Arrow array at the end of `array`'s chain of bases, or None (numpy owns it)."""
+    """The Arrow array or buffer at the end of `array`'s chain of bases, or None (numpy
+    owns it)."""
     owner = array
     while isinstance(owner, np.ndarray):
         owner = owner.base
-    return owner if isinstance(owner, pa.Array) else None
+    return owner if isinstance(owner, (pa.Array, pa.Buffer)) else None
 
 
 def test_consumer_reads_hand_out_views_of_the_decoded_arrow_arrays(ray_session, tmp_path):
