@@ -428,7 +428,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.names = [n for n in LOADERS if n in names]  # torch first, before Ray starts
     for option, value, low in (
         ("--ranks", args.ranks, 1),
-        ("--samples", args.samples, max(args.ranks, 1)),
+        ("--samples", args.samples, args.ranks),
         ("--epochs", args.epochs, 1),
     ):
         if value < low:
