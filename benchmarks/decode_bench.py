@@ -23,7 +23,8 @@ is the same; Ray Data does not know the epoch and uses epoch 0).
                 driver: its 2 worker processes decode, as rayshard's 2 readers do)
 
 torch runs first, before Ray starts; the Ray loaders share one local Ray (`--ray-cpus`,
-default 2). `--ranks R` (default 2) sets the ranks, Ray Data's splits and the DataLoader's
+default 2; `main()` called with Ray up uses that one and leaves it up, as the smoke test
+does). `--ranks R` (default 2) sets the ranks, Ray Data's splits and the DataLoader's
 workers for every loader (the smoke test runs 1: fewer processes to start). Each loader is
 built fresh and read for `--epochs` epochs: the first is the cold epoch (its time to first
 batch includes starting readers or workers), rows/s is the median of the warm epochs after
@@ -90,7 +91,7 @@ def make_dataset(folder: Path, samples: int) -> list[str]:
     digits = load_digits()
     images = (digits.images * (255 / 16)).clip(0, 255).astype(np.uint8)
     pngs = []
-    for image in images:
+    for image in images[:samples]:  # the images the rows use
         out = io.BytesIO()
         Image.fromarray(image).resize((SIZE, SIZE), Image.BILINEAR).save(out, format="PNG")
         pngs.append(out.getvalue())
@@ -438,6 +439,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    ray_was_up = "ray" in sys.modules and sys.modules["ray"].is_initialized()
     folder = args.data or Path(tempfile.gettempdir()) / f"rayshard-decode-bench-{args.samples}"
     paths = make_dataset(folder, args.samples)
     num_rows = sum(pq.ParquetFile(p).metadata.num_rows for p in paths)
@@ -486,8 +488,8 @@ def main(argv: list[str] | None = None) -> int:
         **summary,
     }
     write_json(args.out / "decode_bench.json", report)
-    if "ray" in sys.modules and sys.modules["ray"].is_initialized():
-        sys.modules["ray"].shutdown()
+    if not ray_was_up and "ray" in sys.modules and sys.modules["ray"].is_initialized():
+        sys.modules["ray"].shutdown()  # the Ray it started (the smoke test's stays up)
     return 0 if all(r["coverage_ok"] for r in results.values()) else 1
 
 
