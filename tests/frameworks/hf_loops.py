@@ -53,7 +53,9 @@ def hf_loop(config: dict) -> None:
 def hf_train(config: dict) -> None:
     """A tiny GPT-2 (built from a config, no download) trained by `transformers.Trainer`,
     fed by rayshard; every training step's rows go to the audit actor. Resumes from Ray
-    Train's latest checkpoint (the Trainer's checkpoint in it, with the loader's state)."""
+    Train's latest checkpoint (the Trainer's checkpoint in it, with the loader's state).
+    With `then_max_steps`, the Trainer then trains on from its last checkpoint to that
+    `max_steps`."""
     from ray.train.huggingface.transformers import RayTrainReportCallback
     from ray.train.huggingface.transformers import prepare_trainer as ray_prepare_trainer
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
@@ -65,8 +67,11 @@ def hf_train(config: dict) -> None:
     audit = config["audit"]
 
     class RecordingTrainer(Trainer):
+        epoch_offset = 0  # added to the audit's epochs: tells a later train()'s steps apart
+
         def training_step(self, model, inputs, num_items_in_batch=None):
-            ray.get(audit.add.remote(int(self.state.epoch), row_ids(inputs)))
+            epoch = int(self.state.epoch) + self.epoch_offset
+            ray.get(audit.add.remote(epoch, row_ids(inputs)))
             return super().training_step(model, inputs, num_items_in_batch)
 
     batches = rayshard.train.iterator(config["loader"])
@@ -95,3 +100,11 @@ def hf_train(config: dict) -> None:
     with checkpoint.as_directory() if checkpoint else nullcontext() as folder:
         resume = os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME) if folder else None
         trainer.train(resume_from_checkpoint=resume)  # the loader resumes with the model
+    if config.get("then_max_steps"):
+        # train() again, to a larger max_steps, from the checkpoint the first one reported
+        # last, with the same dataset (as in a notebook); its steps audited as epoch + 10.
+        trainer.args.max_steps = config["then_max_steps"]
+        trainer.epoch_offset = 10
+        with ray.train.get_checkpoint().as_directory() as folder:
+            last = os.path.join(folder, RayTrainReportCallback.CHECKPOINT_NAME)
+            trainer.train(resume_from_checkpoint=last)

@@ -1,7 +1,7 @@
 """Hugging Face `transformers.Trainer` over rayshard inside Ray Train (real transformers,
 real TorchTrainer, 2 workers): a tiny GPT-2 built from a config, token rows from Parquet.
 `num_train_epochs` gives every epoch exactly once; `max_steps` stops at that step count,
-mid-epoch, with no row repeated."""
+mid-epoch, with no row repeated (one Trainer shows both: a second `train()`)."""
 
 from __future__ import annotations
 
@@ -82,35 +82,27 @@ def test_prepared_trainer_passes_rayshard_batches_through_for_evaluation_too(tmp
 @pytest.mark.ray
 @pytest.mark.slow
 def test_trainer_num_train_epochs_and_max_steps_exact(ray_session, tmp_path):
+    """One Trainer per worker: `num_train_epochs=2`, then `train()` again from the last
+    checkpoint with `max_steps=17` (it wins over the 2 epochs: 3 steps into epoch 2)."""
     data = write_tokens(str(tmp_path / "tokens"), ROWS)
-    runs = [
-        {"epochs": 2},  # num_train_epochs
-        {"epochs": 1, "max_steps": 10},  # max_steps wins: one epoch, then 3 steps of the next
-    ]
-    for run in runs:
-        run["loader"] = Loader(
-            ParquetSource(data), batch_size=BATCH, name=unique_name("hf"), shuffle=True
-        )
-        run["audit"] = start_audit(ROWS)
+    loader = Loader(ParquetSource(data), batch_size=BATCH, name=unique_name("hf"), shuffle=True)
+    audit = start_audit(ROWS)
+    run = {"loader": loader, "audit": audit, "epochs": 2, "then_max_steps": 17}
     result = TorchTrainer(
         hf_loop,
-        train_loop_config={"runs": runs},
+        train_loop_config={"runs": [run]},
         scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(name=unique_name("hf"), storage_path=str(tmp_path / "results")),
     ).fit()
     assert result.error is None, result.error
     steps = 7  # per epoch and rank: ceil(200 / 2 / 16)
-    # `batches`: training steps, summed over the 2 ranks.
-    report = ray.get(runs[0]["audit"].report.remote())
-    assert sorted(report) == [0, 1], report
-    for epoch, row in report.items():
+    # `batches`: training steps, summed over the 2 ranks; the second train()'s epochs + 10.
+    report = ray.get(audit.report.remote())
+    assert sorted(report) == [0, 1, 12], report  # the first train() stopped after 2 epochs
+    for epoch in (0, 1):
+        row = report[epoch]
         assert row["lost"] == 0 and row["duplicates"] == 0, (epoch, row)
         assert row["batches"] == 2 * steps, (epoch, row)
-    report = ray.get(runs[1]["audit"].report.remote())
-    assert sorted(report) == [0, 1], report
-    assert report[0]["lost"] == 0 and report[0]["duplicates"] == 0, report
-    assert report[0]["batches"] == 2 * steps, report
-    assert report[1]["batches"] == 2 * (10 - steps), report
-    assert report[1]["duplicates"] == 0 and 0 < report[1]["seen"] <= 2 * BATCH * 3, report
-    for run in runs:
-        run["loader"].shutdown()
+    assert report[12]["batches"] == 2 * (17 - 2 * steps), report
+    assert report[12]["duplicates"] == 0 and 0 < report[12]["seen"] <= 2 * BATCH * 3, report
+    loader.shutdown()
