@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
 import time
@@ -14,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks._cpu import process_cpu_s
 from benchmarks.elastic.common import pid_of
 
 RANKS = 1000
@@ -81,13 +81,6 @@ class _Caller:
         return got, calls, began, time.time()
 
 
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) a process used so far."""
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        fields = handle.read().rsplit(b")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _py_spy_top(raw: Path, limit: int = 15) -> list[dict]:
     """Self and inclusive sample shares per frame from py-spy's collapsed stacks."""
     own: dict[str, int] = {}
@@ -125,14 +118,14 @@ def _drive(
     import ray
 
     ranks = len(actors)
-    cpu_before = [_cpu_s(p) for p in pids]
+    cpu_before = [process_cpu_s(p) for p in pids]
     results = ray.get(
         [
             a.run.remote(generation, list(range(i, total, ranks)), per, inflight)
             for i, a in enumerate(actors)
         ]
     )
-    cpu = [_cpu_s(p) - before for p, before in zip(pids, cpu_before)]
+    cpu = [process_cpu_s(p) - before for p, before in zip(pids, cpu_before)]
     got = sum(r[0] for r in results)
     issued = sum(r[1] for r in results)
     wall = max(r[3] for r in results) - min(r[2] for r in results)
@@ -240,7 +233,7 @@ def run_throughput(
             spy.wait(60)
             out["profile"] = _py_spy_top(raw) if raw.exists() else "py-spy wrote nothing"
         batch, rounds = 100, max(calls // 100, 1)
-        cpu_before = _cpu_s(pid)
+        cpu_before = process_cpu_s(pid)
         began = time.time()
         # The library's batched call: `lease(count=batch)` hands a rank up to `batch`
         # pieces in one round trip (readers use it to fill a block of batches per call).
@@ -255,7 +248,7 @@ def run_throughput(
             "leases": got,
             "seconds": wall,
             "leases_per_s": got / wall,
-            "coordinator_cpu_us_per_lease": (_cpu_s(pid) - cpu_before) / got * 1e6,
+            "coordinator_cpu_us_per_lease": (process_cpu_s(pid) - cpu_before) / got * 1e6,
         }
         for actor in actors:
             ray.kill(actor)
