@@ -22,6 +22,7 @@ class Recorder:
         self._counts: dict[int, np.ndarray] = {}
         self._num_samples = num_samples
         self._finished: set[int] = set()
+        self._delivered: set[int] = set()  # ranks that have consumed at least one batch
 
     def mark_start(self, when: float) -> None:
         """Measure times from `when` (the moment the schedule's clock starts)."""
@@ -30,6 +31,7 @@ class Recorder:
     def batches(self, rank: int, records: list[tuple[float, int, int, float]]) -> None:
         """(time, samples, bytes, stall seconds) of batches a rank consumed."""
         for when, samples, nbytes, stall in records:
+            self._delivered.add(rank)
             row = self._rows[(max(int(when - self._start), 0), rank)]
             row[0] += samples
             row[1] += 1
@@ -47,6 +49,10 @@ class Recorder:
 
     def event(self, kind: str, **details: Any) -> None:
         self._events.append({"t": round(time.time() - self._start, 3), "event": kind, **details})
+
+    def delivered(self) -> list[int]:
+        """The ranks that have consumed at least one batch."""
+        return sorted(self._delivered)
 
     def finished(self, rank: int) -> None:
         self._finished.add(rank)
@@ -76,6 +82,7 @@ class Recorder:
             "events": self._events,
             "audit": audit,
             "finished": sorted(self._finished),
+            "delivered": sorted(self._delivered),
         }
 
 

@@ -99,6 +99,24 @@ class ExperimentRun:
         self.node_ids[node_index] = node_id
         self.recorder.event.remote("rank_started", rank=rank, node=node_index)
 
+    def target(self, event: Event) -> int | None:
+        """The node index a `kill_node` or `remove_node` event takes (None: none alive)."""
+        alive = self.cluster.alive() if self.cluster is not None else []
+        return event.node if event.node is not None else (alive[0] if alive else None)
+
+    def due(self, event: Event, now: float) -> bool:
+        """Whether `event` runs now: its time has come and, for an event that takes a
+        node away, that node's rank has delivered a batch (so the loss always takes a rank
+        that holds work, however slowly the ranks start)."""
+        if event.at > now:
+            return False
+        if event.action == "add_node" or self.cluster is None:
+            return True
+        consumer = self.consumers.get(self.target(event))
+        if consumer is None:
+            return True  # apply() records it as skipped
+        return consumer[0] in ray.get(self.recorder.delivered.remote())
+
     def apply(self, event: Event) -> None:
         if self.cluster is None:
             self.recorder.event.remote(
@@ -110,9 +128,8 @@ class ExperimentRun:
             self.recorder.event.remote("add_node", node=index)
             self.start_consumer(index, self.cluster.node_id(index))
             return
-        alive = self.cluster.alive()
-        index = event.node if event.node is not None else (alive[0] if alive else None)
-        if index is None or index not in alive:
+        index = self.target(event)
+        if index is None or index not in self.cluster.alive():
             self.recorder.event.remote(
                 "skipped", action=event.action, node=index, reason="no such node alive"
             )
@@ -158,7 +175,7 @@ def run_experiment(
         )
         while time.time() - start < schedule.duration_s:
             now = time.time() - start
-            while pending and pending[0].at <= now:
+            while pending and run.due(pending[0], now):
                 run.apply(pending.pop(0))
             if not pending and run.finished():
                 break

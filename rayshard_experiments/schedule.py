@@ -14,6 +14,9 @@ events:
   - {at: 20, action: remove_node, node: 0}    # graceful: the rank leaves, then the node goes
 ```
 `node` is the index of a worker node in order of creation (default: the oldest alive).
+`at` is the earliest time: a `kill_node` or `remove_node` waits, past it, until that node's
+rank has delivered a batch, so a loss always takes a rank that holds work; later events
+wait behind it.
 
 With `autoscaler: true` (optional `max_workers`, default 4, and `idle_timeout_s`, default
 5) Ray's fake-multinode autoscaler owns the nodes (`rayshard_experiments.autoscaling`):

@@ -38,6 +38,12 @@ def test_short_experiment_loses_nothing(tmp_path):
     kinds = [e["event"] for e in result["events"]]
     assert "add_node" in kinds and "kill_node" in kinds
     assert any(e["event"] == "rank_lost" for e in result["loader_events"])
+    # The kill waited for the killed rank's first batch (the schedule's `at` is a lower
+    # bound), so the loss took a rank holding work however late it started.
+    (kill,) = [e for e in result["events"] if e["event"] == "kill_node"]
+    assert kill["rank"] in result["delivered"]
+    first_second = min(r["second"] for r in result["throughput"] if r["rank"] == kill["rank"])
+    assert kill["t"] >= first_second
     with open(out / "throughput.csv") as handle:
         rows = list(csv.DictReader(handle))
     assert rows and sum(int(r["samples"]) for r in rows) >= 24000
