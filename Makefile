@@ -1,6 +1,7 @@
 # Two entry points a new user needs: `make demo` and `make test`.
 # Each creates .venv with a CPU build of torch pinned for this kind of machine;
-# override TORCH_SPEC (e.g. TORCH_SPEC=torch) on a GPU machine.
+# override TORCH_SPEC (e.g. TORCH_SPEC=torch) on a GPU machine. No pip cache: the venv
+# alone is about 2.4 GB, and a cached copy of every download doubled the disk it needed.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
@@ -10,9 +11,9 @@ STAMP := $(VENV)/.rayshard-installed
 
 $(STAMP): pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install -q --disable-pip-version-check "$(TORCH_SPEC)"
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[test]'
+	$(PY) -m pip install -q --disable-pip-version-check --no-cache-dir --upgrade pip
+	$(PY) -m pip install -q --disable-pip-version-check --no-cache-dir "$(TORCH_SPEC)"
+	$(PY) -m pip install -q --disable-pip-version-check --no-cache-dir -e '.[test]'
 	touch $@
 
 demo: $(STAMP)
