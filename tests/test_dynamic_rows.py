@@ -70,27 +70,43 @@ def test_a_lease_taken_after_the_answer_is_asked_about_again():
 
 
 class Answers:
-    """A coordinator's lease answers in turn, counting the calls."""
+    """A coordinator's lease answers in turn: `__call__` asks (a call in flight, counted),
+    `answer` awaits one (counted too)."""
 
     def __init__(self, *answers: Leased) -> None:
-        self.answers, self.calls = iter(answers), 0
+        self.answers, self.calls, self.awaited = iter(answers), 0, 0
 
     def __call__(self) -> Leased:
         self.calls += 1
         return next(self.answers)
 
+    def answer(self, call: Leased) -> Leased:
+        self.awaited += 1
+        return call
 
-def test_lease_stream_asks_for_the_next_lease_only_when_read_past_the_last():
+
+def test_lease_stream_asks_as_the_last_piece_goes_out_and_awaits_when_read_past_it():
     answers = Answers(Leased(pieces=((10, 25),)), Leased(wait=True))
-    stream = LeaseStream(Leased(pieces=((0, 10),)), answers, [0, 10, 20, 30], lambda: False)
+    stream = LeaseStream(
+        Leased(pieces=((0, 10), (30, 40))),
+        answers,
+        [0, 10, 20, 30, 40],
+        lambda: False,
+        answers.answer,
+    )
     pieces = stream.pieces()
     assert next(pieces) == (0, 10)
-    assert answers.calls == 0  # the first lease's pieces come before any call
+    assert answers.calls == 0  # not the first lease's last piece: nothing asked yet
+    assert next(pieces) == (30, 40)
+    # Asked as the last piece went out (its round trip overlaps that piece's reading),
+    # not awaited until the reading wants a piece past it.
+    assert (answers.calls, answers.awaited, stream.taken()) == (1, 0, 1)
     assert next(pieces) == (10, 20)  # cut at the split boundary 20
-    assert (answers.calls, stream.taken()) == (1, 2)
+    assert (answers.awaited, stream.taken()) == (1, 2)
+    assert answers.calls == 1  # (10, 20) is not the second lease's last piece
     assert list(pieces) == [(20, 25)]
     assert stream.ended_by == Leased(wait=True)  # the answer that ended it, for the caller
-    assert answers.calls == 2
+    assert (answers.calls, answers.awaited) == (2, 2)
 
 
 def test_a_stopped_lease_stream_asks_for_nothing_more():
@@ -100,17 +116,34 @@ def test_a_stopped_lease_stream_asks_for_nothing_more():
     assert (answers.calls, stream.ended_by) == (0, None)
 
 
+def test_a_stream_stopped_while_a_lease_is_asked_never_awaits_it():
+    stopped = []
+    answers = Answers(Leased(pieces=((10, 20),)))
+    stream = LeaseStream(
+        Leased(pieces=((0, 10),)), answers, [0, 10, 20], lambda: bool(stopped), answers.answer
+    )
+    pieces = stream.pieces()
+    assert next(pieces) == (0, 10)
+    stopped.append(True)
+    assert list(pieces) == []
+    assert (answers.calls, answers.awaited, stream.ended_by) == (1, 0, None)
+
+
 def test_reading_threads_take_the_next_lease_before_this_one_is_delivered():
     # One reading thread, as a `dynamic` reader has by default: the first lease's rows are
-    # not handed on before the next lease was asked for (its piece then reads meanwhile).
+    # not handed on before the next lease was taken (its piece then reads meanwhile), and
+    # the one after it is already asked for.
     table = pa.table({"id": pa.array(range(40), pa.int64())})
     source = TableSource(pa.Table.from_batches(table.to_batches(max_chunksize=10)))
     answers = Answers(Leased(pieces=((10, 20),)), Leased())
-    stream = LeaseStream(Leased(pieces=((0, 10),)), answers, [0, 10, 20, 30, 40], lambda: False)
+    stream = LeaseStream(
+        Leased(pieces=((0, 10),)), answers, [0, 10, 20, 30, 40], lambda: False, answers.answer
+    )
     with ThreadPoolExecutor(1) as pool:
         rows = iter_rows_parallel(source, stream.pieces(), ["id"], pool, 1)
         first = next(rows)
-        assert answers.calls == 1  # asked while the first lease's rows were not yet out
+        # the second lease taken, the third asked, while the first one's rows were not out
+        assert (answers.calls, answers.awaited) == (2, 1)
         assert first.column("id").to_pylist() == list(range(10))
         assert [i for b in rows for i in b.column("id").to_pylist()] == list(range(10, 20))
     assert stream.ended_by == Leased()

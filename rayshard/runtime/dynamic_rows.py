@@ -49,11 +49,12 @@ def dynamic_rows(
     reader: str = "",
 ) -> Iterator[Any]:
     """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
-    reader thread's stop event. The leased pieces are read by `reads` as one stream that
-    asks for the next lease only when `reads` wants another piece: its reading threads
-    decode the next lease while this one is delivered, as a static rank reads its next
-    piece ahead. A lease answer without pieces ends that stream and is acted on here; no
-    lease is asked for once `cancel()` is set. `reader` names the registration the
+    reader thread's stop event. The leased pieces are read by `reads` as one stream
+    (`LeaseStream`) that asks for the next lease as the last piece of this one goes to the
+    reading threads: they decode the next lease while this one is delivered, as a static
+    rank reads its next piece ahead, and the round trip does not stall them. A lease
+    answer without pieces ends that stream and is acted on here; no lease is asked for
+    once `cancel()` is set. `reader` names the registration the
     leases serve: once the rank registered again (a newer iterator), they are refused."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
@@ -69,10 +70,13 @@ def dynamic_rows(
     # and the retry must get the answer the first call was given (journaled), not more.
     calls = (f"{uuid.uuid4().hex}:{n}" for n in itertools.count())
 
+    def ask() -> Any:
+        """A lease call in flight (its answer is `ray.get` of it)."""
+        args = (generation, rank, epoch, count, finishing, next(calls))
+        return coordinator.lease.remote(*args, reader=reader)
+
     def lease() -> Any:
-        ask = (generation, rank, epoch, count, finishing, next(calls))
-        call = coordinator.lease.remote(*ask, reader=reader)
-        return ray.get(call)
+        return ray.get(ask())
 
     leased = None  # an answer not acted on yet; a new lease is asked for only if None
     while not cancel().is_set():
@@ -84,7 +88,7 @@ def dynamic_rows(
             leased = None
             continue
         if leased.pieces:
-            stream = LeaseStream(leased, lease, boundaries, lambda: cancel().is_set())
+            stream = LeaseStream(leased, ask, boundaries, lambda: cancel().is_set(), ray.get)
             rows = reads(stream.pieces(), settings.columns)
             if settings.straggler_timeout_s is not None:
                 held = lambda: ray.get(coordinator.held.remote(generation, rank, epoch))  # noqa: E731
@@ -112,30 +116,37 @@ def dynamic_rows(
 
 
 class LeaseStream:
-    """The pieces of consecutive leases, the next lease asked for (`lease()`) only when the
-    reading wants a piece past those it has, none once `stopped()`; `taken()` counts the
-    leases, `ended_by` is the answer without pieces (wait, or none left) that ended it
-    (None if stopped)."""
+    """The pieces of consecutive leases. The next lease is asked for (`ask()`, a call in
+    flight) as the last piece of this one goes out, and its answer awaited (`answer(call)`)
+    only when the reading wants a piece past it: the round trip overlaps the reading of
+    that last piece instead of stalling it, and a rank holds at most one lease beyond the
+    one it reads. Nothing is asked once `stopped()`. `taken()` counts the leases whose
+    answers were awaited; `ended_by` is the answer without pieces (wait, or none left)
+    that ended the stream (None if stopped)."""
 
     def __init__(
         self,
         first: Any,
-        lease: Callable[[], Any],
+        ask: Callable[[], Any],
         boundaries: list[int],
         stopped: Callable[[], bool],
+        answer: Callable[[Any], Any] = lambda call: call,
     ) -> None:
-        self._first, self._lease, self._boundaries = first, lease, boundaries
-        self._stopped = stopped
+        self._first, self._ask, self._answer = first, ask, answer
+        self._boundaries, self._stopped = boundaries, stopped
         self._taken = 1
         self.ended_by: Any = None
 
     def pieces(self) -> Iterator[tuple[int, int]]:
         leased = self._first
         while leased.pieces:
-            yield from cut_at_boundaries(leased.pieces, self._boundaries)
-            if self._stopped():
-                return
-            leased = self._lease()
+            *before, last = cut_at_boundaries(leased.pieces, self._boundaries)
+            yield from before
+            call = None if self._stopped() else self._ask()
+            yield last
+            if call is None or self._stopped():
+                return  # a lease in flight stays this rank's until it leaves, as one read
+            leased = self._answer(call)
             self._taken += 1
         self.ended_by = leased
 

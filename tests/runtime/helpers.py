@@ -109,6 +109,17 @@ def epoch_in_task(loader, rank: int, world: int, delay: float) -> list[int]:
     return ids
 
 
+def epoch_ids_in_task(loader, rank: int, world: int, delay: float) -> tuple[int, list[int]]:
+    """`epoch_in_task`, with the epoch the rank read (a rank that registers once the
+    others received the whole running epoch starts with the next one)."""
+    iterator = loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
+    epoch, ids = iterator.epoch, []
+    for batch in iterator:
+        ids += real_ids([batch])
+        time.sleep(delay)
+    return epoch, ids
+
+
 class RestartCheck:
     """An actor class (made remote by the test): what the coordinator's restart check
     returns in an actor, and the warnings it and Ray's own property raise."""

@@ -18,7 +18,7 @@ from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import (
     end_rank_watch,
-    epoch_in_task,
+    epoch_ids_in_task,
     real_ids,
     run_lockstep,
     unique_name,
@@ -339,19 +339,34 @@ def test_default_journal_is_private_to_user_cluster_and_job(ray_session):
     assert os.path.basename(path) == f"{address}-rayshard-01000000-demo.jsonl"
 
 
-@pytest.mark.timeout(45)  # the epoch must not end only when the 60 s ack timer fires
+# The ack timer's interval is an hour: if the epoch could end only when it fires, the test
+# hangs until this timeout (far above a loaded machine's time for it) fails it.
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("trial", range(3))
 def test_rank_that_finishes_and_exits_serves_nothing_again(ray_session, dataset, trial):
     # A worker that ends its epoch and exits takes its reader along; the coordinator sees
     # that death. Acknowledgements go out when a consumer waits and at the end of the
-    # epoch (the timer's interval is long): they must be recorded before the epoch ends
+    # epoch (the timer's interval is an hour): they must be recorded before the epoch ends
     # for the worker, or its rows go back to the queue and the slower rank reads them a
-    # second time.
-    loader = dynamic_loader(dataset, batch_size=10, ack_interval_s=60)
-    task = ray.remote(num_cpus=0)(epoch_in_task)
-    fast, slow = task.remote(loader, 0, 2, 0.0), task.remote(loader, 1, 2, 0.05)
-    seen = Counter(ray.get(fast) + ray.get(slow))
-    assert seen == Counter(range(300)), f"duplicates {sum(seen.values()) - len(seen)}"
+    # second time. The slow rank registers first, so the fast one, once it is in, finds
+    # the epoch still running and exits while the slow one reads (the slow one needs 1.5
+    # s of steps for the whole epoch); whatever the timing, every epoch either rank read
+    # comes out exactly once.
+    loader = dynamic_loader(dataset, batch_size=10, ack_interval_s=3600)
+    task = ray.remote(num_cpus=0)(epoch_ids_in_task)
+    slow = task.remote(loader, 1, 2, 0.05)
+    deadline = time.monotonic() + EVENT_TIMEOUT_S
+    while 1 not in loader.stats()["rank_epoch"]:
+        assert time.monotonic() < deadline, event_timeout_message("the slow rank's first lease")
+        if ray.wait([slow], timeout=0.02)[0]:
+            ray.get(slow)  # it failed before its first lease: raise its error here
+    fast = task.remote(loader, 0, 2, 0.0)
+    by_epoch: dict[int, Counter] = {}
+    for epoch, ids in ray.get([fast, slow]):
+        by_epoch.setdefault(epoch, Counter()).update(ids)
+    assert 0 in by_epoch
+    for epoch, seen in by_epoch.items():
+        assert seen == Counter(range(300)), (epoch, sum(seen.values()) - len(seen))
     assert loader.stats()["reserved_samples"] == 0
     loader.shutdown()
 
