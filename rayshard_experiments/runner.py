@@ -100,8 +100,9 @@ class ExperimentRun:
         self.recorder.event.remote("rank_started", rank=rank, node=node_index)
 
     def target(self, event: Event) -> int | None:
-        """The node index a `kill_node` or `remove_node` event takes (None: none alive)."""
-        alive = self.cluster.alive() if self.cluster is not None else []
+        """The node index a `kill_node` or `remove_node` event takes on the local cluster
+        (None: none alive)."""
+        alive = self.cluster.alive()
         return event.node if event.node is not None else (alive[0] if alive else None)
 
     def due(self, event: Event, now: float) -> bool:

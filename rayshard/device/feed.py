@@ -74,7 +74,7 @@ def default_device() -> torch.device:
     (and pandas) on the way to the first batch, to learn it is not one."""
     import sys
 
-    if "ray" in sys.modules and "ray.train" in sys.modules:
+    if "ray.train" in sys.modules:
         import ray
 
         if ray.is_initialized():

@@ -145,7 +145,8 @@ class LeaseStream:
             call = None if self._stopped() else self._ask()
             yield last
             if call is None or self._stopped():
-                return  # a lease in flight stays this rank's until it leaves, as one read
+                # A lease in flight stays this rank's until it leaves, as a partly read one does.
+                return
             leased = self._answer(call)
             self._taken += 1
         self.ended_by = leased

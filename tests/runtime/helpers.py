@@ -99,19 +99,10 @@ def epoch_and_reading_threads(loader) -> tuple[list[int], int]:
     return ids, threads
 
 
-def epoch_in_task(loader, rank: int, world: int, delay: float) -> list[int]:
-    """One rank's epoch, meant to run as its own Ray task (its reader dies when the task
-    returns); returns the real ids received."""
-    ids = []
-    for batch in loader.iterator(world_rank=rank, world_size=world, batch_format="numpy"):
-        ids += real_ids([batch])
-        time.sleep(delay)
-    return ids
-
-
 def epoch_ids_in_task(loader, rank: int, world: int, delay: float) -> tuple[int, list[int]]:
-    """`epoch_in_task`, with the epoch the rank read (a rank that registers once the
-    others received the whole running epoch starts with the next one)."""
+    """One rank's epoch, meant to run as its own Ray task (its reader dies when the task
+    returns); returns the epoch it read (a rank that registers once the others received
+    the whole running epoch starts with the next one) and the real ids received."""
     iterator = loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
     epoch, ids = iterator.epoch, []
     for batch in iterator:
