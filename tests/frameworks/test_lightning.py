@@ -74,6 +74,8 @@ def test_fit_killed_mid_epoch_resumes_exactly_with_padding_free_validation(ray_s
     resumed = ledger_audit["resumed_from"][1]
     assert resumed is not None and resumed["attempt"] == 0, resumed
     assert resumed["seq"] in (9, 12) and resumed["epoch"] == 1, resumed  # mid-epoch 1
+    events = [e["event"] for e in loader.stats()["events"]]
+    assert "rank_lost" in events, events  # the coordinator noticed the dead worker's rank
     # Every epoch exactly once relative to the checkpoint resumed from (the ledger drops
     # what attempt 0 trained after it) ...
     for epoch, row in ledger_audit["per_epoch"].items():

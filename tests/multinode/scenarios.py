@@ -580,12 +580,9 @@ def elastic_loop(config: dict) -> None:
     """Train worker: static rayshard iterator (resumed from Train's latest checkpoint),
     every batch's ids to the ledger, a checkpoint every `every` batches inside an epoch.
     It runs `epochs` epochs, and on until the scenario calls `request_stop()` (at most
-    `max_epochs`). No model unless `ddp`: the loader is what is under test. With
-    `crash_at`, rank 1 of the first attempt exits its process after at least that many
-    batches, once rank 0 has reported two checkpoints (so the first of them reached Train's
-    controller and the restart resumes from a checkpoint). With `ddp`, every batch is also a
-    step of a DDP model (its backward all-reduces: unequal step counts would hang); with
-    `final_checkpoint`, the run ends with a checkpoint of the finished loader."""
+    `max_epochs`). Every batch is also a step of a DDP model (its backward all-reduces:
+    unequal step counts would hang). The run ends with a checkpoint of the finished
+    loader."""
     from ray.train import Checkpoint
     from ray.train.collective import broadcast_from_rank_zero
 
@@ -604,7 +601,7 @@ def elastic_loop(config: dict) -> None:
         ):
             resumed_from = json.load(handle)
     batches = rayshard.train.iterator(config["loader"], batch_format="numpy")
-    model = DdpModel() if config.get("ddp") else None
+    model = DdpModel()
     attempt = ray.get(ledger.new_attempt.remote(world, resumed_from)) if rank == 0 else None
     attempt = broadcast_from_rank_zero(attempt)
     seq = 0
@@ -634,24 +631,14 @@ def elastic_loop(config: dict) -> None:
         for batch in batches:
             seq += 1
             ids = batch["id"][~batch["_padded"]].tolist()
-            if model is not None:
-                model.step(batch)
+            model.step(batch)
             if not ray.get(ledger.batch.remote(attempt, rank, epoch, seq, ids)):
                 time.sleep(config["delay"])  # the run must outlast the scenario's cues
             # Checkpoints only inside an epoch (never after its last batch), so every
             # resume re-plans the rest of an epoch on the new world size.
             if seq % config["every"] == 0 and batches.epoch == epoch:
                 save(epoch)
-            if (
-                config.get("crash_at") is not None
-                and seq >= config["crash_at"]
-                and attempt == 0
-                and rank == 1
-                and len(ray.get(ledger.progress.remote())["checkpoints"]) >= 2
-            ):
-                os._exit(1)  # a real worker death; Ray Train restarts the group
-    if config.get("final_checkpoint"):
-        save(batches.epoch)
+    save(batches.epoch)
     if rank == 0:
         ray.get(ledger.finished.remote(batches.epoch))
 
@@ -661,7 +648,9 @@ def scenario_elastic_trainer() -> dict:
     CPU, so workers go to worker nodes only): it starts with 2 workers on n1, n2; after a
     checkpoint node n3 joins and Ray Train's elastic policy resizes to 3 (a restart from
     the latest checkpoint); after a checkpoint at 3, nodes n2 and n3 are killed and the
-    group restarts with 1 worker, which finishes the run. Static policy `data`."""
+    group restarts with 1 worker, which finishes the run. Static policy `data`, shuffled;
+    every batch is a step of a DDP model (equal steps after every re-plan on a new world
+    size, or the all-reduce hangs); the run ends with a checkpoint of the finished loader."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchTrainer
     from ray.train.v2.api.config import ScalingConfig
@@ -670,6 +659,7 @@ def scenario_elastic_trainer() -> dict:
     data = make_dataset([160, 170, 150], row_group_size=16)
     cluster, nodes = start_cluster(2, head_cpus=0)
     started = time.time()
+    import rayshard.train
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
@@ -679,6 +669,7 @@ def scenario_elastic_trainer() -> dict:
         batch_size=batch_size,
         name="elastic",
         policy="data",
+        shuffle=True,
         journal_path=journal,
     )
     ledger = ray.remote(TrainLedger).options(num_cpus=0, resources={"head": 1}).remote()
@@ -710,6 +701,13 @@ def scenario_elastic_trainer() -> dict:
         try:
             result = trainer.fit()
             outcome["error"] = repr(result.error) if result.error else None
+            outcome["state_epoch"] = (result.metrics or {}).get("state_epoch")
+            if result.checkpoint is not None:
+                with (
+                    result.checkpoint.as_directory() as folder,
+                    open(os.path.join(folder, rayshard.train.STATE_FILE)) as handle,
+                ):
+                    outcome["final_state"] = json.load(handle)
         except BaseException as error:  # noqa: BLE001 - reported
             outcome["error"] = repr(error)
 
@@ -757,6 +755,8 @@ def scenario_elastic_trainer() -> dict:
         "batch_size": batch_size,
         "epochs": epochs,
         "fit_error": outcome.get("error", "fit did not return"),
+        "final_state_epoch": outcome.get("state_epoch"),
+        "final_state": outcome.get("final_state"),
         "audit": audit,
         "checkpoints": [
             {k: c[k] for k in ("attempt", "epoch", "seq", "state_epoch")}

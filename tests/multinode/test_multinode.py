@@ -218,8 +218,10 @@ def test_dynamic_node_loss_and_join_exact_coverage(shared_scenarios):
 
 def test_elastic_torch_trainer_2_3_1_exact_relative_to_checkpoints():
     """A TorchTrainer with num_workers=(1, 3): 2 workers, a node joins -> 3, two nodes are
-    killed -> 1; static policy; checkpoints mid-epoch. Over each epoch, the ids the model
-    received up to the checkpoints the run resumed from cover the epoch exactly once."""
+    killed -> 1; static policy, shuffled, a DDP step per batch; checkpoints mid-epoch. Over
+    each epoch, the ids the model received up to the checkpoints the run resumed from cover
+    the epoch exactly once; the killed nodes' ranks are noticed as lost; the run's last
+    checkpoint holds the finished loader (the next epoch, nothing consumed)."""
     r = run_scenario("elastic_trainer")
     print({k: v for k, v in r.items() if k not in ("_output", "checkpoints")})
     check(r, not r.get("error"), f"scenario error: {r.get('error')}")
@@ -250,6 +252,13 @@ def test_elastic_torch_trainer_2_3_1_exact_relative_to_checkpoints():
         )
     events = [e["event"] for e in r["loader_events"]]
     check(r, events.count("new_generation") >= 2, f"loader events: {events}")
+    check(r, "rank_lost" in events, f"no rank_lost after the nodes were killed: {events}")
+    # fit() returned the run's last checkpoint, taken after the loop's last epoch.
+    state = r["final_state"]
+    last = r["final_state_epoch"]
+    check(r, last == r["epochs"], f"the last report's state epoch is {last}")
+    check(r, state is not None and state["epoch"] == r["epochs"], f"final state {state}")
+    check(r, state["consumed"] == [], f"final state still has consumed rows: {state}")
 
 
 @shared_timeout
