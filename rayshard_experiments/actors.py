@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import numpy as np
+import ray
 
 
 class Recorder:
@@ -87,13 +88,19 @@ class Recorder:
 
 
 class Consumer:
-    """One rank: iterates the loader epoch after epoch with a simulated step time and
-    reports every batch to the recorder (in groups, to keep calls few)."""
+    """One rank: iterates the loader epoch after epoch with a simulated step time. Every
+    batch goes to the recorder as the iterator hands it over (its `collate_fn`), in one
+    call carrying its ids (the audit) and its timing, awaited before the loader counts the
+    batch received and its acknowledgement can go out: a rank killed at any point has
+    reported every batch the coordinator may count as delivered to it."""
 
     def __init__(self, loader: Any, rank: int, recorder: Any, epochs: int, step_time_s: float):
-        self._iterator = loader.iterator(world_rank=rank, world_size=rank + 1, batch_format="numpy")
         self._rank, self._recorder = rank, recorder
         self._epochs, self._step = epochs, step_time_s
+        self._asked = time.perf_counter()  # when the loop last asked for a batch
+        self._iterator = loader.iterator(
+            world_rank=rank, world_size=rank + 1, batch_format="numpy", collate_fn=self._report
+        )
         self._leave = threading.Event()
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
@@ -112,27 +119,27 @@ class Consumer:
     def wait(self) -> bool:
         return self._done.wait(3600)
 
+    def _report(self, batch: dict) -> dict:
+        """The iterator's `collate_fn`: the batch's ids and timing to the recorder."""
+        stall = time.perf_counter() - self._asked
+        real = ~batch["_padded"]
+        record = (time.time(), int(real.sum()), sum(v.nbytes for v in batch.values()), stall)
+        ray.get(
+            self._recorder.batch.remote(
+                self._rank, self._iterator.epoch, batch["_index"][real], record
+            )
+        )
+        return batch
+
     def _loop(self) -> None:
         try:
             while self._iterator.epoch < self._epochs and not self._leave.is_set():
-                epoch = self._iterator.epoch
-                waited = time.perf_counter()
-                for batch in self._iterator:
-                    stall = time.perf_counter() - waited
-                    real = ~batch["_padded"]
-                    nbytes = sum(v.nbytes for v in batch.values())
-                    # One call per batch carries both its ids (audit) and its timing, so
-                    # a rank killed mid-run has reported exactly what it received.
-                    self._recorder.batch.remote(
-                        self._rank,
-                        epoch,
-                        batch["_index"][real],
-                        (time.time(), int(real.sum()), nbytes, stall),
-                    )
+                self._asked = time.perf_counter()
+                for _batch in self._iterator:
                     if self._leave.is_set():
                         break
                     time.sleep(self._step)  # the model's step
-                    waited = time.perf_counter()
+                    self._asked = time.perf_counter()
             self._recorder.finished.remote(self._rank)
         finally:
             self._done.set()

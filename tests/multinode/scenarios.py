@@ -203,8 +203,11 @@ def make_dataset(rows: list[int], row_group_size: int) -> str:
 @ray.remote(num_cpus=0, max_concurrency=2)
 class NodeConsumer:
     """Takes its iterator *inside* the actor (so its reader is placed on this node), then
-    consumes one epoch with a delay per batch, sending every batch's ids to the audit
-    (synchronously, so what this consumer received is in the audit before it goes on).
+    consumes one epoch with a delay per batch. Every batch's ids go to the audit as the
+    iterator hands the batch over (its `collate_fn`), synchronously, before the loader counts
+    it received and its acknowledgement can go out: a consumer killed at any point has in the
+    audit every batch the coordinator may count as delivered to it (one audited and not yet
+    acknowledged is served again: a duplicate, never a loss the audit cannot see).
 
     With `hold_after=n` it pauses after `n` batches until `release()`: the workload then
     outlasts the cue the scenario waits for (a joining rank's first batches), however
@@ -213,10 +216,10 @@ class NodeConsumer:
     def __init__(
         self, loader, audit, rank: int, world_size: int, delay: float, hold_after=None
     ) -> None:
-        self.iterator = loader.iterator(
-            world_rank=rank, world_size=world_size, batch_format="numpy"
-        )
         self.audit, self.rank, self.delay = audit, rank, delay
+        self.iterator = loader.iterator(
+            world_rank=rank, world_size=world_size, batch_format="numpy", collate_fn=self.audited
+        )
         self.batches = 0
         self.samples = 0
         self.hold_after = hold_after
@@ -237,13 +240,15 @@ class NodeConsumer:
     def progress(self) -> int:
         return self.batches
 
+    def audited(self, batch: dict) -> dict:
+        """The iterator's `collate_fn`: the batch's real ids into the audit, then the batch."""
+        ray.get(self.audit.add.remote(self.iterator.epoch, batch["id"][~batch["_padded"]]))
+        return batch
+
     def run(self) -> dict:
-        epoch = self.iterator.epoch
         for batch in self.iterator:
-            ids = batch["id"][~batch["_padded"]]
-            ray.get(self.audit.add.remote(epoch, ids))
             self.batches += 1
-            self.samples += int(ids.size)
+            self.samples += int((~batch["_padded"]).sum())
             if self.batches == self.hold_after:
                 self.gate.wait(EVENT_TIMEOUT_S)
             time.sleep(self.delay)

@@ -5,6 +5,7 @@ strings, nulls, partitions and filters, map-style datasets of fixed-shape tensor
 from __future__ import annotations
 
 import logging
+import threading
 
 import numpy as np
 import pyarrow as pa
@@ -149,6 +150,30 @@ def test_collate_fn_under_numpy_and_arrow(ray_session, mixed):
     assert records[0]["text"][0] == "doc 0" and len(records[0]["tokens_mask"][0]) > 0
     with pytest.raises(TypeError, match="collate_fn='x' is not callable"):
         loader.iterator(world_rank=0, world_size=1, batch_format="numpy", collate_fn="x")
+    loader.shutdown()
+
+
+def test_collate_fn_runs_in_the_loops_thread_before_the_batch_counts_as_received(
+    ray_session, mixed
+):
+    """Under numpy and arrow the `collate_fn` runs as the loop asks for a batch, in the
+    loop's thread, before the batch counts as received (and so before its acknowledgement
+    can go out): a `collate_fn` that records the batch somewhere durable has it recorded
+    before the coordinator may count it delivered (the elastic experiment's audit)."""
+    folder, _ = mixed
+    loader = Loader(ParquetSource(folder), name=unique_name("collate_order"), batch_size=32)
+    for fmt in ("numpy", "arrow"):
+        calls, made = [], {}
+
+        def record(batch, calls=calls, made=made):
+            calls.append((threading.current_thread(), made["it"].stats()["batches_received"]))
+            return batch
+
+        it = loader.iterator(world_rank=0, world_size=1, batch_format=fmt, collate_fn=record)
+        made["it"] = it
+        for received, _ in enumerate(it):
+            assert calls[-1] == (threading.current_thread(), received), fmt
+        assert len(calls) == 4, fmt
     loader.shutdown()
 
 
