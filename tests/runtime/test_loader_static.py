@@ -234,6 +234,8 @@ def test_restarted_group_restoring_while_a_worker_registers(ray_session, dataset
 
 @pytest.mark.parametrize("consumer_reads", [False, True])
 def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads):
+    import time
+
     import ray
 
     loader = make_loader(dataset, consumer_reads=consumer_reads)
@@ -251,9 +253,16 @@ def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads):
             ray.get(it._reader.watch.remote(it._watch_key), timeout=EVENT_TIMEOUT_S)
             assert it._watch_key not in ray.get(it._reader.keys.remote())
             continue
-        with pytest.raises(ray.exceptions.RayActorError):
-            # blocks while a reader lives
-            ray.get(it._reader.watch.remote(), timeout=EVENT_TIMEOUT_S)
+        # Shutdown stops a rank's reader (its watch then returns) and kills it (its watch
+        # then raises): a watch sent in between returns, so look until the actor is gone.
+        deadline = time.monotonic() + EVENT_TIMEOUT_S
+        while True:
+            try:
+                ray.get(it._reader.watch.remote(), timeout=EVENT_TIMEOUT_S)
+            except ray.exceptions.RayActorError:
+                break
+            assert time.monotonic() < deadline, "a reader outlived Loader.shutdown()"
+            time.sleep(0.05)
     for it in its:
         it.close()  # nothing left to leave: no error
 
