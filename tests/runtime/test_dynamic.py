@@ -24,7 +24,7 @@ from tests.runtime.helpers import (
     unique_name,
     write_parquet,
 )
-from tests.timeouts import EVENT_TIMEOUT_S, event_timeout_message
+from tests.timeouts import EVENT_TIMEOUT_S, event_timeout_message, wait_until
 
 pytestmark = [pytest.mark.ray]
 
@@ -315,13 +315,10 @@ def test_rank_back_under_same_number_is_watched_again(ray_session, dataset):
     again = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
     taken += real_ids([next(iter(again))])
     end_rank_watch(again)
-    deadline = time.monotonic() + EVENT_TIMEOUT_S
-    while time.monotonic() < deadline:
-        lost = [e for e in loader.stats()["events"] if e["event"] == "rank_lost"]
-        if len(lost) == 2:
-            break
-        time.sleep(0.2)
-    assert len(lost) == 2, "the second reader's death was not noticed"
+    wait_until(
+        lambda: sum(e["event"] == "rank_lost" for e in loader.stats()["events"]) == 2,
+        "the second reader's death to be noticed",
+    )
     survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
     ids = real_ids(list(survivor))
     assert set(ids) | set(taken) == set(range(300)), "work of the second reader was lost"

@@ -16,7 +16,7 @@ from rayshard.loader import Loader
 from rayshard.plan import intervals as iv
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import real_ids, run_lockstep, unique_name, write_parquet
-from tests.timeouts import EVENT_TIMEOUT_S
+from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -232,10 +232,19 @@ def test_restarted_group_restoring_while_a_worker_registers(ray_session, dataset
     loader.shutdown()
 
 
+def reader_gone(iterator) -> bool:
+    """True once the rank's reader actor is dead (its `watch()` raises)."""
+    import ray
+
+    try:
+        ray.get(iterator._reader.watch.remote(), timeout=EVENT_TIMEOUT_S)
+    except ray.exceptions.RayActorError:
+        return True
+    return False
+
+
 @pytest.mark.parametrize("consumer_reads", [False, True])
 def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads):
-    import time
-
     import ray
 
     loader = make_loader(dataset, consumer_reads=consumer_reads)
@@ -255,14 +264,7 @@ def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads):
             continue
         # Shutdown stops a rank's reader (its watch then returns) and kills it (its watch
         # then raises): a watch sent in between returns, so look until the actor is gone.
-        deadline = time.monotonic() + EVENT_TIMEOUT_S
-        while True:
-            try:
-                ray.get(it._reader.watch.remote(), timeout=EVENT_TIMEOUT_S)
-            except ray.exceptions.RayActorError:
-                break
-            assert time.monotonic() < deadline, "a reader outlived Loader.shutdown()"
-            time.sleep(0.05)
+        wait_until(lambda it=it: reader_gone(it), "a reader to end after Loader.shutdown()")
     for it in its:
         it.close()  # nothing left to leave: no error
 
@@ -350,10 +352,7 @@ def test_a_reader_keeps_the_read_ahead_budget_ready_in_whole_blocks(
         return sorted(ray.get(reader.__ray_call__.remote(lambda self: list(self._ready))))
 
     for taken in range(3):
-        deadline = time.monotonic() + EVENT_TIMEOUT_S
-        while len(ready()) < ahead:
-            assert time.monotonic() < deadline, "the reader did not fill its read-ahead"
-            time.sleep(0.05)
+        wait_until(lambda: len(ready()) >= ahead, "the reader to fill its read-ahead")
         time.sleep(0.3)  # a reader without the bound would read on meanwhile
         assert ready() == list(range(taken, taken + ahead))
         assert ray.get(reader.next.remote(generation, 0, taken)) is not None

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import threading
-import time
 from collections import Counter
 
 import numpy as np
@@ -23,7 +22,7 @@ from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import run_lockstep, unique_name
 from tests.runtime.transform_fns import drop_below_16, drop_thirds, noisy, slow_noisy
-from tests.timeouts import EVENT_TIMEOUT_S
+from tests.timeouts import wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -306,10 +305,7 @@ def test_transform_workers_keep_the_order_and_survive_a_worker_death(
     assert epoch1 == {i: sample_rng(11, 1, i).random() for i in range(N)}
     live = worker_pids(loader)
     loader.shutdown()
-    deadline = time.monotonic() + EVENT_TIMEOUT_S
-    while any(alive(pid) for pid in live) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not any(alive(pid) for pid in live), "workers die with their reader"
+    wait_until(lambda: not any(alive(pid) for pid in live), "workers to die with their reader")
 
 
 def alive(pid: int) -> bool:
