@@ -69,20 +69,28 @@ def pss_bytes(pid: int) -> dict[str, int]:
     return out
 
 
+# The harness's own Ray actor (`benchmarks.loaders.on_ray.EpochBarrier`), not a loader's:
+# its process name as /proc shows it (15 characters) starts so.
+HARNESS_PROCESS = "ray::EpochBarri"
+
+
 def tree_pss() -> tuple[int, dict[str, int], dict[str, int]]:
-    """Total PSS of this process tree, PSS by process name, and PSS by kind."""
+    """Total PSS of this process tree, PSS by process name, and PSS by kind (the
+    harness's epoch barrier left out)."""
     total, by_name, by_kind = 0, {}, {}
     for pid in process_tree():
+        try:
+            with open(f"/proc/{pid}/comm") as handle:
+                name = handle.read().strip()
+        except OSError:
+            continue  # it exited
+        if name.startswith(HARNESS_PROCESS):
+            continue
         parts = pss_bytes(pid)
         pss = parts.pop("Pss", 0)
         total += pss
         for kind, value in parts.items():
             by_kind[kind] = by_kind.get(kind, 0) + value
-        try:
-            with open(f"/proc/{pid}/comm") as handle:
-                name = handle.read().strip()
-        except OSError:
-            continue
         by_name[name] = by_name.get(name, 0) + pss
     return total, by_name, by_kind
 

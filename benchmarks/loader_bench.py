@@ -24,6 +24,11 @@ through:
   raw        `pq.ParquetFile.iter_batches` in 2 spawned processes, each over its half of
              the row groups: the ceiling
 
+Every loader's ranks start each epoch together, as a DDP loop's ranks do: a
+`multiprocessing` barrier for raw and torch, a harness actor for the Ray loaders
+(`on_ray.EpochBarrier`, left out of the memory figures). Ranks that ran free would keep
+their start-up offsets, and an epoch's span would count them.
+
 Each loader runs once to warm up (Ray workers, imports, page cache), then is measured
 over `--epochs` epochs (default 4) with a fresh loader. The first measured epoch gives
 the cold-loader time to first batch (iterator creation and reader start-up included);

@@ -49,6 +49,7 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         assert result["coverage_ok"], (name, result["epochs"][-1]["coverage"])
         assert result["epochs"][-1]["coverage"]["rows_received"] == 20000, name
         assert result["peak_pss_mb"] > 0, name
+        assert not any(p.startswith("ray::EpochBarri") for p in result["pss_by_process_mb"])
         assert result["steady_rows_per_s"] > 0, name
         assert len(result["pss_by_epoch_mb"]) == 2, name
         assert result["cpu_s_per_mrow"] > 0 and result["cpu_s"] > 0, name

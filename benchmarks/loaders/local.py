@@ -24,11 +24,14 @@ from benchmarks.loaders.data import (
 )
 
 
-def _raw_rank(part, rank: int, epochs: int, barrier, queue) -> None:
+def _raw_rank(part, rank: int, epochs: int, barriers, queue) -> None:
     """One raw-scan process: its row groups through `ParquetFile.iter_batches`."""
-    barrier.wait()
+    start, each_epoch = barriers
+    start.wait()
     records = []
     for epoch in range(epochs):
+        if epoch:
+            each_epoch.wait()
         timer = EpochTimer(rank, epoch)
 
         def batches():
@@ -118,14 +121,17 @@ def _torch_collate(batch: dict) -> dict:
         return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
-def _torch_rank(paths, world: int, rank: int, epochs: int, barrier, queue) -> None:
+def _torch_rank(paths, world: int, rank: int, epochs: int, barriers, queue) -> None:
     """One torch DataLoader process (num_workers=0) over its contiguous half."""
     import torch.utils.data
 
-    barrier.wait()
+    start, each_epoch = barriers
+    start.wait()
     records = []
     dataset = None
     for epoch in range(epochs):
+        if epoch:
+            each_epoch.wait()
         timer = EpochTimer(rank, epoch)
         dataset = dataset or ParquetRowGroupDataset(paths, COLUMNS)  # footers: timed
         loader = torch.utils.data.DataLoader(
@@ -144,16 +150,18 @@ def _torch_rank(paths, world: int, rank: int, epochs: int, barrier, queue) -> No
 
 
 def _run_processes(target: Callable, args_of_rank: Callable[[int], tuple], epochs: int, world: int):
-    """Spawn one process per rank; they start together after their imports."""
+    """Spawn one process per rank; they start together after their imports, and each
+    epoch together (as the Ray loaders' ranks do, `on_ray.EpochBarrier`)."""
     context = mp.get_context("spawn")
-    barrier, queue = context.Barrier(world + 1), context.Queue()
+    start, queue = context.Barrier(world + 1), context.Queue()
+    barriers = (start, context.Barrier(world))
     procs = [
-        context.Process(target=target, args=(*args_of_rank(r), r, epochs, barrier, queue))
+        context.Process(target=target, args=(*args_of_rank(r), r, epochs, barriers, queue))
         for r in range(world)
     ]
     for proc in procs:
         proc.start()
-    barrier.wait(timeout=120)
+    start.wait(timeout=120)
     started = time.time()
     records = [pickle.loads(queue.get(timeout=1800)) for _ in procs]
     for proc in procs:

@@ -3,6 +3,7 @@ Train), Ray Data `streaming_split` and Ray Train `get_dataset_shard`."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import pickle
 import tempfile
@@ -20,11 +21,45 @@ from benchmarks.loaders.data import (
 )
 
 
-def _rayshard_rank(loader, rank: int, world: int, epochs: int) -> list[EpochRecord]:
+class EpochBarrier:
+    """Harness, not a loader: holds every rank at the start of each epoch until all
+    `world` ranks are there, as a DDP loop's collectives do. Ranks that run free keep
+    their start-up offsets from one epoch to the next, and an epoch's span (the first
+    rank's start to the last rank's end) would count them; the raw scan's and torch's
+    processes wait at the same points. `benchmarks._measure` leaves its process out of
+    the memory figures."""
+
+    def __init__(self, world: int) -> None:
+        self._world = world
+        self._arrived: dict[int, int] = {}
+        self._all_in: dict[int, asyncio.Event] = {}
+
+    async def wait(self, epoch: int) -> None:
+        """Return once all ranks called `wait(epoch)`."""
+        self._arrived[epoch] = self._arrived.get(epoch, 0) + 1
+        all_in = self._all_in.setdefault(epoch, asyncio.Event())
+        if self._arrived[epoch] == self._world:
+            all_in.set()
+        await all_in.wait()
+
+
+def epoch_barrier(world: int):
+    """A fresh `EpochBarrier` actor for `world` ranks (no CPU asked)."""
+    import ray
+
+    return ray.remote(num_cpus=0)(EpochBarrier).remote(world)
+
+
+def _rayshard_rank(loader, rank: int, world: int, epochs: int, barrier) -> list[EpochRecord]:
+    import ray
+
+    ray.get(barrier.wait.remote(0))
     started = time.time()
     batches = loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
     records = []
     for epoch in range(epochs):
+        if epoch:
+            ray.get(barrier.wait.remote(epoch))
         timer = EpochTimer(rank, epoch, started if epoch == 0 else None)
         records.append(timer.consume(batches, lambda b: b["id"][~b["_padded"]], check_numpy))
     return records
@@ -40,9 +75,12 @@ def _stacked(batches):
         yield batch
 
 
-def _ray_data_rank(split, rank: int, epochs: int) -> list[EpochRecord]:
+def _ray_data_rank(split, rank: int, epochs: int, barrier) -> list[EpochRecord]:
+    import ray
+
     records = []
     for epoch in range(epochs):
+        ray.get(barrier.wait.remote(epoch))
         timer = EpochTimer(rank, epoch)
         batches = _stacked(split.iter_batches(batch_size=BATCH_SIZE, batch_format="numpy"))
         records.append(timer.consume(batches, lambda b: b["id"], check_numpy))
@@ -56,6 +94,7 @@ def _train_loop(config: dict) -> None:
     shard = ray.train.get_dataset_shard("train")
     records = []
     for epoch in range(config["epochs"]):
+        ray.get(config["barrier"].wait.remote(epoch))
         timer = EpochTimer(rank, epoch)
         batches = _stacked(shard.iter_batches(batch_size=BATCH_SIZE, batch_format="numpy"))
         records.append(timer.consume(batches, lambda b: b["id"], check_numpy))
@@ -89,8 +128,9 @@ def run_rayshard(
     loader = _rayshard_loader(paths, **options)
     try:
         task = ray.remote(num_cpus=rank_cpus)(_rayshard_rank)
+        barrier = epoch_barrier(world)
         started = time.time()
-        refs = [task.remote(loader, rank, world, epochs) for rank in range(world)]
+        refs = [task.remote(loader, rank, world, epochs, barrier) for rank in range(world)]
         return [r for rank in ray.get(refs) for r in rank], started
     finally:
         loader.shutdown()
@@ -122,10 +162,13 @@ def _rayshard_train_loop(config: dict) -> None:
     import rayshard.train
 
     rank = ray.train.get_context().get_world_rank()
+    ray.get(config["barrier"].wait.remote(0))
     started = time.time()
     batches = rayshard.train.iterator(config["loader"], batch_format="numpy")
     records = []
     for epoch in range(config["epochs"]):
+        if epoch:
+            ray.get(config["barrier"].wait.remote(epoch))
         timer = EpochTimer(rank, epoch, started if epoch == 0 else None)
         records.append(timer.consume(batches, lambda b: b["id"][~b["_padded"]], check_numpy))
     with open(os.path.join(config["out"], f"rank-{rank}.pkl"), "wb") as handle:
@@ -148,8 +191,9 @@ def run_ray_data(
 
     splits = ray.data.read_parquet(paths).select_columns(COLUMNS).streaming_split(world, equal=True)
     task = ray.remote(num_cpus=0)(_ray_data_rank)
+    barrier = epoch_barrier(world)
     started = time.time()
-    refs = [task.remote(split, rank, epochs) for rank, split in enumerate(splits)]
+    refs = [task.remote(split, rank, epochs, barrier) for rank, split in enumerate(splits)]
     return [r for rank in ray.get(refs) for r in rank], started
 
 
@@ -167,10 +211,11 @@ def _fit(loop, config: dict, epochs: int, world: int, datasets=None):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    barrier = epoch_barrier(world)
     with tempfile.TemporaryDirectory(prefix="rayshard-bench-train-") as out:
         trainer = TorchTrainer(
             loop,
-            train_loop_config={**config, "epochs": epochs, "out": out},
+            train_loop_config={**config, "epochs": epochs, "out": out, "barrier": barrier},
             scaling_config=ScalingConfig(num_workers=world, use_gpu=False),
             datasets=datasets,
             run_config=RunConfig(name=f"bench-{uuid.uuid4().hex[:8]}", storage_path=out),
