@@ -138,11 +138,8 @@ RUNNERS = {
 
 
 def start_ray(num_cpus: int) -> None:
-    import ray
-
     os.environ.setdefault("RAY_TRAIN_ENABLE_STATE_TRACKING", "0")
     start_local_ray(num_cpus, "rayshard-bench")
-    ray.data.DataContext.get_current().enable_progress_bars = False
 
 
 def _wait_for_exit(names: tuple[str, ...], timeout_s: float) -> None:

@@ -184,12 +184,21 @@ def run_rayshard_train(paths, epochs, world=WORLD):
         loader.shutdown()
 
 
+def _ray_dataset(paths: list[str]):
+    """The Ray Data loaders' dataset. `ray.data` is imported here, not when Ray starts:
+    it adds about 50 MB to the driver, which the rayshard loaders' memory would count."""
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return ray.data.read_parquet(paths).select_columns(COLUMNS)
+
+
 def run_ray_data(
     paths: list[str], epochs: int, world: int = WORLD
 ) -> tuple[list[EpochRecord], float]:
     import ray
 
-    splits = ray.data.read_parquet(paths).select_columns(COLUMNS).streaming_split(world, equal=True)
+    splits = _ray_dataset(paths).streaming_split(world, equal=True)
     task = ray.remote(num_cpus=0)(_ray_data_rank)
     barrier = epoch_barrier(world)
     started = time.time()
@@ -200,9 +209,7 @@ def run_ray_data(
 def run_ray_train(
     paths: list[str], epochs: int, world: int = WORLD
 ) -> tuple[list[EpochRecord], float]:
-    import ray
-
-    dataset = ray.data.read_parquet(paths).select_columns(COLUMNS)
+    dataset = _ray_dataset(paths)
     return _fit(_train_loop, {}, epochs, world, datasets={"train": dataset})
 
 
