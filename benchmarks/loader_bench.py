@@ -326,6 +326,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ):
         if value < low:
             parser.error(f"Invalid value for '{option}': {value} is not in the range x>={low}.")
+    # A Train worker holds one CPU for the whole run, and Ray Data's reads under
+    # `ray_train` need one more: with fewer, the run waits forever for resources.
+    for name, needed in (("rayshard_train", args.ranks), ("ray_train", args.ranks + 1)):
+        if name in names and args.ray_cpus < needed:
+            parser.error(
+                f"--ray-cpus={args.ray_cpus} is too few for {name} with --ranks={args.ranks}: "
+                f"it needs at least {needed} (a CPU per Train worker"
+                f"{', and one for Ray Data' if name == 'ray_train' else ''}); "
+                f"raise --ray-cpus or leave {name} out"
+            )
     # Non-Ray loaders first, before Ray starts, so their process tree holds no Ray.
     args.names = sorted(names, key=lambda n: (n in RAY_LOADERS, LOADERS.index(n)))
     return args

@@ -68,3 +68,21 @@ def test_a_bench_rejects_an_unknown_loader(capsys, bench) -> None:
     assert exited.value.code == 2
     stderr = capsys.readouterr().err
     assert "--loaders" in stderr and "nope" in stderr
+
+
+@pytest.mark.parametrize(
+    ("argv", "needed"),
+    [
+        (["--loaders=ray_train", "--ray-cpus=2", "--ranks=2"], "at least 3"),
+        (["--loaders=raw,rayshard_train", "--ray-cpus=1", "--ranks=2"], "at least 2"),
+    ],
+)
+def test_the_loader_bench_refuses_too_few_cpus_for_its_train_loaders(capsys, argv, needed):
+    # With fewer, `fit()` waits forever for CPUs (seen with ray_train on --ray-cpus=2).
+    from benchmarks.loader_bench import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    stderr = capsys.readouterr().err
+    assert "--ray-cpus" in stderr and needed in stderr
