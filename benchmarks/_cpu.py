@@ -21,9 +21,10 @@ import threading
 import time
 from collections.abc import Sequence
 
-from benchmarks._measure import process_tree
+from benchmarks._measure import process_name, process_tree
 
 _TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+IDLE_WORKER = "ray::IDLE"  # a Ray worker process between tasks
 
 
 def process_cpu_s(pid: int) -> float | None:
@@ -52,6 +53,7 @@ class TreeCpu:
         self.series: list[tuple[float, float]] = []  # (time.time(), CPU-s so far)
         self._first: dict[int, float] = {}
         self._last: dict[int, float] = {}
+        self._names: dict[int, str] = {}  # pid -> its name in /proc (15 characters)
         self._own_began = 0.0
         self._own_s = 0.0
         self._stop = threading.Event()
@@ -96,6 +98,20 @@ class TreeCpu:
             cpu = process_cpu_s(pid)
             if cpu is not None:
                 self._last[pid] = cpu
+                name = process_name(pid)
+                if name is not None and (name != IDLE_WORKER or pid not in self._names):
+                    self._names[pid] = name
+
+    def by_process(self) -> dict[str, float]:
+        """CPU-seconds of the run by process name, largest first: where a loader's CPU
+        goes, its ranks against Ray's and its own actors. A Ray worker counts under the
+        last task or actor it was seen running (`ray::IDLE` if none); the measuring
+        threads' own time is in their process's ("python" for the driver's samplers)."""
+        out: dict[str, float] = {}
+        for pid, cpu in self._last.items():
+            name = self._names.get(pid, "?")
+            out[name] = out.get(name, 0.0) + cpu - self._first.get(pid, 0.0)
+        return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def cpu_between(series: Sequence[tuple[float, float]], start: float, end: float) -> float:

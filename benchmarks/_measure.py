@@ -51,6 +51,16 @@ def process_tree(root: int | None = None) -> list[int]:
     return out
 
 
+def process_name(pid: int) -> str | None:
+    """The name /proc gives `pid` (a Ray worker's is `ray::<class or task>`, cut to 15
+    characters); None if it exited."""
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
 _KINDS = (b"Pss_Anon:", b"Pss_File:", b"Pss_Shmem:")
 
 
@@ -79,13 +89,9 @@ def tree_pss() -> tuple[int, dict[str, int], dict[str, int]]:
     harness's epoch barrier left out)."""
     total, by_name, by_kind = 0, {}, {}
     for pid in process_tree():
-        try:
-            with open(f"/proc/{pid}/comm") as handle:
-                name = handle.read().strip()
-        except OSError:
-            continue  # it exited
-        if name.startswith(HARNESS_PROCESS):
-            continue
+        name = process_name(pid)
+        if name is None or name.startswith(HARNESS_PROCESS):
+            continue  # it exited, or it is the harness's
         parts = pss_bytes(pid)
         pss = parts.pop("Pss", 0)
         total += pss

@@ -70,6 +70,7 @@ from benchmarks._measure import (
     PeakPss,
     format_table,
     peak_between,
+    process_name,
     process_tree,
     summarize_epoch,
 )
@@ -147,14 +148,7 @@ def _wait_for_exit(names: tuple[str, ...], timeout_s: float) -> None:
     few seconds to exit, and would count in the next measurement's memory)."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
-        alive = []
-        for pid in process_tree():
-            try:
-                with open(f"/proc/{pid}/comm") as handle:
-                    alive.append(handle.read().strip())
-            except OSError:
-                continue
-        if not any(name in names for name in alive):
+        if not any(process_name(pid) in names for pid in process_tree()):
             return
         time.sleep(0.2)
 
@@ -211,6 +205,7 @@ def measure(
         # it changes rows/s
         "cpu_s_per_mrow": warm_cpu / max(warm_rows, 1) * 1e6,
         "cpu_s": cpu.seconds,
+        "cpu_by_process_s": {k: round(v, 2) for k, v in cpu.by_process().items()},
         "peak_pss_mb": memory.peak / MB,
         "baseline_pss_mb": memory.baseline / MB,
         "pss_delta_mb": (memory.peak - memory.baseline) / MB,

@@ -73,3 +73,15 @@ def test_process_cpu_of_a_gone_process_is_none():
     )
     assert process_cpu_s(int(done.stdout)) is None
     assert process_cpu_s(os.getpid()) > 0
+
+
+def test_cpu_by_process_names_the_process_that_spent_it(tmp_path):
+    # /proc names a process after the file it was started from: a link to the interpreter
+    # under another name tells the child's CPU apart from this process's.
+    burner = tmp_path / "cpu-burner"
+    burner.symlink_to(sys.executable)
+    with TreeCpu(interval_s=0.02) as cpu:
+        subprocess.run([str(burner), "-c", BURN.format(s=0.4)], check=True)
+    by_process = cpu.by_process()
+    assert by_process["cpu-burner"] >= 0.3
+    assert list(by_process.values()) == sorted(by_process.values(), reverse=True)

@@ -54,6 +54,8 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         assert len(result["pss_by_epoch_mb"]) == 2, name
         assert result["cpu_s_per_mrow"] > 0 and result["cpu_s"] > 0, name
         assert result["cpu_vs_raw"] > 0, name
+        if name.startswith("rayshard"):  # its rank tasks' CPU, by their Ray process name
+            assert result["cpu_by_process_s"].get("ray::_rayshard_", 0) > 0, name
     assert "rows_vs_raw" in report["targets"]
     assert "rayshard_dynamic rows_vs_rayshard" in report["targets"]
     assert "loader" in done.stdout and "rayshard" in done.stdout  # the printed table
