@@ -44,10 +44,13 @@ class EpochBarrier:
 
 
 def epoch_barrier(world: int):
-    """A fresh `EpochBarrier` actor for `world` ranks (no CPU asked)."""
+    """A fresh `EpochBarrier` actor for `world` ranks (no CPU asked), started: its
+    process start is not in the measured run's launch time."""
     import ray
 
-    return ray.remote(num_cpus=0)(EpochBarrier).remote(world)
+    barrier = ray.remote(num_cpus=0)(EpochBarrier).remote(world)
+    ray.get(barrier.__ray_ready__.remote())
+    return barrier
 
 
 def _rayshard_rank(loader, rank: int, world: int, epochs: int, barrier) -> list[EpochRecord]:
