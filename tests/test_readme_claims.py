@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import re
@@ -63,8 +64,24 @@ def _coordinator(path: Path, source: TableSource, restarted: bool, monkeypatch):
     return coordinator.Coordinator("readme-compact", source, settings, "ns", str(path))
 
 
+@pytest.fixture
+def event_loop_of_this_thread():
+    """An event loop set as this thread's for the test: the coordinator makes its watch
+    tasks on the current loop, which in its actor is running. Made here, not left to
+    `asyncio.get_event_loop()`, which raises once any `asyncio.run()` ran in this thread
+    before (as another test in the same worker may)."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    yield loop
+    asyncio.set_event_loop(None)
+    for task in asyncio.all_tasks(loop):  # watches made, never run: no loop runs here
+        task.cancel()
+    loop.run_until_complete(asyncio.sleep(0))
+    loop.close()
+
+
 def test_journal_is_compacted_every_compact_every_changes_and_replays_from_the_snapshot(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, event_loop_of_this_thread
 ):
     assert coordinator.COMPACT_EVERY == 20_000  # the README's number
     monkeypatch.setattr(coordinator, "COMPACT_EVERY", 5)
