@@ -53,7 +53,7 @@ class TreeCpu:
         self.series: list[tuple[float, float]] = []  # (time.time(), CPU-s so far)
         self._first: dict[int, float] = {}
         self._last: dict[int, float] = {}
-        self._names: dict[int, str] = {}  # pid -> its name in /proc (15 characters)
+        self._names: dict[int, str | None] = {}  # pid -> `counted_name` (15 characters)
         self._own_began = 0.0
         self._own_s = 0.0
         self._stop = threading.Event()
@@ -98,9 +98,7 @@ class TreeCpu:
             cpu = process_cpu_s(pid)
             if cpu is not None:
                 self._last[pid] = cpu
-                name = process_name(pid)
-                if name is not None and (name != IDLE_WORKER or pid not in self._names):
-                    self._names[pid] = name
+                self._names[pid] = counted_name(self._names.get(pid), process_name(pid))
 
     def by_process(self) -> dict[str, float]:
         """CPU-seconds of the run by process name, largest first: where a loader's CPU
@@ -109,9 +107,18 @@ class TreeCpu:
         threads' own time is in their process's ("python" for the driver's samplers)."""
         out: dict[str, float] = {}
         for pid, cpu in self._last.items():
-            name = self._names.get(pid, "?")
+            name = self._names.get(pid) or "?"
             out[name] = out.get(name, 0.0) + cpu - self._first.get(pid, 0.0)
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def counted_name(seen: str | None, now: str | None) -> str | None:
+    """The name a process's CPU counts under, given the one it counted under so far
+    (`seen`) and its name now (`now`, None once it exited): the latest, except that a
+    Ray worker back to `ray::IDLE` keeps the task or actor it ran."""
+    if now is None or (now == IDLE_WORKER and seen is not None):
+        return seen
+    return now
 
 
 def cpu_between(series: Sequence[tuple[float, float]], start: float, end: float) -> float:
@@ -124,4 +131,4 @@ def cpu_between(series: Sequence[tuple[float, float]], start: float, end: float)
     return high - low
 
 
-__all__ = ["TreeCpu", "cpu_between", "process_cpu_s"]
+__all__ = ["TreeCpu", "counted_name", "cpu_between", "process_cpu_s"]

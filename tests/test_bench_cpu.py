@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks._cpu import TreeCpu, cpu_between, process_cpu_s
+from benchmarks._cpu import IDLE_WORKER, TreeCpu, counted_name, cpu_between, process_cpu_s
 
 ROOT = Path(__file__).resolve().parent.parent
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n"
@@ -85,3 +85,14 @@ def test_cpu_by_process_names_the_process_that_spent_it(tmp_path):
     by_process = cpu.by_process()
     assert by_process["cpu-burner"] >= 0.3
     assert list(by_process.values()) == sorted(by_process.values(), reverse=True)
+
+
+def test_a_ray_worker_back_to_idle_counts_under_the_task_it_ran():
+    task = "ray::_rayshard_rank"  # as /proc names a worker running the benchmark's rank
+    assert counted_name(None, IDLE_WORKER) == IDLE_WORKER  # never seen running anything
+    assert counted_name(IDLE_WORKER, task) == task
+    assert counted_name(task, IDLE_WORKER) == task  # between tasks: still that task's
+    assert counted_name(task, "ray::Coordinator") == "ray::Coordinator"  # the latest
+    assert counted_name("python", "cpu-burner") == "cpu-burner"  # exec'd: its new name
+    assert counted_name(task, None) == task  # exited: as counted
+    assert counted_name(None, None) is None

@@ -53,12 +53,14 @@ def epoch_barrier(world: int):
     return barrier
 
 
-def _rayshard_rank(loader, rank: int, world: int, epochs: int, barrier) -> list[EpochRecord]:
+def _rayshard_epochs(iterator_of, rank: int, epochs: int, barrier) -> list[EpochRecord]:
+    """A rayshard rank's `epochs` epochs, each started with every rank (`barrier`); the
+    iterator is made by `iterator_of()`, its making timed as part of epoch 0."""
     import ray
 
     ray.get(barrier.wait.remote(0))
     started = time.time()
-    batches = loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
+    batches = iterator_of()
     records = []
     for epoch in range(epochs):
         if epoch:
@@ -66,6 +68,13 @@ def _rayshard_rank(loader, rank: int, world: int, epochs: int, barrier) -> list[
         timer = EpochTimer(rank, epoch, started if epoch == 0 else None)
         records.append(timer.consume(batches, lambda b: b["id"][~b["_padded"]], check_numpy))
     return records
+
+
+def _rayshard_rank(loader, rank: int, world: int, epochs: int, barrier) -> list[EpochRecord]:
+    def iterator_of():
+        return loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
+
+    return _rayshard_epochs(iterator_of, rank, epochs, barrier)
 
 
 def _stacked(batches):
@@ -165,15 +174,12 @@ def _rayshard_train_loop(config: dict) -> None:
     import rayshard.train
 
     rank = ray.train.get_context().get_world_rank()
-    ray.get(config["barrier"].wait.remote(0))
-    started = time.time()
-    batches = rayshard.train.iterator(config["loader"], batch_format="numpy")
-    records = []
-    for epoch in range(config["epochs"]):
-        if epoch:
-            ray.get(config["barrier"].wait.remote(epoch))
-        timer = EpochTimer(rank, epoch, started if epoch == 0 else None)
-        records.append(timer.consume(batches, lambda b: b["id"][~b["_padded"]], check_numpy))
+    records = _rayshard_epochs(
+        lambda: rayshard.train.iterator(config["loader"], batch_format="numpy"),
+        rank,
+        config["epochs"],
+        config["barrier"],
+    )
     with open(os.path.join(config["out"], f"rank-{rank}.pkl"), "wb") as handle:
         pickle.dump(records, handle)
 
