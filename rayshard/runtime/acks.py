@@ -19,7 +19,9 @@ class AckSender:
     background thread (so they go out even while the training loop is blocked in a
     collective), and at once before `state_dict()`, at the end of an epoch and on close.
     `interval_s <= 0` acknowledges every batch as it is received. The interval bounds what
-    a lost rank had received without acknowledging: the samples served again.
+    a lost rank had received without acknowledging: the samples served again. With
+    `interval_s > 0` one group is in flight at a time (see `flush`): when the coordinator
+    takes longer than the interval to record a group, the next goes once it has.
 
     `flush(wait=True)` returns once the coordinator recorded every acknowledgement sent so
     far. The end of an epoch and `close()` wait: a worker that finishes an epoch and exits
@@ -73,36 +75,45 @@ class AckSender:
             self.flush()
 
     def flush(self, wait: bool = False) -> None:
-        """Send what is pending; with `wait`, block until everything sent was recorded."""
-        with self._lock:
-            pending, self._pending = self._pending, {}
-            for epoch, entry in sorted(pending.items()):
-                batches, held, samples, nbytes, stall, count, partial = entry
-                # (n, 2) the group's runs, merged: consecutive batches' runs join
-                runs = union(np.concatenate([as_runs(r) for r in held]))
-                usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
-                record_batches(self._loader_name, self._rank, count, nbytes, stall)
-                self._sent.append(
-                    self._coordinator.ack.remote(
-                        self.generation,
-                        self._rank,
-                        epoch,
-                        batches,
-                        runs,
-                        usage,
-                        # only under packing: split documents' progress
-                        **({"partial": sorted(partial.items())} if partial else {}),
-                    )
-                )
-            sent = self._sent
-            if wait or len(sent) > 64:
-                self._sent = []
-        if wait:
-            ray.get(sent)
-        elif len(sent) > 64:  # keep the list short: drop the ones already recorded
-            _, busy = ray.wait(sent, num_returns=len(sent), timeout=0)
+        """Send what is pending; with `wait`, block until everything added so far was
+        recorded. Without `wait`, and with an `interval_s` above 0, nothing is sent while
+        the group sent last is not recorded yet: what is pending goes with a later flush.
+        One group in flight per rank lets a busy coordinator set the pace (with thousands
+        of ranks each rank's acknowledgements space out) instead of its queue growing."""
+        if not wait:
             with self._lock:
-                self._sent = busy + self._sent
+                self._sent = _not_recorded(self._sent)
+                if self._interval > 0 and self._sent:
+                    return
+                self._send_pending()
+            return
+        with self._lock:
+            self._send_pending()
+            sent, self._sent = self._sent, []
+        ray.get(sent)
+
+    def _send_pending(self) -> None:
+        """Send what is pending, one call per epoch, adding the calls to `_sent` (under
+        `_lock`)."""
+        pending, self._pending = self._pending, {}
+        for epoch, entry in sorted(pending.items()):
+            batches, held, samples, nbytes, stall, count, partial = entry
+            # (n, 2) the group's runs, merged: consecutive batches' runs join
+            runs = union(np.concatenate([as_runs(r) for r in held]))
+            usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
+            record_batches(self._loader_name, self._rank, count, nbytes, stall)
+            self._sent.append(
+                self._coordinator.ack.remote(
+                    self.generation,
+                    self._rank,
+                    epoch,
+                    batches,
+                    runs,
+                    usage,
+                    # only under packing: split documents' progress
+                    **({"partial": sorted(partial.items())} if partial else {}),
+                )
+            )
 
     def stop(self) -> None:
         """End the background thread, then send what is pending and wait until it is
@@ -132,6 +143,14 @@ class AckSender:
         under `ray_held()`, since a dropped `ObjectRef` calls into Ray's core worker)."""
         with self._lock:
             self._pending, self._sent = {}, []
+
+
+def _not_recorded(refs: list) -> list:
+    """The calls of `refs` that have not returned yet (neither recorded nor failed)."""
+    if not refs:
+        return refs
+    _, busy = ray.wait(refs, num_returns=len(refs), timeout=0)
+    return busy
 
 
 def sample_runs(sorted_ids: np.ndarray) -> np.ndarray:

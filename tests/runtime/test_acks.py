@@ -9,6 +9,7 @@ import pytest
 import ray
 
 from rayshard.runtime.acks import AckSender
+from tests.timeouts import wait_until
 
 pytestmark = [pytest.mark.ray]
 
@@ -57,3 +58,66 @@ def test_consecutive_batches_are_acknowledged_as_one_run(ray_session):
     sender.add(0, 3, [[20, 24], [24, 30]], 10, 80, 0.0)  # a gap, then touching runs
     sender.stop()
     assert ray.get(recorder.recorded.remote()) == [(0, 3, [[0, 16], [20, 30]], 26)]
+
+
+@ray.remote(num_cpus=0)
+class HeldRecorder:
+    """A coordinator stand-in whose first `ack` is held until `release()`; counts how many
+    calls it had at once."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+        self.active = self.most_at_once = 0
+        self.released = asyncio.Event()
+
+    async def ack(self, generation, dp_rank, epoch, batches, ids, usage=None) -> None:
+        self.active += 1
+        self.most_at_once = max(self.most_at_once, self.active)
+        if not self.calls:
+            await self.released.wait()
+        self.calls.append((epoch, batches, np.asarray(ids).tolist(), usage["batches"]))
+        self.active -= 1
+
+    async def arrived(self) -> int:
+        return self.active + len(self.calls)
+
+    async def release(self) -> None:
+        self.released.set()
+
+    async def seen(self) -> tuple[list, int]:
+        return list(self.calls), self.most_at_once
+
+
+def test_a_group_waits_while_the_last_one_is_not_recorded(ray_session):
+    recorder = HeldRecorder.remote()
+    sender = AckSender(recorder, generation=1, dp_rank=0, interval_s=60)
+    sender.add(0, 1, [[0, 8]], 8, 64, 0.0)
+    sender.flush()
+    wait_until(lambda: ray.get(recorder.arrived.remote()) == 1, "the first group")
+    # The first group is held in the coordinator: the next two flushes send nothing...
+    sender.add(0, 2, [[8, 16]], 8, 64, 0.0)
+    sender.flush()
+    sender.add(0, 3, [[16, 24]], 8, 64, 0.0)
+    sender.flush()
+    ray.get(recorder.release.remote())
+    sender.flush(wait=True)
+    # ...and what they held goes as one group once the first was recorded.
+    calls, most_at_once = ray.get(recorder.seen.remote())
+    assert calls == [(0, 1, [[0, 8]], 1), (0, 3, [[8, 24]], 2)]
+    assert most_at_once == 1
+    sender.stop()
+
+
+def test_acknowledging_every_batch_sends_each_at_once(ray_session):
+    # `interval_s=0` (acknowledge on receipt): no waiting for the group before.
+    recorder = HeldRecorder.remote()
+    sender = AckSender(recorder, generation=1, dp_rank=0, interval_s=0)
+    sender.add(0, 1, [[0, 8]], 8, 64, 0.0)
+    sender.add(0, 2, [[8, 16]], 8, 64, 0.0)
+    wait_until(lambda: ray.get(recorder.arrived.remote()) == 2, "both acknowledgements")
+    ray.get(recorder.release.remote())
+    sender.flush(wait=True)
+    calls, most_at_once = ray.get(recorder.seen.remote())
+    assert sorted(calls) == [(0, 1, [[0, 8]], 1), (0, 2, [[8, 16]], 1)]
+    assert most_at_once == 2
+    sender.stop()
