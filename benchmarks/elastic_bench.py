@@ -5,6 +5,7 @@ This file is the driver (arguments, tables, targets, JSON); the sections live in
 
     python benchmarks/elastic_bench.py [--quick] [--json PATH] [--only recovery,...]
         [--profile] [--py-spy PATH] [--recovery-ranks N] [--epoch-ranks N]
+        [--ack-ranks N] [--ack-seconds S] [--step-s S]
 
 recovery    3 ranks (`--recovery-ranks`; rank 1 is the victim) consume a `dynamic`
             loader (default Ray and loader settings; Parquet ids, batch 256, splits of
@@ -26,8 +27,15 @@ throughput  the coordinator with 1,000 (`--ranks`) registered data-parallel rank
             entry in process; the real actor with `lease.remote` from caller actors
             (async, many calls in flight); and the library's batched call
             `lease(rank, count=100)` (the readers' path: up to `count` pieces in
-            one round trip, each journaled). `--profile` samples the
+            one round trip, each journaled); then `ack.remote`, one call per leased
+            piece. `--profile` samples the
             coordinator with py-spy during the per-call run and lists where time goes.
+acks        `--ack-ranks` ranks (policy `data`), each a real `AckSender` (the
+            iterators' default `ack_interval_s`, 0.1 s) receiving a batch every
+            `--step-s`, for `--ack-seconds`, in 2 processes, against one coordinator:
+            more acknowledgements offered than it records on this machine. A probe
+            `ping` every 0.25 s measures how long a call waits in its queue; the
+            senders' final `stop()` waits for what is still queued.
 epoch       `policy="data"` and `policy="dynamic"` on the same Parquet data (x float32
             [128], label, id; row groups of 32,768 rows = the dynamic splits), 2 ranks
             (`--epoch-ranks`) as Ray tasks, batch 1024, numpy batches; each run reads 2
@@ -51,6 +59,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/elastic_bench.py`
 
 from benchmarks._measure import format_table  # noqa: E402
 from benchmarks._report import start_local_ray, write_json  # noqa: E402
+from benchmarks.elastic.ack_load import run_ack_load  # noqa: E402
 from benchmarks.elastic.coordinator_rate import run_throughput  # noqa: E402
 from benchmarks.elastic.epochs import run_epoch  # noqa: E402
 from benchmarks.elastic.recovery import (  # noqa: E402
@@ -59,8 +68,9 @@ from benchmarks.elastic.recovery import (  # noqa: E402
     run_recovery,
 )
 
+ACK_INTERVAL_S = 0.1  # the iterators' default `ack_interval_s`
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "elastic_bench.json"
-SECTIONS = ("recovery", "throughput", "epoch")
+SECTIONS = ("recovery", "throughput", "acks", "epoch")
 KILL_MODES = ("ray_kill", "sigkill")
 TARGETS = {"recovery_s": 5.0, "actor_leases_per_s": 10_000.0}
 FEATURES = 128
@@ -87,6 +97,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--callers", type=int, default=2, help="caller processes (throughput)")
     parser.add_argument("--ranks", type=int, default=1000, help="registered ranks (throughput)")
     parser.add_argument("--inflight", type=int, default=64, help="calls in flight per caller")
+    parser.add_argument(
+        "--ack-ranks", type=int, help="ranks acknowledging (acks; default 400, quick 40)"
+    )
+    parser.add_argument(
+        "--ack-seconds", type=float, help="how long they acknowledge (acks; default 20, quick 3)"
+    )
+    parser.add_argument(
+        "--step-s", type=float, default=0.05, help="a rank's training step (acks; seconds)"
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy the coordinator")
     parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="py-spy executable")
     parser.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs for ray.init")
@@ -104,6 +123,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ("--epoch-ranks", args.epoch_ranks),
         ("--callers", args.callers),
         ("--inflight", args.inflight),
+        ("--ack-ranks", args.ack_ranks),
     ):
         if value is not None and value < 1:
             parser.error(f"Invalid value for '{option}': {value} is not in the range x>=1.")
@@ -115,6 +135,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--profile needs py-spy: pip install py-spy, or pass --py-spy PATH")
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
+    if args.ack_ranks is None:
+        args.ack_ranks = 40 if args.quick else 400
+    if args.ack_seconds is None:
+        args.ack_seconds = 3.0 if args.quick else 20.0
     return args
 
 
@@ -132,6 +156,15 @@ RECOVERY_TABLE = (
     ("dup max", "duplicates_max", "d"),
 )
 THROUGHPUT_TABLE = (("path", "path", "s"), ("ops/s", "rate", ",.0f"), ("what", "what", "s"))
+ACK_TABLE = (
+    ("ranks", "ranks", "d"),
+    ("offered acks/s", "offered_acks_per_s", ",.0f"),
+    ("queue wait med s", "queue_wait_s_median", ".3f"),
+    ("p90 s", "queue_wait_s_p90", ".3f"),
+    ("max s", "queue_wait_s_max", ".3f"),
+    ("final stop() s", "stop_s_max", ".2f"),
+    ("coordinator CPU", "coordinator_cpu_share", ".0%"),
+)
 EPOCH_TABLE = (
     ("policy", "policy", "s"),
     ("rows/s", "rows_per_s", ",.0f"),
@@ -166,6 +199,12 @@ def report_tables(results: dict) -> list[str]:
                 "rate": t["batched"]["leases_per_s"],
                 "what": "one call, up to 100 pieces for one rank",
             },
+            {
+                "path": "actor ack.remote",
+                "rate": t["acks"]["acks_per_s"],
+                "what": "one call per 16-row batch, {callers} callers x {inflight_per_caller} "
+                "in flight".format(**t["config"]),
+            },
         ]
         out.append(format_table(rows, THROUGHPUT_TABLE))
         if isinstance(t.get("profile"), dict):
@@ -180,6 +219,9 @@ def report_tables(results: dict) -> list[str]:
                 f"  {share:6.1%}  {frame}"
                 for frame, share in list(profile["coordinator_methods_inclusive"].items())[:8]
             ]
+    if "acks" in results:
+        row = {**results["acks"], "ranks": results["acks"]["config"]["ranks"]}
+        out.append(format_table([row], ACK_TABLE))
     if "epoch" in results:
         rows = [
             {**r, "coverage": "ok" if r["coverage_ok"] else "FAILED"}
@@ -242,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                 args.inflight,
                 args.py_spy if args.profile else None,
                 args.ranks,
+            ),
+            "acks": lambda: run_ack_load(
+                workdir, args.ack_ranks, args.ack_seconds, args.step_s, ACK_INTERVAL_S
             ),
             "epoch": lambda: run_epoch(
                 workdir, sizes["epoch_rows"], sizes["epoch_repeats"], args.epoch_ranks

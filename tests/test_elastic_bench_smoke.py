@@ -42,7 +42,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     results = report["results"]
-    assert set(results) == {"recovery", "throughput", "epoch"}
+    assert set(results) == {"recovery", "throughput", "acks", "epoch"}
 
     recovery = results["recovery"]
     assert set(recovery["summary"]) == {"ray_kill", "sigkill"}
@@ -63,6 +63,13 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert throughput["actor"]["leases"] == throughput["actor"]["calls"]
     assert throughput["config"]["callers"] == 1 and throughput["config"]["ranks"] == 100
     assert throughput["batched"]["leases_per_s"] > 0
+    assert throughput["acks"]["acks_per_s"] > 0 and throughput["acks"]["calls"] > 0
+
+    acks = results["acks"]
+    assert acks["config"]["ranks"] == 40
+    assert min(acks["steps_per_rank"]) >= 1
+    assert acks["recorded_all"]  # every received batch recorded once the senders stopped
+    assert acks["queue_wait_s_max"] > 0
 
     assert results["epoch"]["config"]["world_size"] == 1
     epoch = results["epoch"]["summary"]
@@ -73,3 +80,4 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
 
     assert set(report["targets"]) == {"recovery_s", "actor_leases_per_s", "actor_lease_many_per_s"}
     assert "relet" in done.stdout and "LeaseBook.lease" in done.stdout  # the printed tables
+    assert "offered acks/s" in done.stdout

@@ -80,6 +80,20 @@ class _Caller:
         await asyncio.gather(*(worker(k) for k in range(inflight)))
         return got, calls, began, time.time()
 
+    async def acks(self, generation: int, work: list, inflight: int) -> tuple:
+        """One `ack` call per `(rank, start, end)` of `work` (one 16-row batch each), with
+        `inflight` calls outstanding."""
+
+        async def worker(first: int) -> None:
+            for rank, start, end in work[first::inflight]:
+                runs = np.array([[start, end]], dtype=np.int64)
+                usage = {"batches": 1, "samples": end - start, "bytes": 8 * (end - start)}
+                await self.coordinator.ack.remote(generation, rank, 0, 1, runs, usage)
+
+        began = time.time()
+        await asyncio.gather(*(worker(k) for k in range(inflight)))
+        return len(work), began, time.time()
+
 
 def _py_spy_top(raw: Path, limit: int = 15) -> list[dict]:
     """Self and inclusive sample shares per frame from py-spy's collapsed stacks."""
@@ -249,6 +263,24 @@ def run_throughput(
             "seconds": wall,
             "leases_per_s": got / wall,
             "coordinator_cpu_us_per_lease": (process_cpu_s(pid) - cpu_before) / got * 1e6,
+        }
+        # Acknowledgements of those pieces, one call per piece, from the callers.
+        work = [
+            (k % ranks, start, end)
+            for k, answer in enumerate(answers)
+            for start, end in answer.pieces
+        ][:calls]
+        cpu_before = process_cpu_s(pid)
+        shares = [work[i :: len(actors)] for i in range(len(actors))]
+        acked = ray.get(
+            [a.acks.remote(generation, share, inflight) for a, share in zip(actors, shares)]
+        )
+        wall = max(r[2] for r in acked) - min(r[1] for r in acked)
+        out["acks"] = {
+            "calls": len(work),
+            "seconds": wall,
+            "acks_per_s": len(work) / wall,
+            "coordinator_cpu_us_per_ack": (process_cpu_s(pid) - cpu_before) / len(work) * 1e6,
         }
         for actor in actors:
             ray.kill(actor)

@@ -1,0 +1,125 @@
+"""The coordinator under more acknowledgements than it can record (see
+`benchmarks/elastic_bench.py`): many ranks' real `AckSender`s, each receiving a batch every
+`step_s`, against one coordinator, while a probe measures how long a call waits in its
+queue (a `ping`, the cheapest call: a lease asked then would wait as long)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from benchmarks._cpu import process_cpu_s
+from benchmarks.elastic.common import pid_of
+
+ROWS_PER_RANK = 100_000
+BATCH = 16
+
+
+class _Ranks:
+    """Simulated training loops in one process: one `AckSender` per rank, as an iterator
+    has, each `add`ing one received batch of `BATCH` rows every `step_s`."""
+
+    def __init__(self, coordinator, generation: int, firsts: list, interval_s: float) -> None:
+        from rayshard.runtime.acks import AckSender
+
+        self.senders = [
+            (AckSender(coordinator, generation, rank, interval_s), first) for rank, first in firsts
+        ]
+
+    def run(self, seconds: float, step_s: float) -> dict:
+        began, steps = time.time(), 0
+        while time.time() - began < seconds:
+            steps += 1
+            for sender, first in self.senders:
+                start = first + BATCH * (steps - 1)
+                runs = np.array([[start, start + BATCH]], dtype=np.int64)
+                sender.add(0, steps, runs, BATCH, 8 * BATCH, 0.0)
+            time.sleep(step_s)
+        stopping = time.time()
+        for sender, _ in self.senders:
+            sender.stop()  # sends what is pending and waits until it is recorded
+        return {"steps": steps, "stop_s": time.time() - stopping}
+
+
+def run_ack_load(
+    workdir: Path, ranks: int, seconds: float, step_s: float, interval_s: float, callers: int = 2
+) -> dict:
+    """`ranks` ranks of the `data` policy acknowledging for `seconds`; the coordinator's
+    queue wait (probe round trips every 0.25 s) and how long the senders' final `stop()`
+    took (what was still queued)."""
+    import ray
+
+    from rayshard.loader import Loader
+    from rayshard.sources.parquet import ParquetSource
+
+    path = workdir / "acks.parquet"
+    ids = np.arange(ranks * ROWS_PER_RANK, dtype=np.int64)
+    pq.write_table(pa.table({"id": ids}), path, row_group_size=ROWS_PER_RANK)
+    loader = Loader(
+        ParquetSource([str(path)], split_rows=ROWS_PER_RANK),
+        batch_size=BATCH,
+        name=f"acks-{uuid.uuid4().hex[:8]}",
+        policy="data",
+    )
+    coordinator = loader._coordinator
+    try:
+        group = [
+            coordinator.register.remote(r, ranks, {"dp_rank": r, "dp_size": ranks, "group": [r]})
+            for r in range(ranks)
+        ]
+        generation = ray.get(group)[-1]["generation"]
+        started = ray.get([coordinator.start_epoch.remote(generation, r, 0) for r in range(ranks)])
+        firsts = [(r, answer["plan"].ranges[0][0]) for r, answer in enumerate(started)]
+        loops = [
+            ray.remote(num_cpus=0, max_concurrency=2)(_Ranks).remote(
+                coordinator, generation, firsts[i::callers], interval_s
+            )
+            for i in range(callers)
+        ]
+        ray.get([loop.__ray_ready__.remote() for loop in loops])
+        pid = ray.get(coordinator.__ray_call__.remote(pid_of))
+        cpu_before, began = process_cpu_s(pid), time.time()
+        running = [loop.run.remote(seconds, step_s) for loop in loops]
+        waits = []
+        while ray.wait(running, num_returns=len(running), timeout=0.25)[1]:
+            sent = time.time()
+            ray.get(coordinator.ping.remote())
+            waits.append((sent - began, time.time() - sent))
+        loads = ray.get(running)
+        wall = time.time() - began
+        cpu = process_cpu_s(pid) - cpu_before
+        consumers = ray.get(coordinator.describe.remote())["consumers"]
+        # every batch each rank received, recorded once its senders stopped
+        recorded_all = all(
+            consumers.get(rank, {}).get("batches") == load["steps"]
+            for i, load in enumerate(loads)
+            for rank, _ in firsts[i::callers]
+        )
+        for loop in loops:
+            ray.kill(loop)
+    finally:
+        loader.shutdown()
+    during = [w for t, w in waits if t < seconds] or [w for _, w in waits]
+    return {
+        "config": {
+            "ranks": ranks,
+            "seconds": seconds,
+            "step_s": step_s,
+            "ack_interval_s": interval_s,
+            "callers": callers,
+        },
+        "offered_acks_per_s": ranks / max(step_s, interval_s),
+        "steps_per_rank": [load["steps"] for load in loads],
+        "recorded_all": recorded_all,
+        "queue_wait_s_median": float(np.median(during)),
+        "queue_wait_s_p90": float(np.percentile(during, 90)),
+        "queue_wait_s_max": float(max(during)),
+        "queue_wait_over_time": [(round(t, 1), round(w, 3)) for t, w in waits],
+        "stop_s_max": max(load["stop_s"] for load in loads),
+        "coordinator_cpu_share": cpu / wall,
+    }
