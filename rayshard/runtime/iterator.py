@@ -270,11 +270,11 @@ class ShardIterator:
         # epoch's reader is released by that (see `ShardReader.next`).
         self._close_feed()
         self._received = 0
-        # Under `dynamic` a rank that waits for data sends its acknowledgements at once: at
-        # an epoch's end the other ranks wait for exactly those. Static ranks wait for no
-        # one's; their acknowledgements go out every `ack_interval_s`.
+        # Under `dynamic` a waiting rank sends its acknowledgements at once (reading here:
+        # once its leases ended): at an epoch's end the other ranks wait for exactly those.
         flush = self._acks.flush if self._dynamic else _no_flush
         if self._local is not None:
+            flush = self._local.when_awaited(flush)
             raw = self._local.batches(self._epoch, flush=flush, where=where)
         else:
             raw = fetch_batches(

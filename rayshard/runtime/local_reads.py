@@ -85,6 +85,7 @@ class LocalReads:
         self._cancel = threading.Event()
         self._channel: Channel | None = None
         self._thread: threading.Thread | None = None
+        self._leases_ended = threading.Event()
 
     def start(self, generation: int, epoch: int, arrow: bool = False) -> dict:
         """Begin reading `epoch` (ending any epoch being read). Returns `batches`, the
@@ -99,9 +100,16 @@ class LocalReads:
         cancel = self._cancel = threading.Event()
         stream = reading.epoch(started, generation, epoch, cancel=lambda: cancel, keep_text=True)
         self._channel = Channel(reading.settings.prefetch_depth)
+        self._leases_ended = threading.Event()
         self._thread = threading.Thread(
             target=_produce,
-            args=(stream, self._channel, cancel, for_arrow if arrow else for_user),
+            args=(
+                stream,
+                self._channel,
+                cancel,
+                for_arrow if arrow else for_user,
+                self._leases_ended,
+            ),
             daemon=True,
         )
         self._thread.start()
@@ -115,6 +123,17 @@ class LocalReads:
         epoch's channel now: a later `start()` ends it rather than feeding it."""
         channel = self._channel
         return iter(()) if channel is None else _drain(channel, epoch, flush, where)
+
+    def when_awaited(self, flush: Callable[[], None]) -> Callable[[], None]:
+        """`flush` for a consumer waiting for a batch of the started epoch, called only
+        once the reading passed a `FLUSH` (under `dynamic`: a lease answer without pieces,
+        a wait or the end of the leases): from then on the other ranks may wait for this
+        rank's acknowledgements (its open leases), so a wait sends them at once. Before,
+        no one waits for them, and they go every `ack_interval_s`: a consumer that outpaces
+        its reading waits at every piece, and a call each time would cost the coordinator
+        and this process more than the reading of a small piece."""
+        ended = self._leases_ended
+        return lambda: flush() if ended.is_set() else None
 
     def stop(self) -> None:
         """End the epoch being read: the thread stops at its next batch."""
@@ -154,18 +173,23 @@ def _produce(
     channel: Channel,
     cancel: threading.Event,
     convert: Callable[[dict], dict],
+    flushed: threading.Event,
 ) -> None:
     """Move `stream`'s batches into `channel`, tagged, then `convert`ed, until it ends,
-    fails, or is cancelled."""
+    fails, or is cancelled; `flushed` is set at the stream's first `FLUSH` (a reader
+    actor's cue to publish a block; see `LocalReads.when_awaited`) and at its end."""
     try:
         for batch in stream:
-            if batch is FLUSH:  # a reader actor's cue to publish a block: nothing to do here
+            if batch is FLUSH:
+                flushed.set()
                 continue
             meta, batch = tag_batch(batch)
             if cancel.is_set() or not channel.put(Tagged(meta, convert(batch))):
                 return
+        flushed.set()
         channel.put(_END)
     except BaseException as error:  # noqa: BLE001 - delivered to the consumer in order
+        flushed.set()
         channel.put(_Failure(error, traceback.format_exc()))
     finally:
         close = getattr(stream, "close", None)

@@ -5,6 +5,8 @@ refused before any work starts."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -12,10 +14,11 @@ import pytest
 import ray
 
 from rayshard.config.loader_config import LoaderConfig
+from rayshard.data.batching import FLUSH
 from rayshard.data.packing import Packing
 from rayshard.errors import ConfigError
 from rayshard.loader import Loader
-from rayshard.runtime.local_reads import reads_in_consumer
+from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import (
     arrow_columns_of_next_block,
@@ -24,6 +27,7 @@ from tests.runtime.helpers import (
     unique_name,
     write_parquet,
 )
+from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 ROWS = [40, 35, 26]  # 101 rows, row groups of 7
 
@@ -183,3 +187,66 @@ def test_string_and_binary_columns_arrive_alike_from_a_reader_and_from_the_consu
     ]
     first = dict((k, v) for k, _, v in seen[False, "numpy"][0][0])
     assert first["s"][4] == ("str", "?") and first["b"][3] == ("bytes", b"\x03\xff" * 3)
+
+
+@ray.remote(num_cpus=0)
+class EpochStarter:
+    """The coordinator's `start_epoch` answer for a scripted reading."""
+
+    def start_epoch(self, generation: int, dp_rank: int, epoch: int) -> dict:
+        return {"batches": 4, "plan": None}
+
+
+class ScriptedReading:
+    """A rank's reading whose epoch is `script`: batches, `FLUSH` marks, and events the
+    stream waits for (a reading that is slower than its consumer)."""
+
+    def __init__(self, coordinator, script: list) -> None:
+        self.coordinator, self.script = coordinator, script
+        self.dp_rank, self.settings = 0, LoaderConfig()
+
+    def epoch(self, started, generation, epoch, *, cancel, keep_text):
+        for step in self.script:
+            if isinstance(step, threading.Event):
+                step.wait()
+            else:
+                yield step
+
+    def close(self) -> None:
+        pass
+
+
+def _batch(first: int) -> dict:
+    return {"_index": np.arange(first, first + 2), "_padded": np.zeros(2, dtype=bool)}
+
+
+@pytest.mark.ray
+def test_a_waiting_consumer_sends_acknowledgements_only_once_its_leases_ended(ray_session):
+    # Under `dynamic` no rank waits for another's acknowledgements before that one's
+    # leases ended: a consumer outpacing its reading waits at every piece, and sending
+    # then would be a coordinator call per piece. After the reading passed a `FLUSH` (a
+    # lease answer without pieces), a wait sends them at once.
+    before_flush, after_flush = threading.Event(), threading.Event()
+    script = [_batch(0), _batch(2), before_flush, FLUSH, _batch(4), after_flush, _batch(6)]
+    reads = LocalReads(ScriptedReading(EpochStarter.remote(), script))
+    reads.start(generation=1, epoch=0)
+    waits, sent = [], []
+    flush = reads.when_awaited(lambda: sent.append(len(waits)))
+
+    def waiting() -> None:
+        waits.append(True)
+        flush()
+
+    received = []
+    consumer = threading.Thread(
+        target=lambda: received.extend(reads.batches(0, flush=waiting, where="test"))
+    )
+    consumer.start()
+    wait_until(lambda: waits, "the consumer waiting for the reading")
+    assert sent == []  # waiting, but the leases have not ended: nothing sent
+    before_flush.set()
+    wait_until(lambda: sent, "the consumer's wait after the FLUSH")
+    after_flush.set()
+    consumer.join(timeout=EVENT_TIMEOUT_S)
+    assert [t.batch["_index"].tolist() for t in received] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    reads.close()
