@@ -64,6 +64,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert throughput["config"]["callers"] == 1 and throughput["config"]["ranks"] == 100
     assert throughput["batched"]["leases_per_s"] > 0
     assert throughput["acks"]["acks_per_s"] > 0 and throughput["acks"]["calls"] > 0
+    assert throughput["empty_actor"]["calls"] == throughput["acks"]["calls"]
 
     acks = results["acks"]
     assert acks["config"]["ranks"] == 40

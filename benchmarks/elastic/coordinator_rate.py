@@ -80,19 +80,46 @@ class _Caller:
         await asyncio.gather(*(worker(k) for k in range(inflight)))
         return got, calls, began, time.time()
 
-    async def acks(self, generation: int, work: list, inflight: int) -> tuple:
+    async def acks(self, generation: int, work: list, inflight: int, target=None) -> tuple:
         """One `ack` call per `(rank, start, end)` of `work` (one 16-row batch each), with
-        `inflight` calls outstanding."""
+        `inflight` calls outstanding, to the coordinator or to `target`."""
+        target = target or self.coordinator
 
         async def worker(first: int) -> None:
             for rank, start, end in work[first::inflight]:
                 runs = np.array([[start, end]], dtype=np.int64)
                 usage = {"batches": 1, "samples": end - start, "bytes": 8 * (end - start)}
-                await self.coordinator.ack.remote(generation, rank, 0, 1, runs, usage)
+                await target.ack.remote(generation, rank, 0, 1, runs, usage)
 
         began = time.time()
         await asyncio.gather(*(worker(k) for k in range(inflight)))
         return len(work), began, time.time()
+
+
+class _Empty:
+    """An actor whose async `ack` does nothing: what a call costs in Ray itself."""
+
+    async def ack(self, generation, dp_rank, epoch, batches, ids, usage=None) -> None:
+        return None
+
+
+def _ack_rate(actors: list, generation: int, work: list, inflight: int, pid: int, target=None):
+    """`work` acknowledged by `actors` (to the coordinator, or `target`); calls/s and the
+    CPU of the process `pid` (the one called) per call."""
+    import ray
+
+    cpu_before = process_cpu_s(pid)
+    shares = [work[i :: len(actors)] for i in range(len(actors))]
+    acked = ray.get(
+        [a.acks.remote(generation, share, inflight, target) for a, share in zip(actors, shares)]
+    )
+    wall = max(r[2] for r in acked) - min(r[1] for r in acked)
+    return {
+        "calls": len(work),
+        "seconds": wall,
+        "acks_per_s": len(work) / wall,
+        "cpu_us_per_call": (process_cpu_s(pid) - cpu_before) / len(work) * 1e6,
+    }
 
 
 def _py_spy_top(raw: Path, limit: int = 15) -> list[dict]:
@@ -270,18 +297,12 @@ def run_throughput(
             for k, answer in enumerate(answers)
             for start, end in answer.pieces
         ][:calls]
-        cpu_before = process_cpu_s(pid)
-        shares = [work[i :: len(actors)] for i in range(len(actors))]
-        acked = ray.get(
-            [a.acks.remote(generation, share, inflight) for a, share in zip(actors, shares)]
-        )
-        wall = max(r[2] for r in acked) - min(r[1] for r in acked)
-        out["acks"] = {
-            "calls": len(work),
-            "seconds": wall,
-            "acks_per_s": len(work) / wall,
-            "coordinator_cpu_us_per_ack": (process_cpu_s(pid) - cpu_before) / len(work) * 1e6,
-        }
+        out["acks"] = _ack_rate(actors, generation, work, inflight, pid)
+        # The same calls to a method that does nothing: Ray's own part of each call.
+        empty = ray.remote(num_cpus=0)(_Empty).remote()
+        empty_pid = ray.get(empty.__ray_call__.remote(pid_of))
+        out["empty_actor"] = _ack_rate(actors, generation, work, inflight, empty_pid, empty)
+        ray.kill(empty)
         for actor in actors:
             ray.kill(actor)
     finally:
