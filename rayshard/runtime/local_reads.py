@@ -126,12 +126,12 @@ class LocalReads:
 
     def when_awaited(self, flush: Callable[[], None]) -> Callable[[], None]:
         """`flush` for a consumer waiting for a batch of the started epoch, called only
-        once the reading passed a `FLUSH` (under `dynamic`: a lease answer without pieces,
-        a wait or the end of the leases): from then on the other ranks may wait for this
-        rank's acknowledgements (its open leases), so a wait sends them at once. Before,
-        no one waits for them, and they go every `ack_interval_s`: a consumer that outpaces
-        its reading waits at every piece, and a call each time would cost the coordinator
-        and this process more than the reading of a small piece."""
+        once the reading passed a `FLUSH` (under `dynamic`: a lease answer to wait, given
+        once no piece is left for this rank) or ended: from then on the other ranks may
+        wait for this rank's acknowledgements (its open leases), so a wait sends them at
+        once. Before, no one waits for them, and they go every `ack_interval_s`: a consumer
+        that outpaces its reading waits at every piece, and a call each time would cost the
+        coordinator and this process more than the reading of a small piece."""
         ended = self._leases_ended
         return lambda: flush() if ended.is_set() else None
 
