@@ -28,7 +28,9 @@ throughput  the coordinator with 1,000 (`--ranks`) registered data-parallel rank
             (async, many calls in flight); and the library's batched call
             `lease(rank, count=100)` (the readers' path: up to `count` pieces in
             one round trip, each journaled); then `ack.remote`, one call per leased
-            piece, and the same calls to an actor whose `ack` does nothing. `--profile` samples the
+            piece; the same once every rank took what its capacity leaves (an epoch's
+            tail, no piece left to lease: each ack asks whether it ended the epoch);
+            and the same calls to an actor whose `ack` does nothing. `--profile` samples the
             coordinator with py-spy during the per-call run and lists where time goes.
 acks        `--ack-ranks` ranks (policy `data`), each a real `AckSender` (the
             iterators' default `ack_interval_s`, 0.1 s) receiving a batch every
@@ -204,6 +206,11 @@ def report_tables(results: dict) -> list[str]:
                 "rate": t["acks"]["acks_per_s"],
                 "what": "one call per 16-row batch, {callers} callers x {inflight_per_caller} "
                 "in flight".format(**t["config"]),
+            },
+            {
+                "path": "actor ack.remote, tail",
+                "rate": t["tail_acks"]["acks_per_s"],
+                "what": "the same, once no piece is left to lease (an epoch's end)",
             },
             {
                 "path": "empty actor method",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import signal
 import subprocess
 import time
@@ -298,6 +299,14 @@ def run_throughput(
             for start, end in answer.pieces
         ][:calls]
         out["acks"] = _ack_rate(actors, generation, work, inflight, pid)
+        # An epoch's tail: every rank takes what its capacity leaves, so no piece is left
+        # to lease, and each acknowledgement asks whether it ended the epoch.
+        rest = ray.get([coordinator.lease.remote(generation, r, 0, 10_000) for r in range(ranks)])
+        tail = [(r, start, end) for r, answer in enumerate(rest) for start, end in answer.pieces]
+        random.Random(0).shuffle(tail)  # ranks acknowledge in any order: scattered runs
+        out["tail_acks"] = _ack_rate(actors, generation, tail[:calls], inflight, pid)
+        leases = ray.get(coordinator.describe.remote())["leases"]
+        out["tail_acks"]["unleased_rows"] = leases[0]["unleased_rows"]
         # The same calls to a method that does nothing: Ray's own part of each call.
         empty = ray.remote(num_cpus=0)(_Empty).remote()
         empty_pid = ray.get(empty.__ray_call__.remote(pid_of))

@@ -25,7 +25,7 @@ from rayshard.core.state import LoaderState
 from rayshard.core.stragglers import reoffer
 from rayshard.plan import EpochPlan, RankPlan
 from rayshard.plan import intervals as iv
-from rayshard.plan.id_runs import RunSet
+from rayshard.plan.id_runs import RunSet, as_runs, run_rows
 from rayshard.sources.base import Source
 
 
@@ -50,9 +50,11 @@ class CoordinatorCore(CoreQueries):
         self.books: dict[int, LeaseBook] = {}
         self.rank_epoch: dict[int, int] = {}
         self.resume: LoaderState | None = None
-        # epoch -> dp rank -> batches received; epoch -> consumed intervals (all ranks)
-        self.received: dict[int, dict[int, int]] = {}
-        self.consumed: dict[int, RunSet] = {}
+        self.received: dict[int, dict[int, int]] = {}  # epoch -> dp rank -> batches received
+        self.consumed: dict[int, RunSet] = {}  # epoch -> consumed intervals (all ranks)
+        self.acked_rows: dict[int, int] = {}  # epoch -> rows acknowledged, repeats again
+        # (a cache: counted from `consumed` when first asked for, as after a restart)
+        self._sample_rows: dict[tuple, int] = {}  # (generation, dp size, epoch) -> samples
         self.partial: dict[int, dict[int, int]] = {}  # epoch -> sample -> tokens delivered
         self.events: list[dict] = []
         self.readers_named = 0
@@ -177,6 +179,8 @@ class CoordinatorCore(CoreQueries):
         counts = self.received.setdefault(c.epoch, {})
         counts[c.dp_rank] = max(counts.get(c.dp_rank, 0), c.batches)
         self.consumed.setdefault(c.epoch, RunSet()).add(c.ids)
+        if c.epoch in self.acked_rows:  # else counted when first asked for
+            self.acked_rows[c.epoch] += run_rows(as_runs(c.ids))
         if c.partial:
             partial = self.partial.setdefault(c.epoch, {})
             for index, tokens in c.partial:
@@ -225,13 +229,14 @@ class CoordinatorCore(CoreQueries):
         if not ranks or not ranks <= self.rank_epoch.keys():
             return []
         floor = min(self.rank_epoch[r] for r in ranks) - 1
-        stores = (self.books, self.received, self.consumed, self.partial)
+        stores = (self.books, self.received, self.consumed, self.partial, self.acked_rows)
         past = sorted(e for e in {*self.started, *(e for s in stores for e in s)} if e < floor)
         for epoch in past:
             self.started.discard(epoch)
             for store in stores:
                 store.pop(epoch, None)
         self._plans = {key: plan for key, plan in self._plans.items() if key[2] >= floor}
+        self._sample_rows = {k: n for k, n in self._sample_rows.items() if k[2] >= floor}
         return past
 
     # -- snapshots (journal compaction) ----------------------------------------------------
@@ -274,6 +279,7 @@ class CoordinatorCore(CoreQueries):
         self.books.clear()
         self.received.clear()
         self.consumed.clear()
+        self.acked_rows.clear()
         self.partial.clear()
         self.rank_epoch.clear()
 

@@ -51,6 +51,7 @@ def load_core(core: CoordinatorCore, data: dict[str, Any]) -> None:
     core.resume = None if data["resume"] is None else LoaderState.from_dict(data["resume"])
     core.received = {e: {r: n for r, n in c} for e, c in data["received"]}
     core.consumed = {e: RunSet(c) for e, c in data["consumed"]}
+    core.acked_rows = {}  # counted again from `consumed` when asked for
     core.partial = {e: {i: t for i, t in p} for e, p in data.get("partial", [])}
     core.events = list(data["events"])
     core.readers_named = data["readers_named"]

@@ -41,6 +41,11 @@ def union(runs: np.ndarray) -> np.ndarray:
     return np.stack((starts[first], np.maximum.reduceat(ends, first)), axis=1)
 
 
+def run_rows(runs: np.ndarray) -> int:
+    """Rows in a run array, a row in two pairs counted twice."""
+    return int((runs[:, 1] - runs[:, 0]).sum())
+
+
 def to_intervals(runs: np.ndarray) -> iv.Intervals:
     """A run array as `intervals` pairs (Python ints)."""
     return tuple(map(tuple, runs.tolist()))
@@ -81,4 +86,4 @@ class RunSet:
             self._pending, self._count = [], 0
 
 
-__all__ = ["MERGE_FLOOR", "RunSet", "as_runs", "to_intervals", "union"]
+__all__ = ["MERGE_FLOOR", "RunSet", "as_runs", "run_rows", "to_intervals", "union"]

@@ -270,7 +270,12 @@ class Coordinator:
         core = self._core
         if core.dynamic:
             book = core.books.get(epoch)
-            return book is not None and book.exhausted() and core.epoch_complete(epoch)
+            return (
+                book is not None
+                and book.exhausted()
+                and core.epoch_may_be_complete(epoch)
+                and core.epoch_complete(epoch)
+            )
         if batches < core.total(epoch, dp_rank):
             return False
         finished = self._finished.setdefault((core.members.generation, epoch), set())
