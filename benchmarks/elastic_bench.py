@@ -100,10 +100,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ranks", type=int, default=1000, help="registered ranks (throughput)")
     parser.add_argument("--inflight", type=int, default=64, help="calls in flight per caller")
     parser.add_argument(
-        "--ack-ranks", type=int, help="ranks acknowledging (acks; default 400, quick 40)"
+        "--ack-ranks", type=int, help="ranks acknowledging (acks; default 400, quick 20)"
     )
     parser.add_argument(
-        "--ack-seconds", type=float, help="how long they acknowledge (acks; default 20, quick 3)"
+        "--ack-seconds", type=float, help="how long they acknowledge (acks; default 20, quick 1)"
     )
     parser.add_argument(
         "--step-s", type=float, default=0.05, help="a rank's training step (acks; seconds)"
@@ -138,9 +138,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
     if args.ack_ranks is None:
-        args.ack_ranks = 40 if args.quick else 400
+        args.ack_ranks = 20 if args.quick else 400
     if args.ack_seconds is None:
-        args.ack_seconds = 3.0 if args.quick else 20.0
+        args.ack_seconds = 1.0 if args.quick else 20.0
     return args
 
 
@@ -276,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
         "recovery_rows": 15_000 if args.quick else RECOVERY["rows"],
         "splits": 10_000 if args.quick else 200_000,
         "calls": 2_000 if args.quick else 20_000,
+        "ack_calls": 500 if args.quick else 20_000,
         "epoch_rows": 30_000 if args.quick else 1_000_000,
         "epoch_repeats": 1 if args.quick else 3,
     }
@@ -296,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.inflight,
                 args.py_spy if args.profile else None,
                 args.ranks,
+                sizes["ack_calls"],
             ),
             "acks": lambda: run_ack_load(
                 workdir, args.ack_ranks, args.ack_seconds, args.step_s, ACK_INTERVAL_S

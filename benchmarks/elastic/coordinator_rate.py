@@ -191,8 +191,13 @@ def run_throughput(
     inflight: int,
     profile: str | None,
     ranks: int = RANKS,
+    ack_calls: int | None = None,
 ) -> dict:
+    """Lease and acknowledgement rates of a coordinator with `ranks` registered ranks:
+    `calls` lease calls, `ack_calls` (default `calls`) acknowledgements per ack run."""
     import ray
+
+    ack_calls = calls if ack_calls is None else ack_calls
 
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
@@ -297,14 +302,14 @@ def run_throughput(
             (k % ranks, start, end)
             for k, answer in enumerate(answers)
             for start, end in answer.pieces
-        ][:calls]
+        ][:ack_calls]
         out["acks"] = _ack_rate(actors, generation, work, inflight, pid)
         # An epoch's tail: every rank takes what its capacity leaves, so no piece is left
         # to lease, and each acknowledgement asks whether it ended the epoch.
         rest = ray.get([coordinator.lease.remote(generation, r, 0, 10_000) for r in range(ranks)])
         tail = [(r, start, end) for r, answer in enumerate(rest) for start, end in answer.pieces]
         random.Random(0).shuffle(tail)  # ranks acknowledge in any order: scattered runs
-        out["tail_acks"] = _ack_rate(actors, generation, tail[:calls], inflight, pid)
+        out["tail_acks"] = _ack_rate(actors, generation, tail[:ack_calls], inflight, pid)
         leases = ray.get(coordinator.describe.remote())["leases"]
         out["tail_acks"]["unleased_rows"] = leases[0]["unleased_rows"]
         # The same calls to a method that does nothing: Ray's own part of each call.
