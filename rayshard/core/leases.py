@@ -15,16 +15,17 @@ clock (`since`, a time carried in by the caller). `stragglers(now, timeout)` nam
 ranks that hold unacknowledged rows and whose clock is older than `timeout`; `revoke`
 puts their unacknowledged rows back at the front of the queue, as `release` does, but the
 rank stays a member (its capacity stops at what it kept; the others' grow to take the
-rest). Rows acknowledged twice are counted in `duplicate_rows`.
+rest). Rows acknowledged twice are counted in `duplicate_rows` (when asked for: an
+acknowledgement costs the same before and after churn; see also `SplitQueue`).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rayshard.core.split_queue import SplitQueue
 from rayshard.plan import intervals as iv
 
 
@@ -51,20 +52,22 @@ class LeaseBook:
         consumed: Sequence[tuple[int, int]] = (),
     ) -> None:
         done = iv.normalize(consumed)
-        self._queue: collections.deque[tuple[int, int]] = collections.deque(
+        self._queue = SplitQueue(
             piece for split in splits for piece in iv.subtract((tuple(split),), done)
         )
+        self._out_rows = 0  # rows of the leases not closed
         self._batch = batch_size
         self._equal = equal_steps
         self._consumed: list[tuple[int, int]] = list(done)
         self._consumed_norm: iv.Intervals = done
         self._dirty = False
         self._leases: dict[int, Lease] = {}
+        self._by_rank: dict[int, dict[int, Lease]] = {}  # the same leases, by rank
         self._next_id = 0
         self._leased: dict[int, int] = {}  # rank -> rows leased this epoch (kept on release)
         self._capacity: dict[int, int | None] = {}
         self.requeued_rows = 0
-        self.duplicate_rows = 0  # rows acknowledged again (counted once rows were requeued)
+        self._duplicates_carried = self._acked_counted = self._distinct_from = 0  # see below
         self._since: dict[int, float] = {}  # rank -> time of its last lease or acknowledgement
         self._stalled: set[int] = set()  # ranks whose work was revoked this epoch
         self._set_capacities(list(ranks), initial=True)
@@ -74,11 +77,19 @@ class LeaseBook:
     def ranks(self) -> list[int]:
         return sorted(self._capacity)
 
+    def member_count(self) -> int:
+        return len(self._capacity)
+
     def unleased_rows(self) -> int:
-        return iv.total(self._queue)
+        return self._queue.rows
+
+    def outstanding_rows(self) -> int:
+        """Rows of the leases handed out and not closed (acknowledged rows included)."""
+        return self._out_rows
 
     def outstanding(self, rank: int | None = None) -> list[Lease]:
-        return [le for le in self._leases.values() if rank is None or le.rank == rank]
+        leases = self._leases if rank is None else self._by_rank.get(rank, {})
+        return list(leases.values())
 
     def outstanding_count(self) -> int:
         """Leases handed out and not closed (O(1), for metrics on every lease)."""
@@ -88,6 +99,16 @@ class LeaseBook:
         """Batches `rank` yields this epoch (None without equal steps: until the data ends)."""
         cap = self._capacity.get(rank)
         return None if cap is None else -(-cap // self._batch)
+
+    @property
+    def duplicate_rows(self) -> int:
+        """Rows acknowledged again, counted once rows were first requeued: the rows
+        acknowledged since then (`_acked_counted`) less the growth of the distinct consumed
+        rows since then (from `_distinct_from`), plus those counted before a load."""
+        if not self.requeued_rows:
+            return self._duplicates_carried
+        growth = iv.total(self.consumed()) - self._distinct_from
+        return self._duplicates_carried + self._acked_counted - growth
 
     def consumed(self) -> iv.Intervals:
         if self._dirty:
@@ -111,13 +132,13 @@ class LeaseBook:
                 self._since.setdefault(member, now)
         room = self._room(rank)
         while self._queue and room > 0:
-            start, end = self._queue.popleft()
-            if end - start > room:
-                self._queue.appendleft((start + room, end))
-                end = start + room
+            start, end = self._queue.take(room)
+            self._out_rows += end - start
             lease = Lease(self._next_id, rank, start, end)
             self._next_id += 1
-            self._leases[lease.lease_id] = lease
+            self._leases[lease.lease_id] = self._by_rank.setdefault(rank, {})[lease.lease_id] = (
+                lease
+            )
             self._leased[rank] = self._leased.get(rank, 0) + end - start
             self._since[rank] = now
             return lease
@@ -131,45 +152,42 @@ class LeaseBook:
         if rank is not None:
             self._since[rank] = now
             self._stalled.discard(rank)  # it made progress: it may take a share again
-        if self.requeued_rows and pairs:
-            # After churn a row may come twice: count it, and drop acknowledged rows that
-            # still wait in the queue (a straggler delivered them after all).
-            before = self.consumed()
-            merged = iv.normalize([*before, *pairs])
-            self.duplicate_rows += iv.total(pairs) - (iv.total(merged) - iv.total(before))
-            new = iv.normalize(pairs)
-            self._queue = collections.deque(
-                p for piece in self._queue for p in iv.subtract((piece,), new)
-            )
-            self._consumed, self._consumed_norm = list(merged), merged
-            return
         self._consumed.extend(pairs)
         self._dirty = True
+        if self.requeued_rows:  # after churn a row may come twice (see `duplicate_rows`)
+            self._acked_counted += iv.total(pairs)
+        if self._queue.requeued_front and pairs:
+            # a straggler delivered taken-back rows after all: they leave the queue
+            self._queue.drop(iv.normalize(pairs))
 
     def close_finished(self) -> None:
         """Forget leases whose samples were all acknowledged (a new dict: one emptied by
         deletions keeps its table, 288 KiB per finished epoch of 10,000 leases)."""
         done = self.consumed()
-        self._leases = {
-            i: le for i, le in self._leases.items() if iv.subtract(((le.start, le.end),), done)
-        }
+        self._index(
+            {i: le for i, le in self._leases.items() if iv.subtract(((le.start, le.end),), done)}
+        )
 
     def _take_back(self, rank: int) -> list[tuple[int, int]]:
         """End `rank`'s leases; their unacknowledged rest goes back to the front of the
         queue, in order. Returns those pieces."""
         done = self.consumed()
         back: list[tuple[int, int]] = []
-        for lease in self.outstanding(rank):
+        for lease in self._by_rank.pop(rank, {}).values():
             back.extend(iv.subtract(((lease.start, lease.end),), done))
             del self._leases[lease.lease_id]
-        self._queue.extendleft(reversed(back))
+            self._out_rows -= lease.end - lease.start
+        self._queue.put_back(back)
+        rows = iv.total(back)
+        if rows and not self.requeued_rows:  # duplicates are counted from now on
+            self._distinct_from = iv.total(done)
+        self.requeued_rows += rows
         return back
 
     def release(self, rank: int) -> list[tuple[int, int]]:
         """`rank` died or left: the unacknowledged rest of its leases goes back to the front
         of the queue, and the survivors' capacities grow to take it. Returns those pieces."""
         back = self._take_back(rank)
-        self.requeued_rows += iv.total(back)
         self._capacity.pop(rank, None)
         self._spread()
         return back
@@ -185,14 +203,16 @@ class LeaseBook:
         """Ranks (but `exclude`) whose last lease and last acknowledgement are both at
         least `timeout` before `now` and that hold unacknowledged rows or (equal steps)
         room for queued rows no one else may take."""
-        done = self.consumed()
-        holding = {
-            le.rank for le in self._leases.values() if iv.subtract(((le.start, le.end),), done)
-        }
-        if self._equal and self._queue:
-            holding |= {r for r in self._capacity if r not in self._stalled and self._room(r) > 0}
-        holding.discard(exclude)
-        return sorted(r for r in holding if now - self._since.get(r, now) >= timeout)
+        silent = [r for r, t in self._since.items() if now - t >= timeout and r != exclude]
+        if not silent:  # the common case: checked without merging the consumed rows
+            return []
+        done, queued = self.consumed(), self._equal and bool(self._queue)
+        return sorted(
+            r
+            for r in silent
+            if any(iv.subtract(((le.start, le.end),), done) for le in self.outstanding(r))
+            or (queued and r in self._capacity and r not in self._stalled and self._room(r) > 0)
+        )
 
     def unstall(self, rank: int) -> None:
         """`rank` asks for work: it is alive, and may take a share again."""
@@ -204,7 +224,6 @@ class LeaseBook:
         Returns those pieces."""
         back = self._take_back(rank)
         rows = iv.total(back)
-        self.requeued_rows += rows
         self._leased[rank] = self._leased.get(rank, 0) - rows
         self._stalled.add(rank)
         if self._equal and rank in self._capacity:
@@ -217,6 +236,13 @@ class LeaseBook:
         return iv.normalize((le.start, le.end) for le in self.outstanding(rank))
 
     # -- internals -------------------------------------------------------------------------
+    def _index(self, leases: dict[int, Lease]) -> None:
+        """Keep `leases` (a new dict: one emptied by deletions keeps its table), by rank too."""
+        self._leases, self._by_rank = leases, {}
+        for i, lease in leases.items():
+            self._by_rank.setdefault(lease.rank, {})[i] = lease
+        self._out_rows = sum(le.end - le.start for le in leases.values())
+
     def _room(self, rank: int) -> int:
         cap = self._capacity[rank]
         return 1 << 62 if cap is None else cap - self._leased.get(rank, 0)
@@ -240,13 +266,9 @@ class LeaseBook:
         # Spread what is not leased over everyone, in whole batches, on top of what each
         # rank already leased; a rank's capacity never shrinks below what it holds.
         share = -(-unleased // (len(ranks) * self._batch)) * self._batch
-        spare = {r: (self._capacity.get(r) or 0) - self._leased.get(r, 0) for r in ranks}
-        self._capacity.update(
-            {
-                r: self._leased.get(r, 0) + max(spare[r], 0) + max(share - max(spare[r], 0), 0)
-                for r in ranks
-            }
-        )
+        held = {r: self._leased.get(r, 0) for r in ranks}
+        spare = {r: max((self._capacity.get(r) or 0) - held[r], 0) for r in ranks}
+        self._capacity.update({r: held[r] + spare[r] + max(share - spare[r], 0) for r in ranks})
 
     def to_dict(self) -> dict[str, Any]:
         """The whole book, JSON-safe (the coordinator's journal snapshots hold it)."""
@@ -260,6 +282,7 @@ class LeaseBook:
             "leased": [[r, n] for r, n in sorted(self._leased.items())],
             "capacity": [[r, c] for r, c in sorted(self._capacity.items())],
             "requeued_rows": self.requeued_rows,
+            "requeued_front": self._queue.requeued_front,
             "duplicate_rows": self.duplicate_rows,
             "since": [[r, t] for r, t in sorted(self._since.items())],
             "stalled": sorted(self._stalled),
@@ -269,15 +292,17 @@ class LeaseBook:
     def from_dict(cls, data: dict[str, Any]) -> LeaseBook:
         """The book `to_dict` described."""
         book = cls([], [], data["batch"], equal_steps=data["equal"])
-        book._queue = collections.deque(tuple(p) for p in data["queue"])
+        # no `requeued_front` in older snapshots: any queued piece may hold taken-back rows
+        book._queue = SplitQueue(data["queue"], data.get("requeued_front", len(data["queue"])))
         book._consumed_norm = tuple(tuple(r) for r in data["consumed"])
         book._consumed = list(book._consumed_norm)
-        book._leases = {i: Lease(i, r, s, e) for i, r, s, e in data["leases"]}
+        book._index({i: Lease(i, r, s, e) for i, r, s, e in data["leases"]})
         book._next_id = data["next_id"]
         book._leased = {r: n for r, n in data["leased"]}
         book._capacity = {r: c for r, c in data["capacity"]}
         book.requeued_rows = data["requeued_rows"]
-        book.duplicate_rows = data.get("duplicate_rows", 0)  # absent before stragglers
+        book._duplicates_carried = data.get("duplicate_rows", 0)  # absent before stragglers
+        book._distinct_from = iv.total(book._consumed_norm)
         book._since = {r: t for r, t in data.get("since", [])}
         book._stalled = set(data.get("stalled", []))
         return book

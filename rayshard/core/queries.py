@@ -143,10 +143,10 @@ class CoreQueries:
         if not self.dynamic:
             return self.plan(epoch).ranks[dp_rank].batches
         book = self.books.get(epoch) or self._new_book(epoch)  # not kept: a query
-        steps = book.steps(dp_rank) if dp_rank in book.ranks else None
+        steps = book.steps(dp_rank)  # None for a rank not in the book
         if steps is None:  # no equal steps: an even share of what is left, as an estimate
-            rows = book.unleased_rows() + sum(le.end - le.start for le in book.outstanding())
-            steps = -(-rows // (max(len(book.ranks), 1) * self.settings.plan.batch_size))
+            rows = book.unleased_rows() + book.outstanding_rows()
+            steps = -(-rows // (max(book.member_count(), 1) * self.settings.plan.batch_size))
         return steps
 
     def steps(self, dp_rank: int, epoch: int) -> int | None:

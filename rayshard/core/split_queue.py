@@ -1,0 +1,65 @@
+"""The queue of pieces a `dynamic` epoch has not leased yet, with the two facts its lease
+book asks for on every call kept up to date rather than summed: how many rows it holds,
+and which pieces may hold rows a consumer already received.
+
+Only rows taken back from a rank (lost, or revoked as a straggler) can be acknowledged
+while queued: every other queued row was never leased. Taken-back rows always sit at the
+queue's front: they go back there, and a piece cut from the front leaves its rest there.
+So a late acknowledgement is dropped from the first `requeued_front` pieces only, and an
+acknowledgement costs the same with 10 pieces queued as with 100,000.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Iterator
+
+from rayshard.plan import intervals as iv
+
+
+class SplitQueue:
+    """Pieces `(start, end)` in leasing order (see module docstring)."""
+
+    def __init__(self, pieces: Iterable[tuple[int, int]] = (), requeued_front: int = 0) -> None:
+        self._pieces: collections.deque[tuple[int, int]] = collections.deque(
+            (int(a), int(b)) for a, b in pieces
+        )
+        self.rows = iv.total(self._pieces)
+        self.requeued_front = min(requeued_front, len(self._pieces))
+
+    def __bool__(self) -> bool:
+        return bool(self._pieces)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return iter(self._pieces)
+
+    def take(self, room: int) -> tuple[int, int]:
+        """The front piece, cut to `room` rows (its rest stays in front). Not empty."""
+        start, end = self._pieces.popleft()
+        taken_back = self.requeued_front > 0
+        if end - start > room:
+            self._pieces.appendleft((start + room, end))
+            end = start + room
+        else:
+            self.requeued_front -= taken_back
+        self.rows -= end - start
+        return start, end
+
+    def put_back(self, pieces: list[tuple[int, int]]) -> None:
+        """Taken-back pieces go to the front, in order."""
+        self._pieces.extendleft(reversed(pieces))
+        self.requeued_front += len(pieces)
+        self.rows += iv.total(pieces)
+
+    def drop(self, received: iv.Intervals) -> None:
+        """Rows a consumer received (`received` normalized) leave the queue."""
+        if not self.requeued_front or not received:
+            return
+        front = [self._pieces.popleft() for _ in range(self.requeued_front)]
+        kept = [p for piece in front for p in iv.subtract((piece,), received)]
+        self._pieces.extendleft(reversed(kept))
+        self.requeued_front = len(kept)
+        self.rows -= iv.total(front) - iv.total(kept)
+
+
+__all__ = ["SplitQueue"]
