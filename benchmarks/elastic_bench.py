@@ -5,7 +5,7 @@ This file is the driver (arguments, tables, targets, JSON); the sections live in
 
     python benchmarks/elastic_bench.py [--quick] [--json PATH] [--only recovery,...]
         [--profile] [--py-spy PATH] [--recovery-ranks N] [--epoch-ranks N]
-        [--ack-ranks N] [--ack-seconds S] [--step-s S]
+        [--ack-ranks N] [--ack-seconds S] [--step-s S] [--core-ranks N,N]
 
 recovery    3 ranks (`--recovery-ranks`; rank 1 is the victim) consume a `dynamic`
             loader (default Ray and loader settings; Parquet ids, batch 256, splits of
@@ -38,6 +38,13 @@ acks        `--ack-ranks` ranks (policy `data`), each a real `AckSender` (the
             more acknowledgements offered than it records on this machine. A probe
             `ping` every 0.25 s measures how long a call waits in its queue; the
             senders' final `stop()` waits for what is still queued.
+core        the coordinator's pure core (no Ray) through one `dynamic` epoch at
+            `--core-ranks` ranks (default 1,000, 3,000 and 10,000; 4 row groups of
+            32,768 rows per rank, one per lease, acknowledged 4 batches at a time):
+            steady; one node's 8 ranks lost a third of the way in; the same with
+            `straggler_timeout_s` on (every lease that finds nothing asks for
+            stragglers). CPU per lease, ack and loss, and for registering and starting
+            the epoch: the core's own cost, beside Ray's per-call cost.
 epoch       `policy="data"` and `policy="dynamic"` on the same Parquet data (x float32
             [128], label, id; row groups of 32,768 rows = the dynamic splits), 2 ranks
             (`--epoch-ranks`) as Ray tasks, batch 1024, numpy batches; each run reads 2
@@ -63,6 +70,7 @@ from benchmarks._measure import format_table  # noqa: E402
 from benchmarks._report import start_local_ray, write_json  # noqa: E402
 from benchmarks.elastic.ack_load import run_ack_load  # noqa: E402
 from benchmarks.elastic.coordinator_rate import run_throughput  # noqa: E402
+from benchmarks.elastic.core_epoch import NODE_RANKS, run_core  # noqa: E402
 from benchmarks.elastic.epochs import run_epoch  # noqa: E402
 from benchmarks.elastic.recovery import (  # noqa: E402
     RECOVERY,
@@ -72,7 +80,7 @@ from benchmarks.elastic.recovery import (  # noqa: E402
 
 ACK_INTERVAL_S = 0.1  # the iterators' default `ack_interval_s`
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "elastic_bench.json"
-SECTIONS = ("recovery", "throughput", "acks", "epoch")
+SECTIONS = ("recovery", "throughput", "acks", "core", "epoch")
 KILL_MODES = ("ray_kill", "sigkill")
 TARGETS = {"recovery_s": 5.0, "actor_leases_per_s": 10_000.0}
 FEATURES = 128
@@ -108,6 +116,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--step-s", type=float, default=0.05, help="a rank's training step (acks; seconds)"
     )
+    parser.add_argument(
+        "--core-ranks", help="rank counts of the core runs (core; default 1000,3000,10000)"
+    )
     parser.add_argument("--profile", action="store_true", help="py-spy the coordinator")
     parser.add_argument("--py-spy", default=shutil.which("py-spy"), help="py-spy executable")
     parser.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs for ray.init")
@@ -141,6 +152,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.ack_ranks = 20 if args.quick else 400
     if args.ack_seconds is None:
         args.ack_seconds = 1.0 if args.quick else 20.0
+    try:
+        args.core_ranks = [int(n) for n in (args.core_ranks or "").split(",") if n.strip()]
+    except ValueError:
+        parser.error(f"Invalid value for '--core-ranks': {args.core_ranks!r} (N,N,...)")
+    if any(n < NODE_RANKS + 1 for n in args.core_ranks):
+        parser.error(f"Invalid value for '--core-ranks': each must exceed {NODE_RANKS}")
+    args.core_ranks = args.core_ranks or ([100] if args.quick else [1000, 3000, 10_000])
     return args
 
 
@@ -166,6 +184,18 @@ ACK_TABLE = (
     ("max s", "queue_wait_s_max", ".3f"),
     ("final stop() s", "stop_s_max", ".2f"),
     ("coordinator CPU", "coordinator_cpu_share", ".0%"),
+)
+CORE_TABLE = (
+    ("ranks", "ranks", "d"),
+    ("case", "case", "s"),
+    ("leases", "leases", "d"),
+    ("acks", "acks", "d"),
+    ("us/lease", "lease_us", ".0f"),
+    ("us/ack", "ack_us", ".0f"),
+    ("ms/loss", "lost_ms", ".1f"),
+    ("register+start s", "start_s", ".2f"),
+    ("requeued rows", "requeued_rows", "d"),
+    ("complete", "complete", "s"),
 )
 EPOCH_TABLE = (
     ("policy", "policy", "s"),
@@ -234,6 +264,9 @@ def report_tables(results: dict) -> list[str]:
     if "acks" in results:
         row = {**results["acks"], "ranks": results["acks"]["config"]["ranks"]}
         out.append(format_table([row], ACK_TABLE))
+    if "core" in results:
+        rows = [{**r, "complete": str(r["complete"])} for r in results["core"]["runs"]]
+        out.append(format_table(rows, CORE_TABLE))
     if "epoch" in results:
         rows = [
             {**r, "coverage": "ok" if r["coverage_ok"] else "FAILED"}
@@ -280,7 +313,8 @@ def main(argv: list[str] | None = None) -> int:
         "epoch_rows": 30_000 if args.quick else 1_000_000,
         "epoch_repeats": 1 if args.quick else 3,
     }
-    start_ray(args.ray_cpus)
+    if set(args.sections) - {"core"}:
+        start_ray(args.ray_cpus)
     results: dict = {}
     with tempfile.TemporaryDirectory(prefix="rayshard-elastic-bench-") as tmp:
         workdir = Path(tmp)
@@ -302,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             "acks": lambda: run_ack_load(
                 workdir, args.ack_ranks, args.ack_seconds, args.step_s, ACK_INTERVAL_S
             ),
+            "core": lambda: run_core(args.core_ranks),
             "epoch": lambda: run_epoch(
                 workdir, sizes["epoch_rows"], sizes["epoch_repeats"], args.epoch_ranks
             ),
@@ -331,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     ray.shutdown()
     lost = sum(r["missing"] for r in results.get("recovery", {}).get("runs", []))
     epoch_ok = all(s["coverage_ok"] for s in results.get("epoch", {}).get("summary", {}).values())
-    return 0 if lost == 0 and epoch_ok else 1
+    core_ok = all(r["complete"] for r in results.get("core", {}).get("runs", []))
+    return 0 if lost == 0 and epoch_ok and core_ok else 1
 
 
 if __name__ == "__main__":

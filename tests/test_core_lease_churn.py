@@ -91,7 +91,7 @@ def _check(book: LeaseBook, model: Model, total: int, clock: float) -> None:
     for exclude in (None, 0, 1):
         full = sorted(
             r
-            for r, since in book._since.items()
+            for r, since in book._since.to_list()
             if r != exclude
             and clock - since >= TIMEOUT
             and (

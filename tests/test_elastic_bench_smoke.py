@@ -42,7 +42,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     results = report["results"]
-    assert set(results) == {"recovery", "throughput", "acks", "epoch"}
+    assert set(results) == {"recovery", "throughput", "acks", "core", "epoch"}
 
     recovery = results["recovery"]
     assert set(recovery["summary"]) == {"ray_kill", "sigkill"}
@@ -74,6 +74,15 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert acks["recorded_all"]  # every received batch recorded once the senders stopped
     assert acks["queue_wait_s_max"] > 0
 
+    core = {run["case"]: run for run in results["core"]["runs"]}
+    assert set(core) == {"steady", "node lost", "node lost, stragglers on"}
+    for case, run in core.items():
+        assert run["ranks"] == 100 and run["complete"], (case, run)  # every row acknowledged
+        assert run["acks"] > 0 and run["leases"] > 0, (case, run)
+    assert core["steady"]["requeued_rows"] == 0 and core["steady"]["lost_ranks"] == 0
+    for case in ("node lost", "node lost, stragglers on"):  # the lost ranks' work went back
+        assert core[case]["lost_ranks"] == 8 and core[case]["requeued_rows"] > 0, core[case]
+
     assert results["epoch"]["config"]["world_size"] == 1
     epoch = results["epoch"]["summary"]
     for policy in ("data", "dynamic"):
@@ -83,4 +92,4 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
 
     assert set(report["targets"]) == {"recovery_s", "actor_leases_per_s", "actor_lease_many_per_s"}
     assert "relet" in done.stdout and "LeaseBook.lease" in done.stdout  # the printed tables
-    assert "offered acks/s" in done.stdout
+    assert "offered acks/s" in done.stdout and "us/ack" in done.stdout

@@ -25,6 +25,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rayshard.core.rank_clocks import RankClocks
 from rayshard.core.split_queue import SplitQueue
 from rayshard.plan import intervals as iv
 
@@ -52,9 +53,7 @@ class LeaseBook:
         consumed: Sequence[tuple[int, int]] = (),
     ) -> None:
         done = iv.normalize(consumed)
-        self._queue = SplitQueue(
-            piece for split in splits for piece in iv.subtract((tuple(split),), done)
-        )
+        self._queue = SplitQueue(p for split in splits for p in iv.subtract((tuple(split),), done))
         self._out_rows = 0  # rows of the leases not closed
         self._batch = batch_size
         self._equal = equal_steps
@@ -68,7 +67,7 @@ class LeaseBook:
         self._capacity: dict[int, int | None] = {}
         self.requeued_rows = 0
         self._duplicates_carried = self._acked_counted = self._distinct_from = 0  # see below
-        self._since: dict[int, float] = {}  # rank -> time of its last lease or acknowledgement
+        self._since = RankClocks()  # rank -> time of its last lease or acknowledgement
         self._stalled: set[int] = set()  # ranks whose work was revoked this epoch
         self._set_capacities(list(ranks), initial=True)
 
@@ -128,19 +127,16 @@ class LeaseBook:
         if rank not in self._capacity:
             raise KeyError(f"rank {rank} is not a member of this epoch")
         if len(self._since) < len(self._capacity):  # the first lease starts every clock
-            for member in self._capacity:
-                self._since.setdefault(member, now)
+            self._since.start(self._capacity, now)
         room = self._room(rank)
         while self._queue and room > 0:
             start, end = self._queue.take(room)
             self._out_rows += end - start
-            lease = Lease(self._next_id, rank, start, end)
+            lease = self._leases[self._next_id] = Lease(self._next_id, rank, start, end)
+            self._by_rank.setdefault(rank, {})[self._next_id] = lease
             self._next_id += 1
-            self._leases[lease.lease_id] = self._by_rank.setdefault(rank, {})[lease.lease_id] = (
-                lease
-            )
             self._leased[rank] = self._leased.get(rank, 0) + end - start
-            self._since[rank] = now
+            self._since.touch(rank, now)
             return lease
         return None
 
@@ -150,7 +146,7 @@ class LeaseBook:
         """Samples that reached a consumer of `rank` at `now` (restarts its straggler clock)."""
         pairs = [(int(r[0]), int(r[1])) for r in ranges]
         if rank is not None:
-            self._since[rank] = now
+            self._since.touch(rank, now)
             self._stalled.discard(rank)  # it made progress: it may take a share again
         self._consumed.extend(pairs)
         self._dirty = True
@@ -164,9 +160,7 @@ class LeaseBook:
         """Forget leases whose samples were all acknowledged (a new dict: one emptied by
         deletions keeps its table, 288 KiB per finished epoch of 10,000 leases)."""
         done = self.consumed()
-        self._index(
-            {i: le for i, le in self._leases.items() if iv.subtract(((le.start, le.end),), done)}
-        )
+        self._index({i: le for i, le in self._leases.items() if self._unfinished([le], done)})
 
     def _take_back(self, rank: int) -> list[tuple[int, int]]:
         """End `rank`'s leases; their unacknowledged rest goes back to the front of the
@@ -196,23 +190,20 @@ class LeaseBook:
         """A new rank takes part from `now` on (capacities of everyone are re-spread)."""
         if rank not in self._capacity:
             self._capacity[rank] = 0
-            self._since[rank] = now
+            self._since.touch(rank, now)
             self._spread()
 
     def stragglers(self, now: float, timeout: float, exclude: int | None = None) -> list[int]:
         """Ranks (but `exclude`) whose last lease and last acknowledgement are both at
         least `timeout` before `now` and that hold unacknowledged rows or (equal steps)
         room for queued rows no one else may take."""
-        silent = [r for r, t in self._since.items() if now - t >= timeout and r != exclude]
-        if not silent:  # the common case: checked without merging the consumed rows
-            return []
-        done, queued = self.consumed(), self._equal and bool(self._queue)
-        return sorted(
-            r
-            for r in silent
-            if any(iv.subtract(((le.start, le.end),), done) for le in self.outstanding(r))
-            or (queued and r in self._capacity and r not in self._stalled and self._room(r) > 0)
-        )
+        silent = self._since.silent(now, timeout, exclude)
+        leasing = [r for r in silent if r in self._by_rank]  # the rest hold no lease
+        done = self.consumed() if leasing else ()
+        holding = {r for r in leasing if self._unfinished(self._by_rank[r].values(), done)}
+        if self._equal and self._queue:
+            holding.update(r for r in silent if r in self._capacity and self._may_take(r))
+        return sorted(holding)
 
     def unstall(self, rank: int) -> None:
         """`rank` asks for work: it is alive, and may take a share again."""
@@ -242,6 +233,13 @@ class LeaseBook:
         for i, lease in leases.items():
             self._by_rank.setdefault(lease.rank, {})[i] = lease
         self._out_rows = sum(le.end - le.start for le in leases.values())
+
+    @staticmethod
+    def _unfinished(leases: Iterable[Lease], done: iv.Intervals) -> bool:
+        return any(iv.subtract(((le.start, le.end),), done) for le in leases)
+
+    def _may_take(self, rank: int) -> bool:
+        return rank not in self._stalled and self._room(rank) > 0
 
     def _room(self, rank: int) -> int:
         cap = self._capacity[rank]
@@ -284,7 +282,7 @@ class LeaseBook:
             "requeued_rows": self.requeued_rows,
             "requeued_front": self._queue.requeued_front,
             "duplicate_rows": self.duplicate_rows,
-            "since": [[r, t] for r, t in sorted(self._since.items())],
+            "since": self._since.to_list(),
             "stalled": sorted(self._stalled),
         }
 
@@ -303,7 +301,7 @@ class LeaseBook:
         book.requeued_rows = data["requeued_rows"]
         book._duplicates_carried = data.get("duplicate_rows", 0)  # absent before stragglers
         book._distinct_from = iv.total(book._consumed_norm)
-        book._since = {r: t for r, t in data.get("since", [])}
+        book._since = RankClocks(data.get("since", []))
         book._stalled = set(data.get("stalled", []))
         return book
 
