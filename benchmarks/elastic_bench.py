@@ -30,6 +30,7 @@ throughput  the coordinator with 1,000 (`--ranks`) registered data-parallel rank
             one round trip, each journaled); then `ack.remote`, one call per leased
             piece; the same once every rank took what its capacity leaves (an epoch's
             tail, no piece left to lease: each ack asks whether it ended the epoch);
+            the same once a rank holding pieces left (churn: its rows went back);
             and the same calls to an actor whose `ack` does nothing. `--profile` samples the
             coordinator with py-spy during the per-call run and lists where time goes.
 acks        `--ack-ranks` ranks (policy `data`), each a real `AckSender` (the
@@ -241,6 +242,11 @@ def report_tables(results: dict) -> list[str]:
                 "path": "actor ack.remote, tail",
                 "rate": t["tail_acks"]["acks_per_s"],
                 "what": "the same, once no piece is left to lease (an epoch's end)",
+            },
+            {
+                "path": "actor ack.remote, after a loss",
+                "rate": t["churn_acks"]["acks_per_s"],
+                "what": "the same, once a rank holding pieces left (its rows requeued)",
             },
             {
                 "path": "empty actor method",

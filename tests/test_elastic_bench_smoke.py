@@ -67,6 +67,8 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert throughput["empty_actor"]["calls"] == throughput["acks"]["calls"]
     assert throughput["tail_acks"]["unleased_rows"] == 0  # the tail: nothing left to lease
     assert throughput["tail_acks"]["calls"] > 0 and throughput["tail_acks"]["acks_per_s"] > 0
+    assert throughput["churn_acks"]["requeued_rows"] > 0  # the rank that left held work
+    assert throughput["churn_acks"]["calls"] > 0
 
     acks = results["acks"]
     assert acks["config"]["ranks"] == 20

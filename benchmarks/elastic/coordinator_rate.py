@@ -312,6 +312,14 @@ def run_throughput(
         out["tail_acks"] = _ack_rate(actors, generation, tail[:ack_calls], inflight, pid)
         leases = ray.get(coordinator.describe.remote())["leases"]
         out["tail_acks"]["unleased_rows"] = leases[0]["unleased_rows"]
+        # Churn: a rank holding unacknowledged pieces leaves; they go back to the queue, and
+        # the acknowledgements that follow are all after churn.
+        gone = tail[min(ack_calls, len(tail) - 1)][0]
+        ray.get(coordinator.leave.remote(generation, gone))
+        after = [w for w in tail[ack_calls:] if w[0] != gone][:ack_calls]
+        out["churn_acks"] = _ack_rate(actors, generation, after, inflight, pid)
+        leases = ray.get(coordinator.describe.remote())["leases"]
+        out["churn_acks"]["requeued_rows"] = leases[0]["requeued_rows"]
         # The same calls to a method that does nothing: Ray's own part of each call.
         empty = ray.remote(num_cpus=0)(_Empty).remote()
         empty_pid = ray.get(empty.__ray_call__.remote(pid_of))
