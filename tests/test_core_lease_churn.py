@@ -185,3 +185,19 @@ def test_taken_back_rows_stay_in_the_queues_front_pieces(pieces, ops):
         assert queue.rows == len(queued)
         front = {i for p in _leased_rows(queue) for i in range(*p)}
         assert back_rows <= front
+
+
+def test_a_book_from_a_snapshot_without_the_requeued_front_drops_late_rows_anywhere():
+    """Snapshots written before the queue kept its requeued front: any queued piece may
+    hold taken-back rows, so a late delivery leaves the queue wherever it sits."""
+    book = LeaseBook([(0, 10), (10, 20), (20, 30)], [0, 1], 5)
+    slow = book.lease(0)
+    book.revoke(0)  # its rows go back to the front
+    data = book.to_dict()
+    del data["requeued_front"]
+    data["queue"] = data["queue"][::-1]  # and were they anywhere, they would still go
+    old = LeaseBook.from_dict(data)
+    old.ack([(slow.start, slow.end)], 0, 1.0)  # the straggler delivers after all
+    queued = iv.normalize(tuple(p) for p in old.to_dict()["queue"])
+    assert not iv.intersect(queued, ((slow.start, slow.end),))
+    assert old.unleased_rows() == 30 - (slow.end - slow.start) == iv.total(queued)
