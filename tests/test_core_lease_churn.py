@@ -81,6 +81,7 @@ def _check(book: LeaseBook, model: Model, total: int, clock: float) -> None:
     assert all(any(i in ever for i in range(*p)) for p in queue[:front])  # and no more
     assert iv.normalize([*done, *queue, *((le.start, le.end) for le in live)]) == ((0, total),)
     assert book.duplicate_rows == model.duplicates
+    assert len(book._since) == len(book._since.to_list())  # its count of ranks with a clock
     assert iv.total(done) == len(model.acked)
     # the quick straggler check names the ranks a scan of every lease names
     queued_room = {

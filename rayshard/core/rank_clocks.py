@@ -15,11 +15,12 @@ class RankClocks:
 
     def __init__(self, times: Iterable[Iterable[float]] = ()) -> None:
         self._times = np.full(0, np.nan)
+        self._count = 0  # ranks with a clock (asked for on every lease)
         for rank, time in times:
             self.touch(int(rank), float(time))
 
     def __len__(self) -> int:
-        return int(np.count_nonzero(~np.isnan(self._times)))
+        return self._count
 
     def touch(self, rank: int, now: float) -> None:
         """`rank` made progress at `now`."""
@@ -27,6 +28,7 @@ class RankClocks:
             grown = np.full(max(rank + 1, 2 * len(self._times)), np.nan)
             grown[: len(self._times)] = self._times
             self._times = grown
+        self._count += bool(np.isnan(self._times[rank]))
         self._times[rank] = now
 
     def start(self, ranks: Iterable[int], now: float) -> None:
