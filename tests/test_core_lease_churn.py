@@ -79,6 +79,7 @@ def _check(book: LeaseBook, model: Model, total: int, clock: float) -> None:
     front = book._queue.requeued_front
     assert not any(i in ever for p in queue[front:] for i in range(*p))
     assert all(any(i in ever for i in range(*p)) for p in queue[:front])  # and no more
+    assert book._queue.front_rows == iv.normalize(queue[:front])  # kept merged, as they are
     assert iv.normalize([*done, *queue, *((le.start, le.end) for le in live)]) == ((0, total),)
     assert book.duplicate_rows == model.duplicates
     assert len(book._since) == len(book._since.to_list())  # its count of ranks with a clock
@@ -186,6 +187,7 @@ def test_taken_back_rows_stay_in_the_queues_front_pieces(pieces, ops):
         assert queue.rows == len(queued)
         front = {i for p in _leased_rows(queue) for i in range(*p)}
         assert back_rows <= front
+        assert queue.front_rows == iv.normalize(_leased_rows(queue))
 
 
 def test_a_book_from_a_snapshot_without_the_requeued_front_drops_late_rows_anywhere():

@@ -5,8 +5,10 @@ and which pieces may hold rows a consumer already received.
 Only rows taken back from a rank (lost, or revoked as a straggler) can be acknowledged
 while queued: every other queued row was never leased. Taken-back rows always sit at the
 queue's front: they go back there, and a piece cut from the front leaves its rest there.
-So a late acknowledgement is dropped from the first `requeued_front` pieces only, and an
-acknowledgement costs the same with 10 pieces queued as with 100,000.
+So a late acknowledgement is dropped from the first `requeued_front` pieces only, whose
+rows are also kept merged and sorted (`front_rows`): an acknowledgement of other rows
+(nearly all of them) is told apart by bisection, and costs the same with 10 pieces queued
+as with 100,000, and with 1 or 1,000 pieces taken back.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ class SplitQueue:
         )
         self.rows = iv.total(self._pieces)
         self.requeued_front = min(requeued_front, len(self._pieces))
+        self.front_rows = iv.normalize(list(self._pieces)[: self.requeued_front])
 
     def __bool__(self) -> bool:
         return bool(self._pieces)
@@ -42,6 +45,8 @@ class SplitQueue:
             end = start + room
         else:
             self.requeued_front -= taken_back
+        if taken_back:
+            self.front_rows = iv.subtract(self.front_rows, ((start, end),))
         self.rows -= end - start
         return start, end
 
@@ -49,16 +54,18 @@ class SplitQueue:
         """Taken-back pieces go to the front, in order."""
         self._pieces.extendleft(reversed(pieces))
         self.requeued_front += len(pieces)
+        self.front_rows = iv.normalize([*self.front_rows, *pieces])
         self.rows += iv.total(pieces)
 
     def drop(self, received: iv.Intervals) -> None:
         """Rows a consumer received (`received` normalized) leave the queue."""
-        if not self.requeued_front or not received:
+        if not iv.intersect(received, self.front_rows):
             return
         front = [self._pieces.popleft() for _ in range(self.requeued_front)]
         kept = [p for piece in front for p in iv.subtract((piece,), received)]
         self._pieces.extendleft(reversed(kept))
         self.requeued_front = len(kept)
+        self.front_rows = iv.subtract(self.front_rows, received)
         self.rows -= iv.total(front) - iv.total(kept)
 
 
