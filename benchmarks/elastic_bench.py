@@ -46,6 +46,11 @@ core        the coordinator's pure core (no Ray) through one `dynamic` epoch at
             `straggler_timeout_s` on (every lease that finds nothing asks for
             stragglers). CPU per lease, ack and loss, and for registering and starting
             the epoch: the core's own cost, beside Ray's per-call cost.
+busy        one rank reads an epoch (1.5M rows of id and a float; quick 100k; row groups
+            of 32,768 rows) under `data` and under `dynamic` while caller actors keep
+            0, 64 and 256 cheap calls (quick: 32) queued at the coordinator, as many
+            ranks' acknowledgements do at scale: `dynamic` asks for a lease per row
+            group, and each waits its turn in that queue. A probe call measures the wait.
 epoch       `policy="data"` and `policy="dynamic"` on the same Parquet data (x float32
             [128], label, id; row groups of 32,768 rows = the dynamic splits), 2 ranks
             (`--epoch-ranks`) as Ray tasks, batch 1024, numpy batches; each run reads 2
@@ -70,6 +75,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/elastic_bench.py`
 from benchmarks._measure import format_table  # noqa: E402
 from benchmarks._report import start_local_ray, write_json  # noqa: E402
 from benchmarks.elastic.ack_load import run_ack_load  # noqa: E402
+from benchmarks.elastic.busy import run_busy  # noqa: E402
 from benchmarks.elastic.coordinator_rate import run_throughput  # noqa: E402
 from benchmarks.elastic.core_epoch import NODE_RANKS, run_core  # noqa: E402
 from benchmarks.elastic.epochs import run_epoch  # noqa: E402
@@ -81,7 +87,7 @@ from benchmarks.elastic.recovery import (  # noqa: E402
 
 ACK_INTERVAL_S = 0.1  # the iterators' default `ack_interval_s`
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "elastic_bench.json"
-SECTIONS = ("recovery", "throughput", "acks", "core", "epoch")
+SECTIONS = ("recovery", "throughput", "acks", "core", "busy", "epoch")
 KILL_MODES = ("ray_kill", "sigkill")
 TARGETS = {"recovery_s": 5.0, "actor_leases_per_s": 10_000.0}
 FEATURES = 128
@@ -198,6 +204,14 @@ CORE_TABLE = (
     ("requeued rows", "requeued_rows", "d"),
     ("complete", "complete", "s"),
 )
+BUSY_TABLE = (
+    ("policy", "policy", "s"),
+    ("calls queued", "inflight", "d"),
+    ("queue wait s", "queue_wait_s", ".3f"),
+    ("rows/s", "rows_per_s", ",.0f"),
+    ("vs data", "vs_data", ".2f"),
+    ("coverage", "coverage", "s"),
+)
 EPOCH_TABLE = (
     ("policy", "policy", "s"),
     ("rows/s", "rows_per_s", ",.0f"),
@@ -273,6 +287,12 @@ def report_tables(results: dict) -> list[str]:
     if "core" in results:
         rows = [{**r, "complete": str(r["complete"])} for r in results["core"]["runs"]]
         out.append(format_table(rows, CORE_TABLE))
+    if "busy" in results:
+        rows = [
+            {**r, "coverage": "ok" if r["coverage_ok"] else "FAILED"}
+            for r in results["busy"]["runs"]
+        ]
+        out.append(format_table(rows, BUSY_TABLE))
     if "epoch" in results:
         rows = [
             {**r, "coverage": "ok" if r["coverage_ok"] else "FAILED"}
@@ -343,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
                 workdir, args.ack_ranks, args.ack_seconds, args.step_s, ACK_INTERVAL_S
             ),
             "core": lambda: run_core(args.core_ranks),
+            "busy": lambda: run_busy(
+                workdir,
+                100_000 if args.quick else 1_500_000,
+                (32,) if args.quick else (0, 64, 256),
+            ),
             "epoch": lambda: run_epoch(
                 workdir, sizes["epoch_rows"], sizes["epoch_repeats"], args.epoch_ranks
             ),
@@ -373,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     lost = sum(r["missing"] for r in results.get("recovery", {}).get("runs", []))
     epoch_ok = all(s["coverage_ok"] for s in results.get("epoch", {}).get("summary", {}).values())
     core_ok = all(r["complete"] for r in results.get("core", {}).get("runs", []))
-    return 0 if lost == 0 and epoch_ok and core_ok else 1
+    busy_ok = all(r["coverage_ok"] for r in results.get("busy", {}).get("runs", []))
+    return 0 if lost == 0 and epoch_ok and core_ok and busy_ok else 1
 
 
 if __name__ == "__main__":

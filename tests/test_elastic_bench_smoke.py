@@ -42,7 +42,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = json.loads(out.read_text())
     results = report["results"]
-    assert set(results) == {"recovery", "throughput", "acks", "core", "epoch"}
+    assert set(results) == {"recovery", "throughput", "acks", "core", "busy", "epoch"}
 
     recovery = results["recovery"]
     assert set(recovery["summary"]) == {"ray_kill", "sigkill"}
@@ -85,6 +85,12 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     for case in ("node lost", "node lost, stragglers on"):  # the lost ranks' work went back
         assert core[case]["lost_ranks"] == 8 and core[case]["requeued_rows"] > 0, core[case]
 
+    busy = results["busy"]["runs"]
+    assert {(r["policy"], r["inflight"]) for r in busy} == {("data", 32), ("dynamic", 32)}
+    for run in busy:  # every row once, whatever the coordinator's queue held
+        assert run["coverage_ok"] and run["rows"] == 100_000, run
+    assert all(r["pings"] > 0 for r in busy if r["inflight"])  # the queue was kept busy
+
     assert results["epoch"]["config"]["world_size"] == 1
     epoch = results["epoch"]["summary"]
     for policy in ("data", "dynamic"):
@@ -95,3 +101,4 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert set(report["targets"]) == {"recovery_s", "actor_leases_per_s", "actor_lease_many_per_s"}
     assert "relet" in done.stdout and "LeaseBook.lease" in done.stdout  # the printed tables
     assert "offered acks/s" in done.stdout and "us/ack" in done.stdout
+    assert "calls queued" in done.stdout

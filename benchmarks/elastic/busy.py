@@ -1,0 +1,102 @@
+"""One rank's reading while the coordinator is busy (see `benchmarks/elastic_bench.py`):
+caller actors keep `inflight` cheap calls (`ping`) queued at the coordinator, as many
+ranks' acknowledgements do at scale, and one rank reads an epoch in this process under
+`dynamic` (a lease call per row group, each waiting its turn in that queue) and under
+`data` (no call per piece). The queue wait a probe call sees is reported beside it."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+ROW_GROUP = 32_768
+BATCH = 1024
+
+
+class _Pinger:
+    """Keeps `inflight` `ping` calls queued at the coordinator until `halt()`."""
+
+    def __init__(self, coordinator) -> None:
+        self.coordinator, self.stopping, self.calls, self.tasks = coordinator, False, 0, []
+
+    async def start(self, inflight: int) -> bool:
+        async def loop() -> None:
+            while not self.stopping:
+                await self.coordinator.ping.remote()
+                self.calls += 1
+
+        self.tasks = [asyncio.ensure_future(loop()) for _ in range(inflight)]
+        return True
+
+    async def halt(self) -> int:
+        self.stopping = True
+        await asyncio.gather(*self.tasks)
+        return self.calls
+
+
+def _read_epoch(path: Path, policy: str, inflight: int, callers: int) -> dict:
+    import ray
+
+    from rayshard.loader import Loader
+    from rayshard.sources.parquet import ParquetSource
+
+    loader = Loader(
+        ParquetSource([str(path)], columns=["id", "x"]),
+        batch_size=BATCH,
+        policy=policy,
+        name=f"busy-{uuid.uuid4().hex[:8]}",
+    )
+    pingers = []
+    try:
+        iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        if inflight:
+            pingers = [
+                ray.remote(num_cpus=0)(_Pinger).remote(loader._coordinator) for _ in range(callers)
+            ]
+            ray.get([p.start.remote(inflight // callers) for p in pingers])
+        sent = time.time()
+        ray.get(loader._coordinator.ping.remote())
+        wait = time.time() - sent
+        began, seen = time.time(), []
+        for batch in iterator:
+            seen.append(batch["id"])
+        wall = time.time() - began
+        ids = np.concatenate(seen) if seen else np.zeros(0, dtype=np.int64)
+        rows = len(ids)
+        covered = rows == pq.ParquetFile(path).metadata.num_rows == len(np.unique(ids))
+        pings = sum(ray.get([p.halt.remote() for p in pingers]))
+    finally:
+        for pinger in pingers:
+            ray.kill(pinger)
+        loader.shutdown()
+    return {
+        "policy": policy,
+        "inflight": inflight,
+        "queue_wait_s": wait,
+        "rows": rows,
+        "seconds": wall,
+        "rows_per_s": rows / wall,
+        "pings": pings,
+        "coverage_ok": covered,
+    }
+
+
+def run_busy(workdir: Path, rows: int, levels: Sequence[int], callers: int = 2) -> dict:
+    """Both policies at every level of calls kept queued; rows/s and the ratio of `dynamic`
+    to `data` at the same level."""
+    path = workdir / "busy.parquet"
+    x = np.random.default_rng(0).standard_normal(rows)
+    table = pa.table({"id": np.arange(rows, dtype=np.int64), "x": x})
+    pq.write_table(table, path, row_group_size=ROW_GROUP)
+    runs = [_read_epoch(path, p, k, callers) for k in levels for p in ("data", "dynamic")]
+    for run in runs:
+        (same,) = [r for r in runs if r["inflight"] == run["inflight"] and r["policy"] == "data"]
+        run["vs_data"] = run["rows_per_s"] / same["rows_per_s"]
+    return {"config": {"rows": rows, "levels": list(levels), "callers": callers}, "runs": runs}
