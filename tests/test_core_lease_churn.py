@@ -6,10 +6,12 @@ go on exactly as the live one."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rayshard.core.leases import LeaseBook
+from rayshard.core.rank_clocks import RankClocks
 from rayshard.core.split_queue import SplitQueue
 from rayshard.plan import intervals as iv
 
@@ -204,3 +206,10 @@ def test_a_book_from_a_snapshot_without_the_requeued_front_drops_late_rows_anywh
     queued = iv.normalize(tuple(p) for p in old.to_dict()["queue"])
     assert not iv.intersect(queued, ((slow.start, slow.end),))
     assert old.unleased_rows() == 30 - (slow.end - slow.start) == iv.total(queued)
+
+
+def test_a_negative_rank_moves_no_other_ranks_clock():
+    clocks = RankClocks([[0, 1.0], [1, 2.0]])
+    with pytest.raises(ValueError, match="rank -1 is negative"):
+        clocks.touch(-1, 9.0)
+    assert clocks.to_list() == [[0, 1.0], [1, 2.0]] and clocks.silent(7.0, 5.0) == [0, 1]

@@ -24,6 +24,8 @@ class RankClocks:
 
     def touch(self, rank: int, now: float) -> None:
         """`rank` made progress at `now`."""
+        if rank < 0:  # an index from the end would move another rank's clock
+            raise ValueError(f"rank {rank} is negative: ranks are counted from 0")
         if rank >= len(self._times):
             grown = np.full(max(rank + 1, 2 * len(self._times)), np.nan)
             grown[: len(self._times)] = self._times

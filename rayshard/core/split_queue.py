@@ -3,12 +3,13 @@ book asks for on every call kept up to date rather than summed: how many rows it
 and which pieces may hold rows a consumer already received.
 
 Only rows taken back from a rank (lost, or revoked as a straggler) can be acknowledged
-while queued: every other queued row was never leased. Taken-back rows always sit at the
-queue's front: they go back there, and a piece cut from the front leaves its rest there.
-So a late acknowledgement is dropped from the first `requeued_front` pieces only, whose
-rows are also kept merged and sorted (`front_rows`): an acknowledgement of other rows
-(nearly all of them) is told apart by bisection, and costs the same with 10 pieces queued
-as with 100,000, and with 1 or 1,000 pieces taken back.
+while queued: every other queued row was never leased (acknowledgements hold leased rows
+only: the coordinator refuses an older generation's, whose book is gone). Taken-back rows
+always sit at the queue's front: they go back there, and a piece cut from the front
+leaves its rest there. So a late acknowledgement is dropped from the first
+`requeued_front` pieces only, whose rows are also kept merged and sorted (`front_rows`):
+an acknowledgement of other rows (nearly all of them) is told apart by bisection, and
+costs the same with 10 pieces queued as with 100,000, and with 1 or 1,000 taken back.
 """
 
 from __future__ import annotations
