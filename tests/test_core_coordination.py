@@ -165,6 +165,10 @@ def test_dynamic_epoch_leases_each_sample_once_and_lost_work_comes_back():
     first = core.apply(cmd.Lease(0, 0, 3))
     second = core.apply(cmd.Lease(1, 0, 3))
     assert first.pieces and second.pieces
+    # Each answer says what no rank holds once it was given, and the members sharing it
+    # (a reader's pacing asks for at most its share).
+    assert second.unleased == ROWS - iv.total(first.pieces) - iv.total(second.pieces)
+    assert (first.ranks, second.ranks) == (2, 2)
     lost = core.apply(cmd.Lost(1, "reader died", 1.0))
     assert lost.requeued == second.pieces  # nothing of rank 1 was acknowledged
     got = list(first.pieces)
@@ -221,6 +225,12 @@ def test_a_retried_lease_call_gets_the_same_answer_across_a_restart():
         assert again == first
         nxt = replica.apply(cmd.Lease(0, 0, 2, request="reader-a:1"))
         assert nxt.pieces and not set(nxt.pieces) & set(first.pieces)
+    # A snapshot from before answers carried `unleased` and `ranks` loads as not known.
+    older = json.loads(json.dumps(core.to_dict()))
+    for _rank, _request, leased in older["last_lease"]:
+        del leased["unleased"], leased["ranks"]
+    restarted.load_dict(older)
+    assert restarted.apply(cmd.Lease(0, 0, 2, request="reader-a:1")).unleased == -1
     # Without a request id every call is a new one (older readers and journals).
     assert core.apply(cmd.Lease(0, 0, 1)).pieces != core.apply(cmd.Lease(0, 0, 1)).pieces
 

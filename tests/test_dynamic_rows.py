@@ -75,9 +75,11 @@ class Answers:
 
     def __init__(self, *answers: Leased) -> None:
         self.answers, self.calls, self.awaited = iter(answers), 0, 0
+        self.counts: list[int] = []
 
-    def __call__(self) -> Leased:
+    def __call__(self, count: int = 1) -> Leased:
         self.calls += 1
+        self.counts.append(count)
         return next(self.answers)
 
     def answer(self, call: Leased) -> Leased:

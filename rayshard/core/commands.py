@@ -164,6 +164,8 @@ class Leased:
     wait: bool = False
     outstanding: int = 0  # leases not finished, for the metrics
     stragglers: tuple[int, ...] = ()  # ranks whose work was taken back for this request
+    unleased: int = -1  # rows no rank held once this was given (-1: not known)
+    ranks: int = 0  # members of the epoch then (the reader's pacing shares `unleased`)
 
     @property
     def done(self) -> bool:

@@ -163,7 +163,8 @@ class CoordinatorCore(CoreQueries):
             # other rank holds unfinished work that could come back if that rank died.
             book.close_finished()
             wait = any(le.rank != c.dp_rank for le in book.outstanding())
-        return cmd.Leased(tuple(pieces), wait, book.outstanding_count(), tuple(stragglers))
+        held = (book.outstanding_count(), tuple(stragglers))
+        return cmd.Leased(tuple(pieces), wait, *held, book.unleased_rows(), book.member_count())
 
     @staticmethod
     def _take(book: LeaseBook, rank: int, count: int, now: float) -> list[tuple[int, int]]:

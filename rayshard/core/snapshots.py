@@ -63,6 +63,8 @@ def load_core(core: CoordinatorCore, data: dict[str, Any]) -> None:
                 leased["wait"],
                 leased["outstanding"],
                 tuple(leased["stragglers"]),
+                leased.get("unleased", -1),
+                leased.get("ranks", 0),
             ),
         )
         for r, request, leased in data.get("last_lease", [])

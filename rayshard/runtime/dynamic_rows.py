@@ -13,7 +13,9 @@ on more: rows the coordinator offered to other ranks are dropped, not delivered 
 
 from __future__ import annotations
 
+import collections
 import itertools
+import math
 import threading
 import time
 import uuid
@@ -35,6 +37,7 @@ from rayshard.data.batching import (
     split_boundaries,
 )
 from rayshard.plan import intervals as iv
+from rayshard.runtime.lease_pacing import LeasePacing
 from rayshard.sources import Source
 
 
@@ -50,12 +53,13 @@ def dynamic_rows(
 ) -> Iterator[Any]:
     """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
     reader thread's stop event. The leased pieces are read by `reads` as one stream
-    (`LeaseStream`) that asks for the next lease as the last piece of this one goes to the
-    reading threads: they decode the next lease while this one is delivered, as a static
-    rank reads its next piece ahead, and the round trip does not stall them. A lease
-    answer without pieces ends that stream and is acted on here; no lease is asked for
-    once `cancel()` is set. `reader` names the registration the
-    leases serve: once the rank registered again (a newer iterator), they are refused."""
+    (`LeaseStream`) that asks for the next lease as the pieces in hand run low (at the last
+    one while the coordinator answers quickly; earlier, and for more, when its answers come
+    late: `LeasePacing`): the reading threads decode the next lease while this one is
+    delivered, as a static rank reads its next piece ahead, and the round trip does not
+    stall them. A lease answer without pieces ends that stream and is acted on here; no
+    lease is asked for once `cancel()` is set. `reader` names the registration the leases
+    serve: once the rank registered again (a newer iterator), they are refused."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
@@ -70,13 +74,18 @@ def dynamic_rows(
     # and the retry must get the answer the first call was given (journaled), not more.
     calls = (f"{uuid.uuid4().hex}:{n}" for n in itertools.count())
 
-    def ask() -> Any:
-        """A lease call in flight (its answer is `ray.get` of it)."""
-        args = (generation, rank, epoch, count, finishing, next(calls))
+    def ask(pieces: int = count) -> Any:
+        """A lease call in flight for up to `pieces` (its answer is `ray.get` of it)."""
+        args = (generation, rank, epoch, pieces, finishing, next(calls))
         return coordinator.lease.remote(*args, reader=reader)
 
     def lease() -> Any:
         return ray.get(ask())
+
+    def ready(call: Any) -> bool:
+        return bool(ray.wait([call], timeout=0)[0])
+
+    pacing = LeasePacing(base=count, piece_rows=max(1, sizes[len(sizes) // 2]))
 
     leased = None  # an answer not acted on yet; a new lease is asked for only if None
     while not cancel().is_set():
@@ -88,7 +97,8 @@ def dynamic_rows(
             leased = None
             continue
         if leased.pieces:
-            stream = LeaseStream(leased, ask, boundaries, lambda: cancel().is_set(), ray.get)
+            stopped = lambda: cancel().is_set()  # noqa: E731
+            stream = LeaseStream(leased, ask, boundaries, stopped, ray.get, pacing, ready)
             rows = reads(stream.pieces(), settings.columns)
             if settings.straggler_timeout_s is not None:
                 held = lambda: ray.get(coordinator.held.remote(generation, rank, epoch))  # noqa: E731
@@ -116,40 +126,71 @@ def dynamic_rows(
 
 
 class LeaseStream:
-    """The pieces of consecutive leases. The next lease is asked for (`ask()`, a call in
-    flight) as the last piece of this one goes out, and its answer awaited (`answer(call)`)
-    only when the reading wants a piece past it: the round trip overlaps the reading of
-    that last piece instead of stalling it, and a rank holds at most one lease beyond the
-    one it reads. Nothing is asked once `stopped()`. `taken()` counts the leases whose
-    answers were awaited; `ended_by` is the answer without pieces (wait, or none left)
-    that ended the stream (None if stopped)."""
+    """The pieces of consecutive leases, with one lease call in flight at most. The next
+    lease is asked for (`ask(count)`, a call in flight) as the pieces in hand run low, and
+    its answer awaited (`answer(call)`) only when the reading wants a piece past them: the
+    round trip overlaps the reading instead of stalling it. How low, and how many pieces
+    to ask for, `pacing` decides from measured round trips (without it, or with quick
+    answers: as the last piece of a lease goes out, for `base` pieces). `ready(call)` says,
+    without waiting, whether an answer came (the round trip is measured by it). Nothing is
+    asked once `stopped()`. `taken()` counts the leases whose answers were taken;
+    `ended_by` is the answer without pieces (wait, or none left) that ended the stream
+    (None if stopped)."""
 
     def __init__(
         self,
         first: Any,
-        ask: Callable[[], Any],
+        ask: Callable[[int], Any],
         boundaries: list[int],
         stopped: Callable[[], bool],
         answer: Callable[[Any], Any] = lambda call: call,
+        pacing: LeasePacing | None = None,
+        ready: Callable[[Any], bool] = lambda call: False,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._first, self._ask, self._answer = first, ask, answer
-        self._boundaries, self._stopped = boundaries, stopped
+        self._first, self._ask, self._answer, self._ready = first, ask, answer, ready
+        self._boundaries, self._stopped, self._clock = boundaries, stopped, clock
+        self._pacing = pacing or LeasePacing(base=1, piece_rows=1, min_round_trip_s=math.inf)
         self._taken = 1
         self.ended_by: Any = None
 
     def pieces(self) -> Iterator[tuple[int, int]]:
-        leased = self._first
-        while leased.pieces:
-            *before, last = cut_at_boundaries(leased.pieces, self._boundaries)
-            yield from before
-            call = None if self._stopped() else self._ask()
-            yield last
-            if call is None or self._stopped():
-                # A lease in flight stays this rank's until it leaves, as a partly read one does.
-                return
-            leased = self._answer(call)
-            self._taken += 1
-        self.ended_by = leased
+        pacing, hand = self._pacing, collections.deque()
+        in_hand = self._note(self._first, hand)  # rows of the pieces in `hand`
+        call, asked_at, stalled_s = None, 0.0, 0.0
+        while hand:
+            piece = hand.popleft()
+            in_hand -= piece[1] - piece[0]
+            open_to_ask = call is None and self.ended_by is None and not self._stopped()
+            if open_to_ask and pacing.should_ask(in_hand):
+                call, asked_at = self._ask(pacing.count()), self._clock()
+            pacing.pulled(piece[1] - piece[0], self._clock(), stalled_s)
+            stalled_s = 0.0
+            yield piece
+            if call is not None and (not hand or self._ready(call)):
+                if self._stopped():
+                    # A lease in flight stays this rank's until it leaves, as a partly
+                    # read one does.
+                    return
+                waited = not hand and not self._ready(call)
+                waited_from = self._clock()
+                leased = self._answer(call)
+                now = self._clock()
+                stalled_s = now - waited_from if waited else 0.0
+                pacing.answered(asked_at, now, leased.unleased, leased.ranks, waited)
+                self._taken += 1
+                call = None
+                in_hand += self._note(leased, hand)
+        if self._stopped():
+            self.ended_by = None
+
+    def _note(self, leased: Any, hand: collections.deque) -> int:
+        """Pieces of `leased` go in `hand`, cut at split boundaries (returns their rows);
+        an answer without any ends the stream once the hand is read."""
+        if not leased.pieces:
+            self.ended_by = leased
+        hand.extend(cut_at_boundaries(leased.pieces, self._boundaries))
+        return sum(end - start for start, end in leased.pieces)
 
     def taken(self) -> int:
         """The leases taken so far."""

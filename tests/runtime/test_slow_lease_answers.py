@@ -1,0 +1,87 @@
+"""A `dynamic` rank whose lease answers come late (on a real local Ray, a relay actor holds
+every lease call for 0.2 s on its way to the loader's real coordinator, as a queue of many
+ranks' acknowledgements does): it asks earlier and for more pieces per call, so it makes
+far fewer calls than it reads pieces, and it still reads every row once."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+
+import pyarrow as pa
+import pytest
+import ray
+
+from rayshard.data.batching import FLUSH, INDEX_KEY, iter_rows
+from rayshard.loader import Loader
+from rayshard.runtime.dynamic_rows import dynamic_rows
+from rayshard.sources.base import TableSource
+from tests.runtime.helpers import unique_name
+
+pytestmark = [pytest.mark.ray]
+
+DELAY_S = 0.2
+ROWS, PIECE = 4_000, 10  # 400 pieces: unpaced, 400 lease calls
+
+
+@ray.remote(num_cpus=0)
+class SlowLink:
+    """Relays the calls a `dynamic` rank's reading makes; each lease call is held
+    `DELAY_S` first. Counts the lease calls."""
+
+    def __init__(self, coordinator) -> None:
+        self.coordinator, self.leases = coordinator, 0
+
+    async def lease(self, *args, **kwargs):
+        self.leases += 1
+        await asyncio.sleep(DELAY_S)
+        return await self.coordinator.lease.remote(*args, **kwargs)
+
+    async def held(self, *args):
+        return await self.coordinator.held.remote(*args)
+
+    async def steps(self, *args):
+        return await self.coordinator.steps.remote(*args)
+
+    def lease_calls(self) -> int:
+        return self.leases
+
+
+def test_a_rank_with_late_lease_answers_asks_ahead_and_reads_every_row_once(ray_session):
+    table = pa.table({"id": pa.array(range(ROWS), pa.int64())})
+    source = TableSource(pa.Table.from_batches(table.to_batches(max_chunksize=PIECE)))
+    loader = Loader(
+        source, batch_size=8, policy="dynamic", equal_steps=False, name=unique_name("slow")
+    )
+    coordinator = loader._coordinator
+    try:
+        registered = ray.get(
+            coordinator.register.remote(0, 1, {"dp_rank": 0, "dp_size": 1, "group": [0]})
+        )
+        generation = registered["generation"]
+        started = ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+        link = SlowLink.remote(coordinator)
+        stop = threading.Event()
+
+        def reads(pieces, columns):
+            return iter_rows(source, list(pieces), columns)
+
+        rows = dynamic_rows(
+            link,
+            source,
+            source.splits(),
+            loader.settings,
+            (generation, 0, 0),
+            lambda: stop,
+            reads,
+            started["reader"],
+        )
+        ids = [int(i) for batch in rows if batch is not FLUSH for i in batch.column(INDEX_KEY)]
+        assert Counter(ids) == Counter(range(ROWS))
+        calls = ray.get(link.lease_calls.remote())
+        # Unpaced, one call per piece (400, 80 s of answers); paced, the asks grow once a
+        # round trip is measured and halve with what is unleased: a few dozen at most.
+        assert calls <= ROWS // PIECE // 10, f"{calls} lease calls for {ROWS // PIECE} pieces"
+    finally:
+        loader.shutdown()

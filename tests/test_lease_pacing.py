@@ -1,0 +1,151 @@
+"""A `dynamic` reader's lease pacing without Ray: with quick answers it asks as the last
+piece goes out, for the base count; with late answers it asks earlier and for more, never
+more than its guided self-scheduling share of what is unleased; and a lease stream paced
+this way over a simulated slow coordinator (a clock of its own, no wall time) reads every
+piece once, with one call in flight at most and far less time stalled."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rayshard.core.commands import Leased
+from rayshard.runtime.dynamic_rows import LeaseStream
+from rayshard.runtime.lease_pacing import LeasePacing
+
+
+def test_quick_answers_leave_the_ask_at_the_last_piece_for_the_base_count():
+    pacing = LeasePacing(base=2, piece_rows=100)
+    for step in range(10):
+        pacing.pulled(100, step * 0.001)
+    pacing.answered(0.0, 0.005, unleased=10_000, ranks=2)  # under min_round_trip_s
+    assert pacing.ahead_rows() == 0.0
+    assert pacing.should_ask(0) and not pacing.should_ask(1)
+    assert pacing.count() == 2
+
+
+def test_late_answers_ask_earlier_and_for_more():
+    pacing = LeasePacing(base=1, piece_rows=1_000)
+    for step in range(10):
+        pacing.pulled(1_000, step * 0.01)  # 10 µs per row
+    pacing.answered(0.0, 0.1, unleased=10_000_000, ranks=4)
+    assert abs(pacing.ahead_rows() - 1.5 * 0.1 / 1e-5) < 1e-6  # 15,000 rows
+    assert pacing.should_ask(15_000) and not pacing.should_ask(15_001)
+    assert pacing.count() == 30  # two ahead spans of 15,000 rows, in pieces of 1,000
+
+
+def test_time_stalled_for_an_answer_is_not_reading_pace():
+    pacing = LeasePacing(base=1, piece_rows=100)
+    pacing.pulled(100, 0.0)
+    pacing.pulled(100, 1.0, stalled_s=0.99)
+    assert abs(pacing.seconds_per_row - 0.0001) < 1e-12
+
+
+@given(
+    base=st.integers(1, 8),
+    piece_rows=st.integers(1, 50_000),
+    round_trip_s=st.floats(0.0, 5.0),
+    seconds_per_row=st.floats(1e-9, 1e-3),
+    unleased=st.integers(0, 10_000_000),
+    ranks=st.integers(1, 10_000),
+)
+def test_an_ask_never_takes_more_than_its_share_of_what_is_unleased(
+    base, piece_rows, round_trip_s, seconds_per_row, unleased, ranks
+):
+    pacing = LeasePacing(base=base, piece_rows=piece_rows, seconds_per_row=seconds_per_row)
+    pacing.answered(0.0, round_trip_s, unleased=unleased, ranks=ranks)
+    count = pacing.count()
+    assert base <= count <= max(base, pacing.max_pieces)
+    if count > base:  # grown: within one piece of the share
+        assert (count - 1) * piece_rows < unleased / (2 * ranks)
+
+
+@dataclasses.dataclass
+class _Call:
+    at: float
+    leased: Leased
+
+
+class _SlowCoordinator:
+    """Leases pieces in order from a queue; every answer is ready `round_trip_s` after its
+    ask on a simulated clock, which the reading advances by `seconds_per_row` per row."""
+
+    def __init__(self, pieces: int, piece_rows: int, round_trip_s: float, seconds_per_row: float):
+        self.queue = [(i * piece_rows, (i + 1) * piece_rows) for i in range(pieces)]
+        self.round_trip_s, self.seconds_per_row = round_trip_s, seconds_per_row
+        self.now, self.stalled_s, self.in_flight, self.counts = 0.0, 0.0, 0, []
+        self.grants: list[tuple[int, int]] = []  # (rows granted, rows unleased before)
+
+    def first(self, count: int) -> Leased:
+        return self._grant(count)
+
+    def _grant(self, count: int) -> Leased:
+        unleased = sum(end - start for start, end in self.queue)
+        pieces, self.queue = tuple(self.queue[:count]), self.queue[count:]
+        self.grants.append((sum(end - start for start, end in pieces), unleased))
+        rest = sum(end - start for start, end in self.queue)
+        return Leased(pieces=pieces, unleased=rest, ranks=1)
+
+    def ask(self, count: int) -> _Call:
+        assert self.in_flight == 0, "a second lease call in flight"
+        self.in_flight += 1
+        self.counts.append(count)
+        return _Call(self.now, self._grant(count))
+
+    def ready(self, call: _Call) -> bool:
+        return self.now >= call.at + self.round_trip_s
+
+    def answer(self, call: _Call) -> Leased:
+        if self.now < call.at + self.round_trip_s:
+            self.stalled_s += call.at + self.round_trip_s - self.now
+            self.now = call.at + self.round_trip_s
+        self.in_flight -= 1
+        return call.leased
+
+    def read(self, piece: tuple[int, int]) -> None:
+        self.now += (piece[1] - piece[0]) * self.seconds_per_row
+
+
+def _read_epoch(paced: bool, round_trip_s: float) -> tuple[_SlowCoordinator, list]:
+    coordinator = _SlowCoordinator(400, 1_000, round_trip_s, seconds_per_row=1e-5)
+    pacing = LeasePacing(base=1, piece_rows=1_000) if paced else None
+    stream = LeaseStream(
+        coordinator.first(1),
+        coordinator.ask,
+        [],
+        lambda: False,
+        coordinator.answer,
+        pacing,
+        coordinator.ready,
+        clock=lambda: coordinator.now,
+    )
+    read = []
+    for piece in stream.pieces():
+        coordinator.read(piece)
+        read.append(piece)
+    assert stream.ended_by == Leased(unleased=0, ranks=1)
+    return coordinator, read
+
+
+def test_a_paced_stream_over_late_answers_reads_every_piece_once_and_stalls_far_less():
+    unpaced, read_unpaced = _read_epoch(paced=False, round_trip_s=0.1)
+    paced, read_paced = _read_epoch(paced=True, round_trip_s=0.1)
+    every_piece = [(i * 1_000, (i + 1) * 1_000) for i in range(400)]
+    assert read_unpaced == every_piece and read_paced == every_piece
+    # Without pacing each lease of one 10 ms piece stalls for the rest of a 100 ms round trip.
+    assert unpaced.stalled_s > 400 * 0.08
+    assert paced.stalled_s < unpaced.stalled_s / 5
+    assert max(paced.counts) > 1 and set(unpaced.counts) == {1}
+    # Every grant within the guided self-scheduling share (one rank: half the unleased rows)
+    # or the base piece.
+    assert all(rows <= max(1_000, unleased / 2 + 1_000) for rows, unleased in paced.grants)
+
+
+def test_a_paced_stream_with_quick_answers_asks_as_an_unpaced_one_does():
+    paced, read = _read_epoch(paced=True, round_trip_s=0.002)
+    unpaced, _ = _read_epoch(paced=False, round_trip_s=0.002)
+    assert read == [(i * 1_000, (i + 1) * 1_000) for i in range(400)]
+    assert paced.counts == unpaced.counts == [1] * 400
+    assert paced.stalled_s == unpaced.stalled_s
