@@ -49,8 +49,10 @@ core        the coordinator's pure core (no Ray) through one `dynamic` epoch at
 busy        one rank reads an epoch (1.5M rows of id and a float; quick 100k; row groups
             of 32,768 rows) under `data` and under `dynamic` while caller actors keep
             0, 64 and 256 cheap calls (quick: 32) queued at the coordinator, as many
-            ranks' acknowledgements do at scale: `dynamic` asks for a lease per row
-            group, and each waits its turn in that queue. A probe call measures the wait.
+            ranks' acknowledgements do at scale: each `dynamic` lease call waits its
+            turn in that queue (a row group per call while answers come quickly; fewer,
+            larger calls asked earlier when they come late). A probe call measures the
+            wait.
 epoch       `policy="data"` and `policy="dynamic"` on the same Parquet data (x float32
             [128], label, id; row groups of 32,768 rows = the dynamic splits), 2 ranks
             (`--epoch-ranks`) as Ray tasks, batch 1024, numpy batches; each run reads 2

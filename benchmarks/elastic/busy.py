@@ -1,7 +1,8 @@
 """One rank's reading while the coordinator is busy (see `benchmarks/elastic_bench.py`):
 caller actors keep `inflight` cheap calls (`ping`) queued at the coordinator, as many
 ranks' acknowledgements do at scale, and one rank reads an epoch in this process under
-`dynamic` (a lease call per row group, each waiting its turn in that queue) and under
+`dynamic` (lease calls, each waiting its turn in that queue; paced when answers come
+late) and under
 `data` (no call per piece). The queue wait a probe call sees is reported beside it."""
 
 from __future__ import annotations
