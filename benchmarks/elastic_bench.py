@@ -52,7 +52,7 @@ busy        one rank reads an epoch (1.5M rows of id and a float; quick 100k; ro
             ranks' acknowledgements do at scale: each `dynamic` lease call waits its
             turn in that queue (a row group per call while answers come quickly; fewer,
             larger calls asked earlier when they come late). A probe call measures the
-            wait.
+            wait; the coordinator's trace counts the lease calls.
 epoch       `policy="data"` and `policy="dynamic"` on the same Parquet data (x float32
             [128], label, id; row groups of 32,768 rows = the dynamic splits), 2 ranks
             (`--epoch-ranks`) as Ray tasks, batch 1024, numpy batches; each run reads 2
@@ -212,6 +212,7 @@ BUSY_TABLE = (
     ("queue wait s", "queue_wait_s", ".3f"),
     ("rows/s", "rows_per_s", ",.0f"),
     ("vs data", "vs_data", ".2f"),
+    ("lease calls", "lease_calls", "d"),
     ("coverage", "coverage", "s"),
 )
 EPOCH_TABLE = (

@@ -183,6 +183,40 @@ def test_dynamic_epoch_leases_each_sample_once_and_lost_work_comes_back():
     assert core.epoch_complete(0)
 
 
+def test_a_paced_ask_is_granted_a_share_of_what_is_unleased_and_no_stragglers_work():
+    """A reader asks early, with rows in hand (`share`): it gets at most 1 / (2 x members)
+    of the rows no rank holds (a piece at least) whatever its count, and a share ask that
+    finds nothing is not given a silent rank's work (the rank is not idle)."""
+    plan = PlanConfig(batch_size=8, equal_steps=False)
+    settings = LoaderConfig(plan=plan, policy="dynamic", straggler_timeout_s=5.0)
+    core = CoordinatorCore("core-test", _source(), settings)
+    for rank in (0, 1):
+        core.apply(cmd.Register(rank, 2, rank, 2, 0.0))
+    core.apply(cmd.StartEpoch(0, 0, 0.0))
+    granted = []
+    while True:
+        before = core.books[0].unleased_rows()
+        leased = core.apply(cmd.Lease(0, 0, count=1_000, time=1.0, share=True))
+        if not leased.pieces:
+            break
+        rows = iv.total(leased.pieces)
+        assert rows - (leased.pieces[-1][1] - leased.pieces[-1][0]) < -(-before // 4)
+        assert leased.unleased == before - rows
+        granted.append(rows)
+    assert sum(granted) == ROWS and len(granted) > 2  # halving, not all at once
+    # Rank 0 now holds everything, silent past the timeout: a share ask of rank 1 gets
+    # none of it; an ask with nothing in hand does.
+    late = 1.0 + 10.0
+    assert core.apply(cmd.Lease(1, 0, count=5, time=late, share=True)).pieces == ()
+    offered = core.apply(cmd.Lease(1, 0, count=5, time=late))
+    assert offered.pieces and offered.stragglers == (0,)
+    # Unpaced asks are granted their count, as before.
+    whole = _core("dynamic", False)
+    whole.apply(cmd.Register(0, 1, 0, 1, 0.0))
+    whole.apply(cmd.StartEpoch(0, 0))
+    assert iv.total(whole.apply(cmd.Lease(0, 0, count=1_000)).pieces) == ROWS
+
+
 def _lease_order(shuffle: bool, seed: int, epoch: int) -> list:
     plan = PlanConfig(batch_size=8, equal_steps=False, seed=seed)
     settings = LoaderConfig(plan=plan, policy="dynamic", shuffle=shuffle)

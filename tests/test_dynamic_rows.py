@@ -13,6 +13,7 @@ import pyarrow as pa
 from rayshard.core.commands import Leased
 from rayshard.data.batching import iter_rows_parallel
 from rayshard.runtime.dynamic_rows import LeaseStream, drop_taken_back, keep_rows
+from rayshard.runtime.lease_pacing import LeasePacing
 from rayshard.sources import TableSource
 
 
@@ -76,10 +77,12 @@ class Answers:
     def __init__(self, *answers: Leased) -> None:
         self.answers, self.calls, self.awaited = iter(answers), 0, 0
         self.counts: list[int] = []
+        self.shares: list[bool] = []
 
-    def __call__(self, count: int = 1) -> Leased:
+    def __call__(self, count: int = 1, share: bool = False) -> Leased:
         self.calls += 1
         self.counts.append(count)
+        self.shares.append(share)
         return next(self.answers)
 
     def answer(self, call: Leased) -> Leased:
@@ -114,7 +117,7 @@ def test_lease_stream_asks_as_the_last_piece_goes_out_and_awaits_when_read_past_
 def test_a_stopped_lease_stream_asks_for_nothing_more():
     answers = Answers(Leased(pieces=((10, 20),)))
     stream = LeaseStream(Leased(pieces=((0, 10),)), answers, [0, 10, 20], lambda: True)
-    assert list(stream.pieces()) == [(0, 10)]
+    assert list(stream.pieces()) == []  # stopped: nothing more is read
     assert (answers.calls, stream.ended_by) == (0, None)
 
 
@@ -129,6 +132,28 @@ def test_a_stream_stopped_while_a_lease_is_asked_never_awaits_it():
     stopped.append(True)
     assert list(pieces) == []
     assert (answers.calls, answers.awaited, stream.ended_by) == (1, 0, None)
+
+
+def test_a_paced_stream_stopped_with_pieces_in_hand_reads_no_more_and_awaits_nothing():
+    # Late answers: the next lease is asked as the first piece goes out (2 still in hand).
+    pacing = LeasePacing(base=1, piece_rows=10, round_trip_s=1.0, seconds_per_row=1e-3)
+    stopped = []
+    answers = Answers(Leased(pieces=((30, 40),)))
+    stream = LeaseStream(
+        Leased(pieces=((0, 10), (10, 20), (20, 30))),
+        answers,
+        [0, 10, 20, 30, 40],
+        lambda: bool(stopped),
+        answers.answer,
+        pacing,
+        ready=lambda call: True,
+    )
+    pieces = stream.pieces()
+    assert next(pieces) == (0, 10)
+    assert answers.calls == 1 and answers.shares == [True]  # asked early, as a share
+    stopped.append(True)
+    assert list(pieces) == []
+    assert (answers.awaited, stream.ended_by) == (0, None)
 
 
 def test_reading_threads_take_the_next_lease_before_this_one_is_delivered():

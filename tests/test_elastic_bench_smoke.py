@@ -90,6 +90,8 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     for run in busy:  # every row once, whatever the coordinator's queue held
         assert run["coverage_ok"] and run["rows"] == 100_000, run
     assert all(r["pings"] > 0 for r in busy if r["inflight"])  # the queue was kept busy
+    # `data` leases nothing; `dynamic` leased its 4 row groups in one call or more
+    assert [r["lease_calls"] > 0 for r in busy] == [r["policy"] == "dynamic" for r in busy]
 
     assert results["epoch"]["config"]["world_size"] == 1
     epoch = results["epoch"]["summary"]

@@ -18,29 +18,59 @@ from rayshard.runtime.lease_pacing import LeasePacing
 
 def test_quick_answers_leave_the_ask_at_the_last_piece_for_the_base_count():
     pacing = LeasePacing(base=2, piece_rows=100)
-    for step in range(10):
+    for step in range(400):
         pacing.pulled(100, step * 0.001)
+    assert pacing.seconds_per_row > 0
     pacing.answered(0.0, 0.005, unleased=10_000, ranks=2)  # under min_round_trip_s
     assert pacing.ahead_rows() == 0.0
     assert pacing.should_ask(0) and not pacing.should_ask(1)
-    assert pacing.count() == 2
+    assert pacing.count() == 2 and not pacing.paced()
 
 
 def test_late_answers_ask_earlier_and_for_more():
     pacing = LeasePacing(base=1, piece_rows=1_000)
-    for step in range(10):
+    for step in range(30):
         pacing.pulled(1_000, step * 0.01)  # 10 µs per row
     pacing.answered(0.0, 0.1, unleased=10_000_000, ranks=4)
     assert abs(pacing.ahead_rows() - 1.5 * 0.1 / 1e-5) < 1e-6  # 15,000 rows
     assert pacing.should_ask(15_000) and not pacing.should_ask(15_001)
     assert pacing.count() == 30  # two ahead spans of 15,000 rows, in pieces of 1,000
+    assert pacing.paced()
 
 
 def test_time_stalled_for_an_answer_is_not_reading_pace():
-    pacing = LeasePacing(base=1, piece_rows=100)
+    pacing = LeasePacing(base=1, piece_rows=100, window_s=0.005, first_pieces=1)
     pacing.pulled(100, 0.0)
     pacing.pulled(100, 1.0, stalled_s=0.99)
     assert abs(pacing.seconds_per_row - 0.0001) < 1e-12
+
+
+def test_a_rank_that_stops_within_its_read_ahead_is_never_paced():
+    # A consumer that holds after its first batches: its reading fills the read-ahead
+    # (fewer pieces than `first_pieces`), then pulls nothing; however late the answers, it
+    # asks as an unpaced rank does, so it holds no more than its read-ahead and one lease.
+    pacing = LeasePacing(base=1, piece_rows=10)
+    for step in range(pacing.first_pieces):
+        pacing.pulled(10, step * 1.0)  # even a whole second of reading apart
+        pacing.answered(0.0, 5.0, unleased=10**6, ranks=2)
+        assert not pacing.paced() and pacing.count() == 1
+    pacing.pulled(10, 100.0)  # the consumer went on: now it is measured
+    assert pacing.paced()
+
+
+def test_a_burst_of_pulls_is_paced_over_the_reading_time_around_it():
+    # Reading threads starting take 32 pieces at once, then one every 10 ms: the pace is
+    # measured over 0.25 s windows, so the burst cannot read as a pace near zero.
+    pacing = LeasePacing(base=1, piece_rows=1_000)
+    now = 0.0
+    for _ in range(33):
+        pacing.pulled(1_000, now)
+    for _ in range(60):
+        now += 0.01
+        pacing.pulled(1_000, now)
+    assert 1e-5 / 3 < pacing.seconds_per_row <= 1e-5 * (1 + 1e-9)
+    pacing.answered(0.0, 5.0, unleased=10**12, ranks=1)  # a very late answer
+    assert pacing.ahead_rows() == pacing.max_pieces * 1_000  # in hand: 256 pieces at most
 
 
 @given(
@@ -76,23 +106,28 @@ class _SlowCoordinator:
         self.queue = [(i * piece_rows, (i + 1) * piece_rows) for i in range(pieces)]
         self.round_trip_s, self.seconds_per_row = round_trip_s, seconds_per_row
         self.now, self.stalled_s, self.in_flight, self.counts = 0.0, 0.0, 0, []
+        self.piece_rows, self.shares = piece_rows, []
         self.grants: list[tuple[int, int]] = []  # (rows granted, rows unleased before)
 
     def first(self, count: int) -> Leased:
         return self._grant(count)
 
-    def _grant(self, count: int) -> Leased:
+    def _grant(self, count: int, share: bool = False) -> Leased:
         unleased = sum(end - start for start, end in self.queue)
+        if share:  # as the coordinator does: a piece, and on while under half the rest
+            pieces = -(-unleased // 2 // self.piece_rows) if unleased else 0
+            count = min(count, max(1, pieces))
         pieces, self.queue = tuple(self.queue[:count]), self.queue[count:]
         self.grants.append((sum(end - start for start, end in pieces), unleased))
         rest = sum(end - start for start, end in self.queue)
         return Leased(pieces=pieces, unleased=rest, ranks=1)
 
-    def ask(self, count: int) -> _Call:
+    def ask(self, count: int, share: bool = False) -> _Call:
         assert self.in_flight == 0, "a second lease call in flight"
         self.in_flight += 1
         self.counts.append(count)
-        return _Call(self.now, self._grant(count))
+        self.shares.append(share)
+        return _Call(self.now, self._grant(count, share))
 
     def ready(self, call: _Call) -> bool:
         return self.now >= call.at + self.round_trip_s
@@ -138,6 +173,7 @@ def test_a_paced_stream_over_late_answers_reads_every_piece_once_and_stalls_far_
     assert unpaced.stalled_s > 400 * 0.08
     assert paced.stalled_s < unpaced.stalled_s / 5
     assert max(paced.counts) > 1 and set(unpaced.counts) == {1}
+    assert any(paced.shares) and not any(unpaced.shares)
     # Every grant within the guided self-scheduling share (one rank: half the unleased rows)
     # or the base piece.
     assert all(rows <= max(1_000, unleased / 2 + 1_000) for rows, unleased in paced.grants)
@@ -148,4 +184,5 @@ def test_a_paced_stream_with_quick_answers_asks_as_an_unpaced_one_does():
     unpaced, _ = _read_epoch(paced=False, round_trip_s=0.002)
     assert read == [(i * 1_000, (i + 1) * 1_000) for i in range(400)]
     assert paced.counts == unpaced.counts == [1] * 400
+    assert not any(paced.shares)
     assert paced.stalled_s == unpaced.stalled_s

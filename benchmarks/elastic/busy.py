@@ -62,6 +62,7 @@ def _read_epoch(path: Path, policy: str, inflight: int, callers: int) -> dict:
                 ray.remote(num_cpus=0)(_Pinger).remote(loader._coordinator) for _ in range(callers)
             ]
             ray.get([p.start.remote(inflight // callers) for p in pingers])
+        ray.get(loader._coordinator.trace.remote(True))  # records every lease call
         sent = time.time()
         ray.get(loader._coordinator.ping.remote())
         wait = time.time() - sent
@@ -72,6 +73,7 @@ def _read_epoch(path: Path, policy: str, inflight: int, callers: int) -> dict:
         ids = np.concatenate(seen) if seen else np.zeros(0, dtype=np.int64)
         rows = len(ids)
         covered = rows == pq.ParquetFile(path).metadata.num_rows == len(np.unique(ids))
+        traced = ray.get(loader._coordinator.trace.remote(False))
         pings = sum(ray.get([p.halt.remote() for p in pingers]))
     finally:
         for pinger in pingers:
@@ -85,6 +87,7 @@ def _read_epoch(path: Path, policy: str, inflight: int, callers: int) -> dict:
         "seconds": wall,
         "rows_per_s": rows / wall,
         "pings": pings,
+        "lease_calls": sum(1 for _, kind, _, _ in traced if kind == "lease"),
         "coverage_ok": covered,
     }
 

@@ -69,7 +69,9 @@ class Lease(Command):
     equal step count, so only work returned by a lost rank may follow. `time`: when it
     asked (the straggler clock; 0 in journals older than it). `request`: the reader's id of
     this call; Ray retries a call in flight when the coordinator restarts, and the retry
-    (same id) gets the answer the journal already holds, not more pieces."""
+    (same id) gets the answer the journal already holds, not more pieces. `share`: a
+    paced ask, made early with rows still in hand: it is granted at most `1 / (2 x
+    members)` of the rows no rank holds (one piece at least), and no straggler's work."""
 
     kind: ClassVar[str] = "lease"
     dp_rank: int
@@ -78,6 +80,7 @@ class Lease(Command):
     finishing: bool = False
     time: float = 0.0
     request: str = ""
+    share: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -103,14 +103,8 @@ class CoordinatorCore(CoreQueries):
                 f"{self.readers_prefix}:reader:g{members.generation}:r{c.dp_rank}:{self.readers_named}"
             )
         members.given[c.world_rank] = members.readers[c.dp_rank]
-        return cmd.Registered(
-            members.generation,
-            members.readers[c.dp_rank],
-            members.dp_size,
-            self.loader_id,
-            self.dynamic,
-            self.start_of(c.dp_rank),
-        )
+        given = (members.generation, members.readers[c.dp_rank], members.dp_size)
+        return cmd.Registered(*given, self.loader_id, self.dynamic, self.start_of(c.dp_rank))
 
     def _attach(self, c: cmd.Attach) -> cmd.Noted:
         members = self.members
@@ -142,15 +136,16 @@ class CoordinatorCore(CoreQueries):
     def _grant(self, c: cmd.Lease) -> cmd.Leased:
         self.rank_epoch[c.dp_rank] = c.epoch
         book = self._book(c.epoch, c.time)
-        pieces = self._take(book, c.dp_rank, c.count, c.time)
+        rows = -(-book.unleased_rows() // (2 * book.member_count())) if c.share else None
+        pieces = self._take(book, c.dp_rank, c.count, c.time, rows)
         if not pieces and c.finishing and book.unleased_rows():
             # Capacity held for declared ranks that never came: give it to the living.
             for rank in [r for r in book.ranks if r not in self.members.ranks]:
                 book.release(rank)
-            pieces = self._take(book, c.dp_rank, c.count, c.time)
+            pieces = self._take(book, c.dp_rank, c.count, c.time, rows)
         stragglers: list[int] = []
         timeout = self.settings.straggler_timeout_s
-        if not pieces and timeout is not None:
+        if not pieces and timeout is not None and not c.share:
             # An idle rank asks: work held by ranks silent for the timeout is offered to it.
             for rank, back in reoffer(book, c.dp_rank, c.time, timeout):
                 stragglers.append(rank)
@@ -167,12 +162,14 @@ class CoordinatorCore(CoreQueries):
         return cmd.Leased(tuple(pieces), wait, *held, book.unleased_rows(), book.member_count())
 
     @staticmethod
-    def _take(book: LeaseBook, rank: int, count: int, now: float) -> list[tuple[int, int]]:
-        pieces = []
-        while len(pieces) < count:
+    def _take(book: LeaseBook, rank: int, count: int, now: float, rows: int | None = None) -> list:
+        """Up to `count` pieces for `rank`, and (`rows`) no more once they hold that many."""
+        pieces, taken = [], 0
+        while len(pieces) < count and (rows is None or not pieces or taken < rows):
             lease = book.lease(rank, now)
             if lease is None:
                 break
+            taken += lease.end - lease.start
             pieces.append((lease.start, lease.end))
         return pieces
 

@@ -132,12 +132,13 @@ class Coordinator:
         finishing: bool = False,
         request: str = "",
         reader: str = "",
+        share: bool = False,
     ) -> cmd.Leased:
-        """Up to `count` pieces `[start, end)` for `dp_rank` in one round trip (`Leased`).
-        `request` identifies the call (Ray's retry after a restart gets the same answer);
-        `reader`, the rank's reader when it began the epoch, is refused once it re-registered."""
+        """Up to `count` pieces for `dp_rank` in one round trip. `request` identifies the
+        call (Ray's retry after a restart gets the same answer); `reader` (the rank's reader
+        at the epoch's start) is refused once it re-registered; `share`: see `cmd.Lease`."""
         self._core.check_epoch(generation, dp_rank, epoch, reader)
-        return self._do(cmd.Lease(dp_rank, epoch, count, finishing, time.time(), request))
+        return self._do(cmd.Lease(dp_rank, epoch, count, finishing, time.time(), request, share))
 
     async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
         """Rows of `epoch` still leased to `dp_rank` (a straggler's reader drops the rest)."""

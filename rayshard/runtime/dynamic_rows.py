@@ -74,10 +74,11 @@ def dynamic_rows(
     # and the retry must get the answer the first call was given (journaled), not more.
     calls = (f"{uuid.uuid4().hex}:{n}" for n in itertools.count())
 
-    def ask(pieces: int = count) -> Any:
-        """A lease call in flight for up to `pieces` (its answer is `ray.get` of it)."""
+    def ask(pieces: int = count, share: bool = False) -> Any:
+        """A lease call in flight for up to `pieces` (its answer is `ray.get` of it);
+        `share`: a paced ask, granted within a share of what is unleased."""
         args = (generation, rank, epoch, pieces, finishing, next(calls))
-        return coordinator.lease.remote(*args, reader=reader)
+        return coordinator.lease.remote(*args, reader=reader, share=share)
 
     def lease() -> Any:
         return ray.get(ask())
@@ -158,21 +159,21 @@ class LeaseStream:
         pacing, hand = self._pacing, collections.deque()
         in_hand = self._note(self._first, hand)  # rows of the pieces in `hand`
         call, asked_at, stalled_s = None, 0.0, 0.0
-        while hand:
+        while hand and not self._stopped():
             piece = hand.popleft()
             in_hand -= piece[1] - piece[0]
-            open_to_ask = call is None and self.ended_by is None and not self._stopped()
-            if open_to_ask and pacing.should_ask(in_hand):
-                call, asked_at = self._ask(pacing.count()), self._clock()
+            if call is None and self.ended_by is None and pacing.should_ask(in_hand):
+                call, asked_at = self._ask(pacing.count(), pacing.paced()), self._clock()
             pacing.pulled(piece[1] - piece[0], self._clock(), stalled_s)
             stalled_s = 0.0
             yield piece
-            if call is not None and (not hand or self._ready(call)):
-                if self._stopped():
-                    # A lease in flight stays this rank's until it leaves, as a partly
-                    # read one does.
-                    return
-                waited = not hand and not self._ready(call)
+            if call is None or self._stopped():
+                # Once stopped nothing more is read; a lease in flight stays this rank's
+                # until it leaves, as a partly read one does.
+                continue
+            ready = self._ready(call)
+            if ready or not hand:
+                waited = not ready
                 waited_from = self._clock()
                 leased = self._answer(call)
                 now = self._clock()

@@ -1,14 +1,19 @@
 """How far ahead a `dynamic` reader asks for its next lease, and for how much.
 
-A rank has one lease call in flight at a time (a retried call must get its journaled
-answer, and the coordinator keeps one per rank). While the coordinator answers within
-`min_round_trip_s` the reader asks as the last piece of a lease goes out, for `base` pieces
-(the lease stream's behaviour without pacing). When answers come later (many ranks'
-acknowledgements queued ahead of each lease), the reader asks earlier and for more:
-enough rows in hand to cover `headroom` round trips at the rate its reading pulls pieces.
-So that one rank cannot take an epoch's tail from the others (nor the epoch from a rank
-that joins), one ask takes at most `1 / (2 * ranks)` of the rows still unleased when the
-last answer was given (guided self-scheduling), and at most `max_pieces` pieces.
+A rank has one lease call in flight at a time (a retried call must get its journaled answer,
+and the coordinator keeps one per rank). While the coordinator answers within
+`min_round_trip_s` (of the last answer the reading had to wait for) the reader asks as the
+last piece of a lease goes out, for `base` pieces (the lease stream's behaviour without
+pacing). When answers come later (many ranks' acknowledgements queued ahead of each lease),
+the reader asks earlier and for more: enough rows in hand to cover `headroom` round trips at
+the pace its reading takes pieces, at most `max_pieces` pieces. The pace is measured over
+windows of `window_s` of reading or `first_pieces` pieces, so a burst of pulls as reading
+threads start does not read as a fast pace, and the first one needs `first_pieces`: a rank
+whose loop stops early (a slow or frozen consumer) fills its read-ahead unpaced, as it did
+before pacing, and holds no more than that. Such an ask is marked as a share: the
+coordinator grants it at most `1 / (2 x members)` of the rows no rank holds (guided self-
+scheduling), so one rank cannot take an epoch's tail from the others, nor the epoch from a
+rank that joins; the count asked is sized from the last answer's figures to the same bound.
 """
 
 from __future__ import annotations
@@ -27,20 +32,34 @@ class LeasePacing:
     min_round_trip_s: float = 0.01  # round trips below this never move the ask earlier
     headroom: float = 1.5  # round trips of reading held in hand when the ask goes out
     max_pieces: int = 256
+    window_s: float = 0.1  # reading time per pace measurement, or `first_pieces` pieces
+    first_pieces: int = 16  # pieces the first measurement needs (more than a read-ahead)
     round_trip_s: float = 0.0  # the last measured round trip (0 until one is)
-    seconds_per_row: float = 0.0  # reading pace, smoothed (0 until measured)
+    seconds_per_row: float = 0.0  # reading pace, smoothed over windows (0 until measured)
     unleased: int | None = None  # rows no rank held, as of the last answer (None: unknown)
     ranks: int = 1  # members of the epoch, as of the last answer
     _last_pull: float | None = None
+    _window: tuple[int, float, int] = (0, 0, 0.0)  # rows, pieces, reading s of the window
 
     def pulled(self, rows: int, now: float, stalled_s: float = 0.0) -> None:
         """The reading took a piece of `rows` at `now`, having waited `stalled_s` of the time
         since the last one for a lease answer (not reading time, so not counted)."""
-        if self._last_pull is not None and rows > 0:
-            pace = max(0.0, now - self._last_pull - stalled_s) / rows
+        if self._last_pull is not None:
+            window_rows, window_pieces, window_s = self._window
+            window_rows, window_pieces = window_rows + rows, window_pieces + 1
+            window_s += max(0.0, now - self._last_pull - stalled_s)
+            self._window = (window_rows, window_pieces, window_s)
             smooth = self.seconds_per_row
-            self.seconds_per_row = pace if smooth == 0.0 else 0.7 * smooth + 0.3 * pace
+            timed = smooth > 0.0 and window_s >= self.window_s
+            if (timed or window_pieces >= self.first_pieces) and window_rows > 0:
+                pace = window_s / window_rows
+                self.seconds_per_row = pace if smooth == 0.0 else 0.5 * (smooth + pace)
+                self._window = (0, 0, 0.0)
         self._last_pull = now
+
+    def paced(self) -> bool:
+        """Whether asks are paced now (early, and granted within a share)."""
+        return self.ahead_rows() > 0
 
     def answered(
         self, asked_at: float, ready_at: float, unleased: int, ranks: int, waited: bool = True
@@ -58,7 +77,8 @@ class LeasePacing:
         """Rows to hold in hand when the next ask goes out (0: ask at the last piece)."""
         if self.round_trip_s < self.min_round_trip_s or self.seconds_per_row <= 0.0:
             return 0.0
-        return self.headroom * self.round_trip_s / self.seconds_per_row
+        ahead = self.headroom * self.round_trip_s / self.seconds_per_row
+        return min(ahead, self.max_pieces * max(1, self.piece_rows))
 
     def should_ask(self, rows_in_hand: int) -> bool:
         """Whether to ask now, with `rows_in_hand` leased rows not yet taken by the reading."""

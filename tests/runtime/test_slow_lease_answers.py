@@ -64,8 +64,8 @@ def test_a_rank_with_late_lease_answers_asks_ahead_and_reads_every_row_once(ray_
         link = SlowLink.remote(coordinator)
         stop = threading.Event()
 
-        def reads(pieces, columns):
-            return iter_rows(source, list(pieces), columns)
+        def reads(pieces, columns):  # piece by piece, as the reading asks for them
+            return iter_rows(source, pieces, columns)
 
         rows = dynamic_rows(
             link,
