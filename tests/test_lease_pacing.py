@@ -58,6 +58,17 @@ def test_a_rank_that_stops_within_its_read_ahead_is_never_paced():
     assert pacing.paced()
 
 
+def test_the_time_between_two_streams_is_not_reading_time():
+    pacing = LeasePacing(base=1, piece_rows=100, first_pieces=2)
+    for now in (0.0, 0.01, 0.02):
+        pacing.pulled(100, now)
+    assert abs(pacing.seconds_per_row - 1e-4) < 1e-12
+    pacing.new_stream()  # an epoch ended; the next begins 3 s later
+    for now in (3.0, 3.01, 3.02):
+        pacing.pulled(100, now)
+    assert abs(pacing.seconds_per_row - 1e-4) < 1e-12
+
+
 def test_a_burst_of_pulls_is_paced_over_the_reading_time_around_it():
     # Reading threads starting take 32 pieces at once, then one every 10 ms: the pace is
     # measured over 0.25 s windows, so the burst cannot read as a pace near zero.

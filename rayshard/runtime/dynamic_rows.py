@@ -50,6 +50,7 @@ def dynamic_rows(
     cancel: Callable[[], threading.Event],
     reads: Reads,
     reader: str = "",
+    pacing: LeasePacing | None = None,
 ) -> Iterator[Any]:
     """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
     reader thread's stop event. The leased pieces are read by `reads` as one stream
@@ -59,16 +60,16 @@ def dynamic_rows(
     delivered, as a static rank reads its next piece ahead, and the round trip does not
     stall them. A lease answer without pieces ends that stream and is acted on here; no
     lease is asked for once `cancel()` is set. `reader` names the registration the leases
-    serve: once the rank registered again (a newer iterator), they are refused."""
+    serve: once the rank registered again (a newer iterator), they are refused. `pacing`:
+    the rank's, kept from epoch to epoch by its reading (default: a new one)."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
     rows_out, last_index = 0, None
     pad_cache: dict[int, pa.RecordBatch] = {}
     finishing = False  # reached the equal step count: only returned work may follow
-    # Enough pieces per lease call to fill one object's worth of batches.
-    sizes = sorted(end - start for start, end in splits) or [1]
-    count = max(1, -(-settings.block_batches * batch_size // sizes[len(sizes) // 2]))
+    pacing = pacing or lease_pacing(settings, splits)
+    count = pacing.base
     boundaries = split_boundaries(splits)
     # Each call has its own id: Ray retries a call in flight when the coordinator restarts,
     # and the retry must get the answer the first call was given (journaled), not more.
@@ -85,8 +86,6 @@ def dynamic_rows(
 
     def ready(call: Any) -> bool:
         return bool(ray.wait([call], timeout=0)[0])
-
-    pacing = LeasePacing(base=count, piece_rows=max(1, sizes[len(sizes) // 2]))
 
     leased = None  # an answer not acted on yet; a new lease is asked for only if None
     while not cancel().is_set():
@@ -126,6 +125,15 @@ def dynamic_rows(
         leased = None
 
 
+def lease_pacing(settings: LoaderConfig, splits: list) -> LeasePacing:
+    """A rank's lease pacing: without it, enough pieces per call to fill one object's worth
+    of batches (pieces of the splits' median size)."""
+    sizes = sorted(end - start for start, end in splits) or [1]
+    median = max(1, sizes[len(sizes) // 2])
+    base = max(1, -(-settings.block_batches * settings.plan.batch_size // median))
+    return LeasePacing(base=base, piece_rows=median)
+
+
 class LeaseStream:
     """The pieces of consecutive leases, with one lease call in flight at most. The next
     lease is asked for (`ask(count)`, a call in flight) as the pieces in hand run low, and
@@ -157,6 +165,7 @@ class LeaseStream:
 
     def pieces(self) -> Iterator[tuple[int, int]]:
         pacing, hand = self._pacing, collections.deque()
+        pacing.new_stream()
         in_hand = self._note(self._first, hand)  # rows of the pieces in `hand`
         call, asked_at, stalled_s = None, 0.0, 0.0
         while hand and not self._stopped():
@@ -235,4 +244,4 @@ def keep_rows(batch: pa.RecordBatch, kept: iv.Intervals) -> pa.RecordBatch:
     return batch if mask.all() else batch.filter(arrow_of(mask))
 
 
-__all__ = ["LeaseStream", "drop_taken_back", "dynamic_rows", "keep_rows"]
+__all__ = ["LeaseStream", "drop_taken_back", "dynamic_rows", "keep_rows", "lease_pacing"]

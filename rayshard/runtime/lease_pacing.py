@@ -57,6 +57,11 @@ class LeasePacing:
                 self._window = (0, 0, 0.0)
         self._last_pull = now
 
+    def new_stream(self) -> None:
+        """A new lease stream begins: the time since the last one's pulls (an epoch's end,
+        a wait for work) is not reading time."""
+        self._last_pull = None
+
     def paced(self) -> bool:
         """Whether asks are paced now (early, and granted within a share)."""
         return self.ahead_rows() > 0

@@ -24,7 +24,7 @@ from rayshard.data.batching import (
     reading_pieces,
 )
 from rayshard.device.affinity import reader_pool
-from rayshard.runtime.dynamic_rows import dynamic_rows
+from rayshard.runtime.dynamic_rows import dynamic_rows, lease_pacing
 from rayshard.runtime.packing_stage import packed_batches
 from rayshard.runtime.pipeline import flush_before_error, reader_batches
 from rayshard.runtime.reading_threads import reading_threads
@@ -82,12 +82,13 @@ def epoch_batches(
     cancel: Callable[[], threading.Event],
     reads: Reads,
     batches: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]],
+    pacing: Any = None,
 ) -> Iterator[Any]:
     """The batches (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`, as the
     coordinator's `start_epoch` answered (`started`): packed documents, leased rows under
     `dynamic`, or the static plan's rows. `reads` reads pieces (under `dynamic`, the leases
     as one stream: `dynamic_rows`), `batches(rows)` rebatches
-    (and transforms) rows; `cancel()` stops a `dynamic` stream."""
+    (and transforms) rows; `cancel()` stops a `dynamic` stream, which `pacing` paces."""
     _, epoch, _ = key
     plan = started["plan"]
     if settings.packing is not None:
@@ -95,7 +96,8 @@ def epoch_batches(
         return packed_rows(settings, splits, plan, epoch, reads, partial)
     if plan is None:
         reader = started.get("reader", "")
-        rows = dynamic_rows(coordinator, source, splits, settings, key, cancel, reads, reader)
+        args = (coordinator, source, splits, settings, key, cancel, reads, reader, pacing)
+        rows = dynamic_rows(*args)
         return batches(rows)
     return batches(static_rows(source, settings, splits, plan, epoch, reads))
 
@@ -119,6 +121,7 @@ class RankReading:
         self._splits: Any = None
         self._pool: Any = None
         self._threads = 1
+        self._pacing: Any = None  # under `dynamic`: lease pacing, kept across epochs
 
     def splits(self) -> Any:
         if self._splits is None:
@@ -165,6 +168,8 @@ class RankReading:
         threads), rebatched and transformed here or in `workers()`; `keep_text`: see
         `reader_batches`."""
         settings = self.settings
+        if self._pacing is None and started.get("plan") is None:
+            self._pacing = lease_pacing(settings, self.splits())
         return epoch_batches(
             started,
             (generation, epoch, self.dp_rank),
@@ -174,6 +179,7 @@ class RankReading:
             settings=settings,
             cancel=cancel,
             reads=reads or self.thread_reads(epoch),
+            pacing=self._pacing,
             batches=lambda rows: reader_batches(
                 rows,
                 batch_size=settings.plan.batch_size,
