@@ -136,7 +136,7 @@ def lease_pacing(settings: LoaderConfig, splits: list) -> LeasePacing:
 
 class LeaseStream:
     """The pieces of consecutive leases, with one lease call in flight at most. The next
-    lease is asked for (`ask(count)`, a call in flight) as the pieces in hand run low, and
+    lease is asked for (`ask(count, share)`, a call in flight) as the pieces in hand run low, and
     its answer awaited (`answer(call)`) only when the reading wants a piece past them: the
     round trip overlaps the reading instead of stalling it. How low, and how many pieces
     to ask for, `pacing` decides from measured round trips (without it, or with quick
@@ -149,7 +149,7 @@ class LeaseStream:
     def __init__(
         self,
         first: Any,
-        ask: Callable[[int], Any],
+        ask: Callable[[int, bool], Any],
         boundaries: list[int],
         stopped: Callable[[], bool],
         answer: Callable[[Any], Any] = lambda call: call,
