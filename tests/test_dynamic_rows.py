@@ -156,6 +156,35 @@ def test_a_paced_stream_stopped_with_pieces_in_hand_reads_no_more_and_awaits_not
     assert (answers.awaited, stream.ended_by) == (0, None)
 
 
+def test_an_empty_answer_to_an_early_ask_is_left_to_the_caller_to_ask_again():
+    # Paced: the ask goes out with rows in hand (a share, offered no straggler's work). Its
+    # answer without pieces ends the stream once the hand is read, but is not acted on:
+    # `ended_by` stays None, so the caller asks again with nothing in hand.
+    pacing = LeasePacing(base=1, piece_rows=10, round_trip_s=1.0, seconds_per_row=1e-3)
+    answers = Answers(Leased())
+    stream = LeaseStream(
+        Leased(pieces=((0, 10), (10, 20))),
+        answers,
+        [0, 10, 20],
+        lambda: False,
+        answers.answer,
+        pacing,
+        ready=lambda call: True,
+    )
+    assert list(stream.pieces()) == [(0, 10), (10, 20)]
+    assert (answers.calls, answers.shares, stream.ended_by) == (1, [True], None)
+
+
+def test_an_ask_with_nothing_in_hand_is_a_plain_one_even_when_paced():
+    pacing = LeasePacing(base=1, piece_rows=10, round_trip_s=1.0, seconds_per_row=1e-3)
+    answers = Answers(Leased(wait=True))
+    stream = LeaseStream(
+        Leased(pieces=((0, 10),)), answers, [0, 10], lambda: False, answers.answer, pacing
+    )
+    assert list(stream.pieces()) == [(0, 10)]
+    assert (answers.shares, stream.ended_by) == ([False], Leased(wait=True))
+
+
 def test_reading_threads_take_the_next_lease_before_this_one_is_delivered():
     # One reading thread, as a `dynamic` reader has by default: the first lease's rows are
     # not handed on before the next lease was taken (its piece then reads meanwhile), and

@@ -63,7 +63,9 @@ def test_the_time_between_two_streams_is_not_reading_time():
     for now in (0.0, 0.01, 0.02):
         pacing.pulled(100, now)
     assert abs(pacing.seconds_per_row - 1e-4) < 1e-12
-    pacing.new_stream()  # an epoch ended; the next begins 3 s later
+    pacing.answered(0.0, 0.1, unleased=7, ranks=3)
+    pacing.new_stream(unleased=5_000, ranks=2)  # an epoch ended; the next begins 3 s later
+    assert (pacing.unleased, pacing.ranks) == (5_000, 2)  # the new stream's first answer
     for now in (3.0, 3.01, 3.02):
         pacing.pulled(100, now)
     assert abs(pacing.seconds_per_row - 1e-4) < 1e-12

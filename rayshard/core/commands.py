@@ -70,8 +70,9 @@ class Lease(Command):
     asked (the straggler clock; 0 in journals older than it). `request`: the reader's id of
     this call; Ray retries a call in flight when the coordinator restarts, and the retry
     (same id) gets the answer the journal already holds, not more pieces. `share`: a
-    paced ask, made early with rows still in hand: it is granted at most `1 / (2 x
-    members)` of the rows no rank holds (one piece at least), and no straggler's work."""
+    paced ask, made early with rows still in hand: granting stops once its pieces hold
+    `1 / (2 x members)` of the rows no rank holds (one piece at least), and it is offered
+    no straggler's work."""
 
     kind: ClassVar[str] = "lease"
     dp_rank: int

@@ -136,13 +136,13 @@ class CoordinatorCore(CoreQueries):
     def _grant(self, c: cmd.Lease) -> cmd.Leased:
         self.rank_epoch[c.dp_rank] = c.epoch
         book = self._book(c.epoch, c.time)
-        rows = -(-book.unleased_rows() // (2 * book.member_count())) if c.share else None
-        pieces = self._take(book, c.dp_rank, c.count, c.time, rows)
+        share = lambda: -(-book.unleased_rows() // (2 * book.member_count()))  # noqa: E731
+        pieces = self._take(book, c.dp_rank, c.count, c.time, share() if c.share else None)
         if not pieces and c.finishing and book.unleased_rows():
             # Capacity held for declared ranks that never came: give it to the living.
             for rank in [r for r in book.ranks if r not in self.members.ranks]:
                 book.release(rank)
-            pieces = self._take(book, c.dp_rank, c.count, c.time, rows)
+            pieces = self._take(book, c.dp_rank, c.count, c.time, share() if c.share else None)
         stragglers: list[int] = []
         timeout = self.settings.straggler_timeout_s
         if not pieces and timeout is not None and not c.share:

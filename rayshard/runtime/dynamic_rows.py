@@ -79,7 +79,7 @@ def dynamic_rows(
         """A lease call in flight for up to `pieces` (its answer is `ray.get` of it);
         `share`: a paced ask, granted within a share of what is unleased."""
         args = (generation, rank, epoch, pieces, finishing, next(calls))
-        return coordinator.lease.remote(*args, reader=reader, share=share)
+        return coordinator.lease.remote(*args, reader=reader, share=share and not finishing)
 
     def lease() -> Any:
         return ray.get(ask())
@@ -161,18 +161,20 @@ class LeaseStream:
         self._boundaries, self._stopped, self._clock = boundaries, stopped, clock
         self._pacing = pacing or LeasePacing(base=1, piece_rows=1, min_round_trip_s=math.inf)
         self._taken = 1
+        self._asked_out = False  # an answer without pieces came: ask nothing more
         self.ended_by: Any = None
 
     def pieces(self) -> Iterator[tuple[int, int]]:
         pacing, hand = self._pacing, collections.deque()
-        pacing.new_stream()
+        pacing.new_stream(self._first.unleased, self._first.ranks)
         in_hand = self._note(self._first, hand)  # rows of the pieces in `hand`
-        call, asked_at, stalled_s = None, 0.0, 0.0
+        call, asked_at, stalled_s, shared = None, 0.0, 0.0, False
         while hand and not self._stopped():
             piece = hand.popleft()
             in_hand -= piece[1] - piece[0]
-            if call is None and self.ended_by is None and pacing.should_ask(in_hand):
-                call, asked_at = self._ask(pacing.count(), pacing.paced()), self._clock()
+            if call is None and not self._asked_out and pacing.should_ask(in_hand):
+                share = pacing.paced() and in_hand > 0  # asked early, with rows in hand
+                call, asked_at, shared = self._ask(pacing.count(), share), self._clock(), share
             pacing.pulled(piece[1] - piece[0], self._clock(), stalled_s)
             stalled_s = 0.0
             yield piece
@@ -190,15 +192,18 @@ class LeaseStream:
                 pacing.answered(asked_at, now, leased.unleased, leased.ranks, waited)
                 self._taken += 1
                 call = None
-                in_hand += self._note(leased, hand)
+                in_hand += self._note(leased, hand, shared)
         if self._stopped():
             self.ended_by = None
 
-    def _note(self, leased: Any, hand: collections.deque) -> int:
+    def _note(self, leased: Any, hand: collections.deque, shared: bool = False) -> int:
         """Pieces of `leased` go in `hand`, cut at split boundaries (returns their rows);
-        an answer without any ends the stream once the hand is read."""
+        an answer without any ends the stream once the hand is read. That of an early
+        (`shared`) ask is not acted on (`ended_by` stays None): the caller asks again
+        with nothing in hand, when a straggler's work may be offered."""
         if not leased.pieces:
-            self.ended_by = leased
+            self._asked_out = True
+            self.ended_by = None if shared else leased
         hand.extend(cut_at_boundaries(leased.pieces, self._boundaries))
         return sum(end - start for start, end in leased.pieces)
 

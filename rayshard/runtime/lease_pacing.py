@@ -2,18 +2,20 @@
 
 A rank has one lease call in flight at a time (a retried call must get its journaled answer,
 and the coordinator keeps one per rank). While the coordinator answers within
-`min_round_trip_s` (of the last answer the reading had to wait for) the reader asks as the
-last piece of a lease goes out, for `base` pieces (the lease stream's behaviour without
-pacing). When answers come later (many ranks' acknowledgements queued ahead of each lease),
-the reader asks earlier and for more: enough rows in hand to cover `headroom` round trips at
-the pace its reading takes pieces, at most `max_pieces` pieces. The pace is measured over
-windows of `window_s` of reading or `first_pieces` pieces, so a burst of pulls as reading
-threads start does not read as a fast pace, and the first one needs `first_pieces`: a rank
-whose loop stops early (a slow or frozen consumer) fills its read-ahead unpaced, as it did
-before pacing, and holds no more than that. Such an ask is marked as a share: the
-coordinator grants it at most `1 / (2 x members)` of the rows no rank holds (guided self-
-scheduling), so one rank cannot take an epoch's tail from the others, nor the epoch from a
-rank that joins; the count asked is sized from the last answer's figures to the same bound.
+`min_round_trip_s` (as measured from the answers the reading waited for; ones that came in
+time only lower the estimate) the reader asks as the last piece of a lease goes out, for
+`base` pieces (the lease stream's behaviour without pacing). When answers come later (many
+ranks' acknowledgements queued ahead of each lease), the reader asks earlier and for more:
+enough rows in hand to cover `headroom` round trips at the pace its reading takes pieces, at
+most `max_pieces` pieces. The pace is measured over windows of `window_s` of reading or
+`first_pieces` pieces, so a burst of pulls as reading threads start does not read as a fast
+pace, and the first one needs `first_pieces`: in its first epoch a rank whose loop stops
+early (a slow or frozen consumer) fills its read-ahead unpaced, as it did before pacing, and
+holds no more than that. An ask made early, with rows in hand, is marked as a share: the
+coordinator stops granting it pieces once they hold `1 / (2 x members)` of the rows no rank
+holds (guided self-scheduling), so one rank cannot take an epoch's tail from the others, nor
+the epoch from a rank that joins, and offers it no straggler's work; the count asked is
+sized from the last answer's figures to the same bound.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ class LeasePacing:
     unleased: int | None = None  # rows no rank held, as of the last answer (None: unknown)
     ranks: int = 1  # members of the epoch, as of the last answer
     _last_pull: float | None = None
-    _window: tuple[int, float, int] = (0, 0, 0.0)  # rows, pieces, reading s of the window
+    _window: tuple[int, int, float] = (0, 0, 0.0)  # rows, pieces, reading s of the window
 
     def pulled(self, rows: int, now: float, stalled_s: float = 0.0) -> None:
         """The reading took a piece of `rows` at `now`, having waited `stalled_s` of the time
@@ -57,10 +59,12 @@ class LeasePacing:
                 self._window = (0, 0, 0.0)
         self._last_pull = now
 
-    def new_stream(self) -> None:
-        """A new lease stream begins: the time since the last one's pulls (an epoch's end,
-        a wait for work) is not reading time."""
+    def new_stream(self, unleased: int = -1, ranks: int = 1) -> None:
+        """A new lease stream begins with an answer that left `unleased` rows and `ranks`
+        members: the time since the last one's pulls (an epoch's end, a wait for work) is
+        not reading time."""
         self._last_pull = None
+        self.unleased, self.ranks = (None if unleased < 0 else unleased), max(1, ranks)
 
     def paced(self) -> bool:
         """Whether asks are paced now (early, and granted within a share)."""
