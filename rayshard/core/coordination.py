@@ -136,13 +136,12 @@ class CoordinatorCore(CoreQueries):
     def _grant(self, c: cmd.Lease) -> cmd.Leased:
         self.rank_epoch[c.dp_rank] = c.epoch
         book = self._book(c.epoch, c.time)
-        share = lambda: -(-book.unleased_rows() // (2 * book.member_count()))  # noqa: E731
-        pieces = self._take(book, c.dp_rank, c.count, c.time, share() if c.share else None)
+        pieces = self._take(book, c.dp_rank, c.count, c.time, _share(book, c.share))
         if not pieces and c.finishing and book.unleased_rows():
             # Capacity held for declared ranks that never came: give it to the living.
             for rank in [r for r in book.ranks if r not in self.members.ranks]:
                 book.release(rank)
-            pieces = self._take(book, c.dp_rank, c.count, c.time, share() if c.share else None)
+            pieces = self._take(book, c.dp_rank, c.count, c.time, _share(book, c.share))
         stragglers: list[int] = []
         timeout = self.settings.straggler_timeout_s
         if not pieces and timeout is not None and not c.share:
@@ -310,6 +309,11 @@ class CoordinatorCore(CoreQueries):
 
     def _event(self, kind: str, time: float, **details: Any) -> None:
         self.events.append({"time": time, "event": kind, **details})
+
+
+def _share(book: LeaseBook, share: bool) -> int | None:
+    """Rows a paced (`share`) ask may be granted: 1 / (2 x members) of what no rank holds."""
+    return -(-book.unleased_rows() // (2 * max(1, book.member_count()))) if share else None
 
 
 __all__ = ["CoordinatorCore", "Membership"]
