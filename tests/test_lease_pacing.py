@@ -45,6 +45,15 @@ def test_time_stalled_for_an_answer_is_not_reading_pace():
     assert abs(pacing.seconds_per_row - 0.0001) < 1e-12
 
 
+def test_waits_for_answers_are_reported_once_with_the_next_ask():
+    pacing = LeasePacing(base=1, piece_rows=10)
+    pacing.waited(0.5)
+    pacing.waited(0.25)
+    pacing.waited(-0.1)  # a clock that stepped back adds nothing
+    assert pacing.take_waited() == 0.75
+    assert pacing.take_waited() == 0.0  # reported once
+
+
 def test_a_rank_that_stops_within_its_read_ahead_is_never_paced():
     # A consumer that holds after its first batches: its reading fills the read-ahead
     # (fewer pieces than `first_pieces`), then pulls nothing; however late the answers, it

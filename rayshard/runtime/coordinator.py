@@ -30,6 +30,7 @@ from rayshard.errors import RayshardError
 from rayshard.plan.id_runs import as_runs
 from rayshard.runtime import metrics
 from rayshard.runtime.journal import Journal
+from rayshard.runtime.rank_usage import RankUsage
 from rayshard.runtime.reader_watches import ReaderWatches
 from rayshard.sources import Source
 
@@ -52,7 +53,7 @@ class Coordinator:
         self._loader_id = loader_id
         self._settings = settings
         self._core = CoordinatorCore(loader_id, source, settings, instance)
-        self._usage: dict[int, dict] = {}  # dp rank -> totals of what its consumers got
+        self._usage = RankUsage()  # per rank: what its consumers got, how it leased
         self._acked = asyncio.Condition()
         self._watches = ReaderWatches(namespace, self._reader_ended)
         self._rewatch_pending = False
@@ -133,12 +134,17 @@ class Coordinator:
         request: str = "",
         reader: str = "",
         share: bool = False,
+        waited_s: float = 0.0,
     ) -> cmd.Leased:
         """Up to `count` pieces for `dp_rank` in one round trip. `request` identifies the
         call (Ray's retry after a restart gets the same answer); `reader` (the rank's reader
-        at the epoch's start) is refused once it re-registered; `share`: see `cmd.Lease`."""
+        at the epoch's start) is refused once it re-registered; `share`: see `cmd.Lease`;
+        `waited_s`: how long the rank's reading waited for answers since its last call."""
         self._core.check_epoch(generation, dp_rank, epoch, reader)
-        return self._do(cmd.Lease(dp_rank, epoch, count, finishing, time.time(), request, share))
+        asked = cmd.Lease(dp_rank, epoch, count, finishing, time.time(), request, share)
+        answer = self._do(asked)
+        self._usage.leased(dp_rank, answer, share, waited_s)
+        return answer
 
     async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
         """Rows of `epoch` still leased to `dp_rank` (a straggler's reader drops the rest)."""
@@ -169,11 +175,7 @@ class Coordinator:
         pairs = tuple(tuple(int(x) for x in pair) for pair in partial or ())
         ids = as_runs(ids)  # (n, 2) int64: no Python object per pair
         self._do(cmd.Ack(dp_rank, epoch, batches, ids, time.time(), pairs))
-        totals = self._usage.setdefault(
-            dp_rank, {"batches": 0, "samples": 0, "bytes": 0, "stall_s": 0.0}
-        )
-        for key, value in (usage or {}).items():
-            totals[key] = totals.get(key, 0) + value
+        self._usage.acked(dp_rank, usage)
         key = (generation, epoch)
         if key not in self._compacted and self._epoch_over(epoch, dp_rank, batches):
             # what marks an epoch's end is kept for the epochs still in play only
@@ -221,11 +223,8 @@ class Coordinator:
 
     async def describe(self) -> dict:
         """Membership, progress and events, for `stats()`, experiments and debugging."""
-        return {
-            **self._core.summary(),
-            "consumers": {r: dict(u) for r, u in sorted(self._usage.items())},
-            "journal_commands_since_snapshot": self._since_snapshot,
-        }
+        since = {"journal_commands_since_snapshot": self._since_snapshot}
+        return {**self._core.summary(), **self._usage.summary(), **since}
 
     async def reader_names(self) -> list[str]:
         """Every reader actor this loader named and saw attached (for `Loader.shutdown`;

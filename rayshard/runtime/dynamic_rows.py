@@ -76,13 +76,24 @@ def dynamic_rows(
     calls = (f"{uuid.uuid4().hex}:{n}" for n in itertools.count())
 
     def ask(pieces: int = count, share: bool = False) -> Any:
-        """A lease call in flight for up to `pieces` (its answer is `ray.get` of it);
-        `share`: a paced ask, granted within a share of what is unleased."""
+        """A lease call in flight for up to `pieces` (its answer is `answer` of it);
+        `share`: a paced ask, granted within a share of what is unleased. It reports the
+        time the reading waited for answers since the last call (for `loader.stats()`)."""
         args = (generation, rank, epoch, pieces, finishing, next(calls))
-        return coordinator.lease.remote(*args, reader=reader, share=share and not finishing)
+        share = share and not finishing
+        waited_s = pacing.take_waited()
+        return coordinator.lease.remote(*args, reader=reader, share=share, waited_s=waited_s)
+
+    def answer(call: Any) -> Any:
+        """The answer to lease `call`, the time spent waiting for it counted."""
+        began = time.monotonic()
+        try:
+            return ray.get(call)
+        finally:
+            pacing.waited(time.monotonic() - began)
 
     def lease() -> Any:
-        return ray.get(ask())
+        return answer(ask())
 
     def ready(call: Any) -> bool:
         return bool(ray.wait([call], timeout=0)[0])
@@ -98,7 +109,7 @@ def dynamic_rows(
             continue
         if leased.pieces:
             stopped = lambda: cancel().is_set()  # noqa: E731
-            stream = LeaseStream(leased, ask, boundaries, stopped, ray.get, pacing, ready)
+            stream = LeaseStream(leased, ask, boundaries, stopped, answer, pacing, ready)
             rows = reads(stream.pieces(), settings.columns)
             if settings.straggler_timeout_s is not None:
                 held = lambda: ray.get(coordinator.held.remote(generation, rank, epoch))  # noqa: E731

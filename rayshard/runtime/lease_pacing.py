@@ -40,6 +40,7 @@ class LeasePacing:
     seconds_per_row: float = 0.0  # reading pace, smoothed over windows (0 until measured)
     unleased: int | None = None  # rows no rank held, as of the last answer (None: unknown)
     ranks: int = 1  # members of the epoch, as of the last answer
+    waited_s: float = 0.0  # seconds the reading waited for answers, not yet reported
     _last_pull: float | None = None
     _window: tuple[int, int, float] = (0, 0, 0.0)  # rows, pieces, reading s of the window
 
@@ -81,6 +82,15 @@ class LeasePacing:
         self.round_trip_s = seen if waited else min(self.round_trip_s, seen)
         self.unleased = None if unleased < 0 else unleased
         self.ranks = max(1, ranks)
+
+    def waited(self, seconds: float) -> None:
+        """The reading waited `seconds` for a lease answer (reported with the next ask)."""
+        self.waited_s += max(0.0, seconds)
+
+    def take_waited(self) -> float:
+        """The waits not reported yet, for the ask going out now (then none are left)."""
+        waited, self.waited_s = self.waited_s, 0.0
+        return waited
 
     def ahead_rows(self) -> float:
         """Rows to hold in hand when the next ask goes out (0: ask at the last piece)."""

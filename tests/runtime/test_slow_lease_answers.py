@@ -1,7 +1,8 @@
 """A `dynamic` rank whose lease answers come late (on a real local Ray, a relay actor holds
 every lease call for 0.2 s on its way to the loader's real coordinator, as a queue of many
 ranks' acknowledgements does): it asks earlier and for more pieces per call, so it makes
-far fewer calls than it reads pieces, and it still reads every row once."""
+far fewer calls than it reads pieces, and it still reads every row once; `loader.stats()`
+shows how it leased."""
 
 from __future__ import annotations
 
@@ -83,5 +84,14 @@ def test_a_rank_with_late_lease_answers_asks_ahead_and_reads_every_row_once(ray_
         # Unpaced, one call per piece (400, 80 s of answers); paced, the asks grow once a
         # round trip is measured and halve with what is unleased: a few dozen at most.
         assert calls <= ROWS // PIECE // 10, f"{calls} lease calls for {ROWS // PIECE} pieces"
+        # `stats()` counts the calls the coordinator answered, the rows they granted, the
+        # paced ones, and the time the reading waited for answers: every call's answer
+        # came 0.2 s or more after it went out, and the first (the stream's start, before
+        # any piece was in hand) was waited for whole; the waits before the last call are
+        # reported with it.
+        leasing = loader.stats()["lease_calls"][0]
+        assert leasing["calls"] == calls and leasing["rows"] == ROWS, leasing
+        assert 0 < leasing["paced"] < calls, leasing
+        assert leasing["waited_s"] >= DELAY_S, leasing
     finally:
         loader.shutdown()

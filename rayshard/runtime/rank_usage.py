@@ -1,0 +1,57 @@
+"""Per-rank totals the coordinator keeps for `loader.stats()`: what each rank's consumers
+received (from their acknowledgements) and, under `dynamic`, how its reading leased work.
+
+Not journaled: they describe this coordinator process's service, so a restarted
+coordinator counts again from zero (its lease book, which is journaled, is exact).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rayshard.core import commands as cmd
+
+CONSUMER_KEYS = ("batches", "samples", "bytes", "stall_s")
+LEASE_KEYS = ("calls", "paced", "rows", "waited_s")
+
+
+class RankUsage:
+    """Totals by data-parallel rank (see module docstring)."""
+
+    def __init__(self) -> None:
+        self._consumers: dict[int, dict[str, Any]] = {}
+        self._leases: dict[int, dict[str, Any]] = {}
+
+    def acked(self, dp_rank: int, usage: dict | None) -> None:
+        """A rank's consumers acknowledged batches: `usage` holds their real samples, bytes
+        and the consumer's stall seconds."""
+        totals = self._consumers.setdefault(dp_rank, _zeros(CONSUMER_KEYS))
+        for key, value in (usage or {}).items():
+            totals[key] = totals.get(key, 0) + value
+
+    def leased(self, dp_rank: int, answer: Any, paced: bool, waited_s: float) -> None:
+        """A lease call of `dp_rank` was answered with `answer` (a `cmd.Leased`; anything
+        else, such as a refusal, is not counted); `paced`: the rank asked early, with rows
+        in hand; `waited_s`: seconds its reading waited for lease answers since its last
+        call (each call reports the waits before it)."""
+        if not isinstance(answer, cmd.Leased):
+            return
+        totals = self._leases.setdefault(dp_rank, _zeros(LEASE_KEYS))
+        totals["calls"] += 1
+        totals["paced"] += int(paced)
+        totals["rows"] += sum(end - start for start, end in answer.pieces)
+        totals["waited_s"] += max(0.0, float(waited_s))
+
+    def summary(self) -> dict[str, dict[int, dict]]:
+        """`consumers` and `lease_calls`, by rank (copies)."""
+        return {
+            "consumers": {r: dict(t) for r, t in sorted(self._consumers.items())},
+            "lease_calls": {r: dict(t) for r, t in sorted(self._leases.items())},
+        }
+
+
+def _zeros(keys: tuple[str, ...]) -> dict[str, Any]:
+    return {key: 0.0 if key.endswith("_s") else 0 for key in keys}
+
+
+__all__ = ["RankUsage"]

@@ -1,0 +1,34 @@
+"""The coordinator's per-rank totals for `loader.stats()` (pure: no Ray)."""
+
+from __future__ import annotations
+
+from rayshard.core import commands as cmd
+from rayshard.runtime.rank_usage import RankUsage
+
+
+def test_lease_calls_count_answers_rows_paced_asks_and_reported_waits():
+    usage = RankUsage()
+    usage.leased(1, cmd.Leased(pieces=((0, 10), (30, 35))), paced=False, waited_s=0.5)
+    usage.leased(1, cmd.Leased(pieces=((10, 20),)), paced=True, waited_s=0.25)
+    usage.leased(1, cmd.Leased(wait=True), paced=False, waited_s=0.0)  # no work yet
+    usage.leased(0, cmd.Leased(), paced=False, waited_s=-1.0)  # done; a clock step back
+    usage.leased(0, cmd.Noted(), paced=False, waited_s=3.0)  # not an answer to a lease
+    leases = usage.summary()["lease_calls"]
+    assert list(leases) == [0, 1]
+    assert leases[1] == {"calls": 3, "paced": 1, "rows": 25, "waited_s": 0.75}
+    assert leases[0] == {"calls": 1, "paced": 0, "rows": 0, "waited_s": 0.0}
+
+
+def test_consumer_totals_add_up_and_the_summary_is_a_copy():
+    usage = RankUsage()
+    usage.acked(2, {"batches": 3, "samples": 24, "bytes": 192, "stall_s": 0.5})
+    usage.acked(2, {"batches": 1, "samples": 8, "bytes": 64, "stall_s": 0.25})
+    usage.acked(0, None)  # an acknowledgement without usage: the rank is listed, at zero
+    summary = usage.summary()
+    assert summary["consumers"] == {
+        0: {"batches": 0, "samples": 0, "bytes": 0, "stall_s": 0.0},
+        2: {"batches": 4, "samples": 32, "bytes": 256, "stall_s": 0.75},
+    }
+    summary["consumers"][2]["batches"] = 99
+    assert usage.summary()["consumers"][2]["batches"] == 4
+    assert summary["lease_calls"] == {}
