@@ -238,7 +238,7 @@ class Loader:
         watching the rank under the reader's name (`registration["watch_key"]`)."""
         name = registration["reader"]
         if watch_only:
-            watch, reader = process_watch(self.namespace)
+            watch, reader = process_watch(self.namespace, name)
             registration["watch_key"] = name
         else:
             watch = ""

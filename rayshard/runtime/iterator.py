@@ -20,7 +20,7 @@ from rayshard.config.checks import check_int
 from rayshard.data.formats import FORMATS
 from rayshard.errors import epoch_broken, unwrap_task_error
 from rayshard.plan import DataParallelRank
-from rayshard.runtime import generations
+from rayshard.runtime import generations, process_watch
 from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import BatchMeta
 from rayshard.runtime.delivery import deliver
@@ -241,9 +241,9 @@ class ShardIterator:
         ray.get(leave.remote(self._generation, self._placement.dp_rank, self._reader_name))
         if self._watch_key is None:
             self._reader.stop.remote()
-        else:
+        else:  # the key is stopped, and the watch released once the process has none
             self._dropped.detach()
-            self._reader.stop.remote(self._watch_key)
+            self._reader = process_watch.release(self._watch_key, self._reader)
 
     def _registered(self) -> tuple[str, int, int, str]:
         """What `rayshard.runtime.generations` knows this iterator's registration by."""
@@ -308,9 +308,8 @@ class ShardIterator:
         ones' progress (`rayshard.runtime.block.tag_batch`)."""
         self.samples_received += meta.real
         self.stall_seconds += stall
-        self._acks.add(
-            epoch, self._received, meta.runs, meta.real, meta.nbytes, stall, meta.partial
-        )
+        received = (self._received, meta.runs, meta.real, meta.nbytes, stall, meta.partial)
+        self._acks.add(epoch, *received)
 
 
 def _no_flush() -> None:

@@ -26,6 +26,7 @@ from rayshard.data.batching import FLUSH, Tagged
 from rayshard.data.wire import for_arrow, for_user
 from rayshard.device._channel import CLOSED, EMPTY, Channel
 from rayshard.errors import RayshardError, TransformError, same_kind, unwrap_task_error
+from rayshard.runtime import process_watch
 from rayshard.runtime.block import tag_batch
 from rayshard.runtime.fetch import STALL_FLUSH_S
 from rayshard.runtime.ray_held import ray_held
@@ -207,6 +208,7 @@ def abandon_rank(local_reads: Any, watch: Any, key: str) -> None:
     releases the key once it is free."""
     if local_reads is not None:
         local_reads.abandon()
+    process_watch.release(key)  # no Ray call: the watch is released later, if unused
     if not _release_key(watch, key, blocking=False):
         later = threading.Thread(
             target=_release_key, args=(watch, key), daemon=True, name="rayshard-release"

@@ -2,48 +2,128 @@
 
 Starting an actor is a new process (about 1 s of CPU, Ray does not reuse task workers
 for actors); a process that makes several iterators (a train and a validation loader, a
-second loader on a warm Ray, a test suite) pays it once. The watch is named after the
-process's Ray worker id, so `get_if_exists` finds this process's own watch (and makes a
-new one after Ray restarts, or if the watch died), and this module holds its handle:
-Ray ends a named actor once no handle to it is left.
+second loader on a warm Ray, a test suite) pays it once. This module holds the handle
+that made the watch: Ray ends an actor once its owner holds no handle to it.
+
+A watch nobody uses is released: `process_watch` holds a rank's key for the iterator that
+reads it, `release` lets it go (the iterator closed or was dropped), and once a watch has
+held no key for `IDLE_RELEASE_S` its handle is dropped and Ray ends it. A process that owns
+an actor is never reclaimed by Ray, so a task worker that once read for a rank would
+otherwise stay, with its watch, for the rest of the job. Each watch has a name of its own
+(the process's Ray worker id and a serial), so a new iterator never finds a watch that is
+being released; `get_if_exists` finds the live one, or makes it again if it died.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import itertools
 import threading
+import time
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayshard.runtime.ray_held import ray_held
 from rayshard.runtime.remote import remote_class
 from rayshard.runtime.watch import RankWatch
 
-_held: dict[tuple[str, str], Any] = {}  # (namespace, name) -> handle, kept while we live
-_lock = threading.Lock()
+IDLE_RELEASE_S = 60.0  # an unused watch is kept this long for the process's next iterator
 
 
-def process_watch(namespace: str) -> tuple[str, Any]:
+@dataclasses.dataclass
+class WatchUse:
+    """Which keys a process's watch holds, and since when it holds none (pure)."""
+
+    name: str
+    worker: str  # the Ray worker id of this process when the watch was made
+    handle: Any = None
+    keys: set[str] = dataclasses.field(default_factory=set)
+    idle_since: float | None = None
+
+    def hold(self, key: str) -> None:
+        self.keys.add(key)
+        self.idle_since = None
+
+    def release(self, key: str, now: float) -> bool:
+        """Let `key` go; whether the watch became idle with it."""
+        if key not in self.keys:
+            return False
+        self.keys.discard(key)
+        if self.keys:
+            return False
+        self.idle_since = now
+        return True
+
+    def expired(self, now: float, idle_s: float) -> bool:
+        """Whether the watch has held no key for `idle_s` seconds."""
+        return not self.keys and self.idle_since is not None and now - self.idle_since >= idle_s
+
+
+_watches: dict[str, WatchUse] = {}  # namespace -> this process's watch there
+_earlier: list[WatchUse] = []  # watches of a Ray this process shut down: handles kept
+_serial = itertools.count()
+_lock = threading.RLock()  # re-entrant: `release` runs in garbage-collector finalizers
+
+
+def process_watch(namespace: str, key: str) -> tuple[str, Any]:
     """The name and handle of this process's watch in `namespace` (made on first use, on
-    this node: it must share the process's fate)."""
+    this node: it must share the process's fate), holding `key` until `release(key)`."""
     context = ray.get_runtime_context()
-    name = f"rayshard-watch-{context.get_worker_id()}"
-    options = {
-        "name": name,
-        "namespace": namespace,
-        "get_if_exists": True,
-        "num_cpus": 0,
-        "scheduling_strategy": NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False),
-    }
+    worker = context.get_worker_id()
     with _lock:
+        use = _watches.get(namespace)
+        if use is None or use.worker != worker:  # first use, or Ray started again here
+            if use is not None:  # its handle is of the earlier Ray: never dropped
+                _earlier.append(use)
+            use = WatchUse(f"rayshard-watch-{worker}-{next(_serial)}", worker)
+        here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False)
+        options = {"name": use.name, "namespace": namespace, "get_if_exists": True}
+        options.update(num_cpus=0, scheduling_strategy=here)
         handle = remote_class(RankWatch).options(**options).remote()
-        held = _held.get((namespace, name))
         # Keep the handle that made the actor: a handle `get_if_exists` found is not
         # counted as the owner's, and dropping the first one would end the watch.
-        if held is not None and held._actor_id == handle._actor_id:
-            return name, held
-        _held[(namespace, name)] = handle
-    return name, handle
+        if use.handle is None or use.handle._actor_id != handle._actor_id:
+            use.handle = handle
+        use.hold(key)
+        _watches[namespace] = use
+        return use.name, use.handle
 
 
-__all__ = ["process_watch"]
+def release(key: str, watch: Any = None) -> None:
+    """The rank watched under `key` no longer reads in this process (its iterator was
+    closed or dropped); a watch left without keys is released after `IDLE_RELEASE_S`.
+    With `watch` (a handle: call under `ray_held`), the key is stopped there too. Returns
+    None, for the caller's handle: a closed iterator holding it would keep the watch."""
+    if watch is not None:
+        with contextlib.suppress(Exception):  # the watch is gone: nothing to stop
+            watch.stop.remote(key)
+    with _lock:
+        for namespace, use in _watches.items():
+            if use.release(key, time.monotonic()):
+                _expire_later(namespace, use, IDLE_RELEASE_S)
+                return
+
+
+def _expire_later(namespace: str, use: WatchUse, delay_s: float) -> None:
+    timer = threading.Timer(delay_s, _expire, (namespace, use))
+    timer.daemon = True
+    timer.start()
+
+
+def _expire(namespace: str, use: WatchUse) -> None:
+    """Drop the owner's handle of a watch still idle (Ray then ends the actor); under
+    Ray's lock (`ray_held`: a handle dropped calls into Ray), tried again if it is busy."""
+    with ray_held(blocking=False) as up, _lock:
+        if _watches.get(namespace) is not use or use.keys:
+            return  # in use again, or replaced
+        if up is None or not use.expired(time.monotonic(), IDLE_RELEASE_S):
+            _expire_later(namespace, use, max(0.1, IDLE_RELEASE_S / 10))
+            return
+        del _watches[namespace]
+        use.handle = None
+
+
+__all__ = ["IDLE_RELEASE_S", "WatchUse", "process_watch", "release"]

@@ -90,6 +90,45 @@ def watches_in_task(loaders) -> tuple[str, list[str]]:
     return ray.get_runtime_context().get_worker_id(), ids
 
 
+def released_watch_in_task(loaders: list, idle_s: float) -> dict:
+    """In a Ray task, with watches released after `idle_s` unused: one epoch of the first
+    loader's only rank, closed; then the second's, dropped unclosed. After each, the
+    watch's end is awaited (looked up by name), and the second loader's iterator is made
+    after the first watch ended. Returns the watch names and the ids each epoch read."""
+    import gc
+
+    import ray
+
+    from rayshard.runtime import process_watch as watches
+    from tests.timeouts import wait_until
+
+    watches.IDLE_RELEASE_S = idle_s
+    namespace = loaders[0].namespace
+
+    def ended(name: str) -> bool:
+        try:
+            ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return True
+        return False
+
+    found: dict = {"names": [], "ids": []}
+    for number, loader in enumerate(loaders):
+        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        use = watches._watches[namespace]
+        assert it._reader._actor_id == use.handle._actor_id  # the rank's key is in it
+        watch_name = use.name
+        found["ids"].append(sorted(real_ids(it)))
+        found["names"].append(watch_name)
+        if number == 0:
+            it.close()
+        else:
+            del it
+            gc.collect()
+        wait_until(lambda n=watch_name: ended(n), f"the unused watch {watch_name} to end")
+    return found
+
+
 def epoch_and_reading_threads(loader) -> tuple[list[int], int]:
     """In a Ray task: one rank's epoch ids and how many threads read them."""
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")

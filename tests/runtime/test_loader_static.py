@@ -252,15 +252,16 @@ def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads):
     run_lockstep(its, steps=1)
     threads = [it._acks._thread for it in its]  # their acknowledgement threads
     assert all(thread.is_alive() for thread in threads)
+    watches = [it._reader for it in its]  # a closed iterator lets go of its watch's handle
     loader.shutdown()  # the iterators (and so the readers' handles) are still alive here
     # It closed this process's iterators first (joining their threads, which would
     # otherwise wake every `ack_interval_s` for the life of the process).
     assert not any(thread.is_alive() for thread in threads)
-    for it in its:
+    for it, watch in zip(its, watches):
         if consumer_reads:  # the ranks' keys in this process's watch are released
             # a watch of a held key blocks; of a released one returns
-            ray.get(it._reader.watch.remote(it._watch_key), timeout=EVENT_TIMEOUT_S)
-            assert it._watch_key not in ray.get(it._reader.keys.remote())
+            ray.get(watch.watch.remote(it._watch_key), timeout=EVENT_TIMEOUT_S)
+            assert it._watch_key not in ray.get(watch.keys.remote())
             continue
         # Shutdown stops a rank's reader (its watch then returns) and kills it (its watch
         # then raises): a watch sent in between returns, so look until the actor is gone.

@@ -12,7 +12,13 @@ import ray
 
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import real_ids, unique_name, watches_in_task, write_parquet
+from tests.runtime.helpers import (
+    real_ids,
+    released_watch_in_task,
+    unique_name,
+    watches_in_task,
+    write_parquet,
+)
 from tests.timeouts import wait_until
 
 ROWS = [40, 35, 26]  # 101 rows, row groups of 7
@@ -24,8 +30,9 @@ def make_loader(path: str, **options) -> Loader:
     return Loader(ParquetSource(path), name=unique_name("watch"), batch_size=8, **options)
 
 
-def watched_keys(iterator) -> list[str]:
-    return ray.get(iterator._reader.keys.remote())
+def watched_keys(watch) -> list[str]:
+    """The keys a watch (an iterator's `_reader` while it is open) watches now."""
+    return ray.get(watch.keys.remote())
 
 
 def wait_for_lost_ranks(loader: Loader, count: int) -> list[dict]:
@@ -51,7 +58,8 @@ def test_ranks_and_loaders_of_one_process_share_its_watch(ray_session, tmp_path)
         assert len({it._reader._actor_id for it in its}) == 1
         keys = [it._watch_key for it in its]
         assert len(set(keys)) == 4
-        wait_until(lambda: set(keys) <= set(watched_keys(its[0])), "the coordinators' watches")
+        watch = its[0]._reader  # closing an iterator drops its handle to the watch
+        wait_until(lambda: set(keys) <= set(watched_keys(watch)), "the coordinators' watches")
         assert all(loader.stats()["readers"] == 2 for loader in loaders)
         # Another process's ranks (of two other loaders) have that process's own watch.
         others = [make_loader(path), make_loader(path)]
@@ -61,7 +69,7 @@ def test_ranks_and_loaders_of_one_process_share_its_watch(ray_session, tmp_path)
         assert len(set(ids)) == 1 and ids[0] != its[0]._reader._actor_id.hex()
         for it in its:
             it.close()
-        wait_until(lambda: not set(keys) & set(watched_keys(its[0])), "`close()`'s releases")
+        wait_until(lambda: not set(keys) & set(watched_keys(watch)), "`close()`'s releases")
         for loader in loaders[:2]:  # released by leaving, not taken for a death
             events = loader.stats()["events"]
             assert [e["reason"] for e in events if e["event"] == "rank_lost"] == ["left"] * 2
@@ -77,7 +85,7 @@ def test_one_ranks_end_releases_only_that_rank(ray_session, tmp_path):
         ray.get(its[1]._reader.stop.remote(its[1]._watch_key))  # as if rank 1's process died
         (lost,) = wait_for_lost_ranks(loader, 1)
         assert (lost["dp_rank"], lost["reason"]) == (1, "reader died")
-        wait_until(lambda: its[0]._watch_key in watched_keys(its[0]), "rank 0's watch")
+        wait_until(lambda: its[0]._watch_key in watched_keys(its[0]._reader), "rank 0's watch")
         assert sorted(real_ids(its[0])) == list(range(101))  # rank 0 reads on, alone
         assert len(wait_for_lost_ranks(loader, 1)) == 1
     finally:
@@ -123,9 +131,30 @@ def test_an_earlier_loaders_iterator_dropped_late_leaves_a_new_loader_of_its_nam
         assert new._watch_key != old._watch_key
         del old
         gc.collect()  # its finalizer releases its key in the shared watch
-        watched_keys(new)  # answered after that release (one caller: in order)
+        watched_keys(new._reader)  # answered after that release (one caller: in order)
         assert sorted(real_ids(new)) == list(range(101))
         assert second.stats()["ranks"] == [0]
         assert not [e for e in second.stats()["events"] if e["event"] == "rank_lost"]
     finally:
         second.shutdown()
+
+
+def test_an_unused_watch_ends_and_a_later_iterator_gets_a_new_one(ray_session, tmp_path):
+    """A process that no longer reads for any rank (its iterators closed or dropped) lets
+    its watch go after `IDLE_RELEASE_S`: Ray ends the actor, and the process (a task
+    worker that owns no actor) can be reclaimed. A later iterator in the same process gets
+    a watch of its own, and its rank is watched and read as before."""
+    path = write_parquet(tmp_path, ROWS)
+    loaders = [make_loader(path, policy="dynamic"), make_loader(path)]
+    try:
+        task = ray.remote(num_cpus=0)(released_watch_in_task)
+        found = ray.get(task.remote(loaders, 0.2))
+        first, second = found["names"]
+        assert first != second and first.rsplit("-", 1)[0] == second.rsplit("-", 1)[0]
+        assert found["ids"] == [list(range(101))] * 2
+        for loader, reason in zip(loaders, ("left", "reader died")):
+            lost = [e for e in loader.stats()["events"] if e["event"] == "rank_lost"]
+            assert [e["reason"] for e in lost] == [reason], lost  # only at the close or drop
+    finally:
+        for loader in loaders:
+            loader.shutdown()
