@@ -34,6 +34,7 @@ from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
 from rayshard.runtime.placement_check import warn_about_actor_resources
 from rayshard.runtime.process_watch import process_watch
+from rayshard.runtime.process_watch import release as release_watch_key
 from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.reader import ShardReader
 from rayshard.runtime.remote import remote_class
@@ -253,11 +254,13 @@ class Loader:
                 max_concurrency=4 + len(dp.group),
             )
             reader = reader.remote(reading, len(dp.group))
-        ray.get(
-            self._coordinator.attach_reader.remote(
-                registration["generation"], dp.dp_rank, name, watch
-            )
-        )
+        attach = self._coordinator.attach_reader
+        try:
+            ray.get(attach.remote(registration["generation"], dp.dp_rank, name, watch))
+        except BaseException:
+            if watch_only:  # no iterator will hold the key: the watch may be released
+                release_watch_key(name)
+            raise
         return reader
 
     def stats(self) -> dict:
