@@ -201,6 +201,9 @@ class Loader:
         local = None
         if reads_in_consumer(self.settings, len(dp.group), self.transform):
             local = LocalReads(reading)
+        nested: tuple = ()  # found before the reader: nothing may fail after it starts
+        if self.settings.packing is None:
+            nested = self.settings.column_rules.nested_columns(self._read_schema())
         registration["reader_name"] = registration["reader"]  # leaving names it
         registration["reader"] = self._reader(registration, dp, reading, local is not None)
         iterator = ShardIterator(
@@ -214,9 +217,7 @@ class Loader:
             collate_fn=collate_fn,
             ack_interval_s=self.settings.ack_interval_s,
             local_reads=local,
-            nested_columns=()
-            if self.settings.packing is not None
-            else self.settings.column_rules.nested_columns(self._read_schema()),
+            nested_columns=nested,
         )
         generations.made(generations.key_of(self._coordinator), iterator)
         return iterator

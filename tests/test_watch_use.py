@@ -9,7 +9,7 @@ from rayshard.runtime.process_watch import WatchUse
 
 
 def test_a_watch_expires_only_after_its_last_key_went_and_the_idle_time_passed():
-    use = WatchUse("w", "worker")
+    use = WatchUse("w", "node:worker")
     assert not use.expired(100.0, 5.0)  # never held a key: not idle yet
     use.hold("a")
     use.hold("b")
@@ -24,7 +24,7 @@ def test_a_watch_expires_only_after_its_last_key_went_and_the_idle_time_passed()
 
 @given(st.lists(st.tuples(st.booleans(), st.integers(0, 3)), max_size=30))
 def test_a_watch_is_idle_exactly_when_it_holds_no_key(steps):
-    use, held = WatchUse("w", "worker"), set()
+    use, held = WatchUse("w", "node:worker"), set()
     for now, (hold, key) in enumerate(steps):
         name = str(key)
         if hold:

@@ -206,9 +206,8 @@ class ShardIterator:
     def state_dict(self) -> dict:
         """JSON-safe loader-wide state as of the batches received (see module docstring)."""
         self._acks.flush(wait=True)
-        return ray.get(
-            self._coordinator.state.remote(self._generation, self._epoch, self._received)
-        )
+        state = self._coordinator.state
+        return ray.get(state.remote(self._generation, self._epoch, self._received))
 
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` was saved: the next iteration yields the rest of its epoch."""
@@ -233,17 +232,19 @@ class ShardIterator:
                 if up:
                     self._leave()
         except ray.exceptions.RayActorError:
-            return  # the loader was shut down: coordinator and readers are gone
+            pass  # the loader was shut down: coordinator and readers are gone
+        finally:  # the key is stopped, and the watch released once the process has none
+            if self._dropped is not None and self._dropped.detach():
+                with ray_held() as up:  # after `ray.shutdown()`: no Ray call
+                    watch = self._reader if up else None
+                    self._reader = process_watch.release(self._watch_key, watch)
 
     def _leave(self) -> None:
-        """Leave the coordinator and stop the reader (or release this rank's key)."""
-        leave = self._coordinator.leave
-        ray.get(leave.remote(self._generation, self._placement.dp_rank, self._reader_name))
+        """Leave the coordinator and stop the reader (a watch's key: see `close`)."""
+        placement = (self._generation, self._placement.dp_rank, self._reader_name)
+        ray.get(self._coordinator.leave.remote(*placement))
         if self._watch_key is None:
             self._reader.stop.remote()
-        else:  # the key is stopped, and the watch released once the process has none
-            self._dropped.detach()
-            self._reader = process_watch.release(self._watch_key, self._reader)
 
     def _registered(self) -> tuple[str, int, int, str]:
         """What `rayshard.runtime.generations` knows this iterator's registration by."""

@@ -208,7 +208,6 @@ def abandon_rank(local_reads: Any, watch: Any, key: str) -> None:
     releases the key once it is free."""
     if local_reads is not None:
         local_reads.abandon()
-    process_watch.release(key)  # no Ray call: the watch is released later, if unused
     if not _release_key(watch, key, blocking=False):
         later = threading.Thread(
             target=_release_key, args=(watch, key), daemon=True, name="rayshard-release"
@@ -218,15 +217,13 @@ def abandon_rank(local_reads: Any, watch: Any, key: str) -> None:
 
 
 def _release_key(watch: Any, key: str, blocking: bool = True) -> bool:
-    """Release `key` in `watch` if Ray is up (see `ray_held`); False if Ray's lock was busy
-    and `blocking` is False: nothing was done."""
+    """Release `key` in `watch` if Ray is up (see `ray_held`), and in this process's
+    bookkeeping (`process_watch.release`); False if Ray's lock or the bookkeeping's was
+    busy and `blocking` is False: nothing was done."""
     with ray_held(blocking) as up:
         if up is None:
             return False
-        if up:
-            with contextlib.suppress(Exception):  # the watch is gone: nothing to release
-                watch.stop.remote(key)
-    return True
+        return process_watch.release(key, watch if up else None, blocking) is not False
 
 
 __all__ = ["LocalReads", "abandon_rank", "reads_in_consumer"]

@@ -2,16 +2,18 @@
 
 Starting an actor is a new process (about 1 s of CPU, Ray does not reuse task workers
 for actors); a process that makes several iterators (a train and a validation loader, a
-second loader on a warm Ray, a test suite) pays it once. This module holds the handle
-that made the watch: Ray ends an actor once its owner holds no handle to it.
+second loader on a warm Ray, a test suite) pays it once while the watch is in use, or
+unused for less than `IDLE_RELEASE_S`. This module holds the handle that made the watch:
+Ray ends an actor once its owner holds no handle to it.
 
 A watch nobody uses is released: `process_watch` holds a rank's key for the iterator that
-reads it, `release` lets it go (the iterator closed or was dropped), and once a watch has
-held no key for `IDLE_RELEASE_S` its handle is dropped and Ray ends it. A process that owns
-an actor is never reclaimed by Ray, so a task worker that once read for a rank would
-otherwise stay, with its watch, for the rest of the job. Each watch has a name of its own
-(the process's Ray worker id and a serial), so a new iterator never finds a watch that is
-being released; `get_if_exists` finds the live one, or makes it again if it died.
+reads it, `release` lets it go (the iterator closed or was dropped), and a thread of this
+module drops the handle of a watch that has held no key for `IDLE_RELEASE_S` (Ray then
+ends it). A process that owns an actor is never reclaimed by Ray, so a task worker that
+once read for a rank would otherwise stay, with its watch, for the rest of the job. Each
+watch has a name of its own (the process's Ray worker id and a serial), so a new iterator
+never finds a watch that is being released; `get_if_exists` finds the live one, or makes
+it again if it died.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class WatchUse:
     """Which keys a process's watch holds, and since when it holds none (pure)."""
 
     name: str
-    worker: str  # the Ray worker id of this process when the watch was made
+    connection: str  # this process's Ray connection when the watch was made
     handle: Any = None
     keys: set[str] = dataclasses.field(default_factory=set)
     idle_since: float | None = None
@@ -66,19 +68,20 @@ _watches: dict[str, WatchUse] = {}  # namespace -> this process's watch there
 _earlier: list[WatchUse] = []  # watches of a Ray this process shut down: handles kept
 _serial = itertools.count()
 _lock = threading.RLock()  # re-entrant: `release` runs in garbage-collector finalizers
+_expiry: threading.Thread | None = None  # ends unused watches (started by `process_watch`)
 
 
 def process_watch(namespace: str, key: str) -> tuple[str, Any]:
     """The name and handle of this process's watch in `namespace` (made on first use, on
     this node: it must share the process's fate), holding `key` until `release(key)`."""
     context = ray.get_runtime_context()
-    worker = context.get_worker_id()
+    ray_here = _connection()
     with _lock:
         use = _watches.get(namespace)
-        if use is None or use.worker != worker:  # first use, or Ray started again here
+        if use is None or use.connection != ray_here:  # first use, or Ray started again here
             if use is not None:  # its handle is of the earlier Ray: never dropped
                 _earlier.append(use)
-            use = WatchUse(f"rayshard-watch-{worker}-{next(_serial)}", worker)
+            use = WatchUse(f"rayshard-watch-{context.get_worker_id()}-{next(_serial)}", ray_here)
         here = NodeAffinitySchedulingStrategy(context.get_node_id(), soft=False)
         options = {"name": use.name, "namespace": namespace, "get_if_exists": True}
         options.update(num_cpus=0, scheduling_strategy=here)
@@ -89,41 +92,69 @@ def process_watch(namespace: str, key: str) -> tuple[str, Any]:
             use.handle = handle
         use.hold(key)
         _watches[namespace] = use
+        _start_expiry()
         return use.name, use.handle
 
 
-def release(key: str, watch: Any = None) -> None:
+def release(key: str, watch: Any = None, blocking: bool = True) -> Any:
     """The rank watched under `key` no longer reads in this process (its iterator was
-    closed or dropped); a watch left without keys is released after `IDLE_RELEASE_S`.
-    With `watch` (a handle: call under `ray_held`), the key is stopped there too. Returns
-    None, for the caller's handle: a closed iterator holding it would keep the watch."""
-    if watch is not None:
-        with contextlib.suppress(Exception):  # the watch is gone: nothing to stop
-            watch.stop.remote(key)
-    with _lock:
-        for namespace, use in _watches.items():
-            if use.release(key, time.monotonic()):
-                _expire_later(namespace, use, IDLE_RELEASE_S)
-                return
+    closed or dropped); a watch left without keys ends after `IDLE_RELEASE_S`. With
+    `watch` (a handle: call under `ray_held`), the key is stopped there too. Returns None,
+    for the caller's handle (a closed iterator holding it would keep the watch), or False
+    when not `blocking` and the bookkeeping's lock was busy (nothing was released)."""
+    if not _lock.acquire(blocking=blocking):
+        return False
+    try:
+        if watch is not None:
+            with contextlib.suppress(Exception):  # the watch is gone: nothing to stop
+                watch.stop.remote(key)
+        now = time.monotonic()
+        for use in _watches.values():
+            use.release(key, now)
+    finally:
+        _lock.release()
+    return None
 
 
-def _expire_later(namespace: str, use: WatchUse, delay_s: float) -> None:
-    timer = threading.Timer(delay_s, _expire, (namespace, use))
-    timer.daemon = True
-    timer.start()
+def _connection() -> str:
+    """This process's Ray connection (a new local Ray has a new node id, while a driver's
+    worker id, made from its job id, may repeat)."""
+    context = ray.get_runtime_context()
+    return f"{context.get_node_id()}:{context.get_worker_id()}"
 
 
-def _expire(namespace: str, use: WatchUse) -> None:
-    """Drop the owner's handle of a watch still idle (Ray then ends the actor); under
-    Ray's lock (`ray_held`: a handle dropped calls into Ray), tried again if it is busy."""
-    with ray_held(blocking=False) as up, _lock:
-        if _watches.get(namespace) is not use or use.keys:
-            return  # in use again, or replaced
-        if up is None or not use.expired(time.monotonic(), IDLE_RELEASE_S):
-            _expire_later(namespace, use, max(0.1, IDLE_RELEASE_S / 10))
-            return
-        del _watches[namespace]
-        use.handle = None
+def _start_expiry() -> None:
+    """Start the thread that ends unused watches, if it is not running (under `_lock`)."""
+    global _expiry
+    if _expiry is None or not _expiry.is_alive():
+        _expiry = threading.Thread(target=_end_unused, daemon=True, name="rayshard-watches")
+        _expiry.start()
+
+
+def _end_unused() -> None:
+    """Every quarter of `IDLE_RELEASE_S` (at most 5 s), drop the owner's handle of each
+    watch idle that long (Ray then ends the actor). Under Ray's lock and `_lock`, taken
+    without waiting (a dropped handle calls into Ray; `process_watch` may start Ray under
+    `_lock`): a busy round is skipped. Ends once no watch is left."""
+    global _expiry
+    while True:
+        time.sleep(min(5.0, max(0.05, IDLE_RELEASE_S / 4)))
+        with ray_held(blocking=False) as up:
+            if up is None or not _lock.acquire(blocking=False):
+                continue
+            try:
+                ray_here = _connection() if up else None
+                for namespace, use in list(_watches.items()):
+                    if use.connection != ray_here:  # Ray went down or started again: keep
+                        _earlier.append(_watches.pop(namespace))
+                    elif use.expired(time.monotonic(), IDLE_RELEASE_S):
+                        del _watches[namespace]
+                        use.handle = None
+                if not _watches:
+                    _expiry = None
+                    return
+            finally:
+                _lock.release()
 
 
 __all__ = ["IDLE_RELEASE_S", "WatchUse", "process_watch", "release"]

@@ -102,8 +102,7 @@ def released_watch_in_task(loaders: list, idle_s: float) -> dict:
     from rayshard.runtime import process_watch as watches
     from tests.timeouts import wait_until
 
-    watches.IDLE_RELEASE_S = idle_s
-    namespace = loaders[0].namespace
+    namespace = loaders[0].namespace  # the loaders' own: no other test's watch is there
 
     def ended(name: str) -> bool:
         try:
@@ -113,19 +112,23 @@ def released_watch_in_task(loaders: list, idle_s: float) -> dict:
         return False
 
     found: dict = {"names": [], "ids": []}
-    for number, loader in enumerate(loaders):
-        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-        use = watches._watches[namespace]
-        assert it._reader._actor_id == use.handle._actor_id  # the rank's key is in it
-        watch_name = use.name
-        found["ids"].append(sorted(real_ids(it)))
-        found["names"].append(watch_name)
-        if number == 0:
-            it.close()
-        else:
-            del it
-            gc.collect()
-        wait_until(lambda n=watch_name: ended(n), f"the unused watch {watch_name} to end")
+    kept, watches.IDLE_RELEASE_S = watches.IDLE_RELEASE_S, idle_s
+    try:  # this worker may run later tests: the idle time is put back
+        for number, loader in enumerate(loaders):
+            it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+            use = watches._watches[namespace]
+            assert it._reader._actor_id == use.handle._actor_id and use.keys == {it._watch_key}
+            watch_name = use.name
+            found["ids"].append(sorted(real_ids(it)))
+            found["names"].append(watch_name)
+            if number == 0:
+                it.close()
+            else:
+                del it
+                gc.collect()
+            wait_until(lambda n=watch_name: ended(n), f"the unused watch {watch_name} to end")
+    finally:
+        watches.IDLE_RELEASE_S = kept
     return found
 
 
