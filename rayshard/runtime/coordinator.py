@@ -16,6 +16,7 @@ unacknowledged leases back into the queue.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import warnings
 from typing import Any
@@ -55,6 +56,10 @@ class Coordinator:
         self._core = CoordinatorCore(loader_id, source, settings, instance)
         self._usage = RankUsage()  # per rank: what its consumers got, how it leased
         self._acked = asyncio.Condition()
+        # Set, then replaced, when an epoch ends or work goes back to a queue: what a rank
+        # told to wait for the others' leases waits for (`await_change`). Rare (once per
+        # epoch, per loss), so a waiting rank is not woken by every acknowledgement.
+        self._changed = asyncio.Event()
         self._watches = ReaderWatches(namespace, self._reader_ended)
         self._rewatch_pending = False
         self._since_snapshot = 0
@@ -146,6 +151,17 @@ class Coordinator:
         self._usage.leased(dp_rank, answer, share, waited_s)
         return answer
 
+    async def await_change(self, generation: int, epoch: int, timeout_s: float) -> None:
+        """Returns once `epoch` ended, work went back to a queue (a rank lost or left, a
+        straggler's work offered again) or a state was restored, or after `timeout_s`: a rank
+        whose lease answer said wait asks again then, not after a fixed pause. A change
+        between that answer and this call is missed, and the call lasts `timeout_s`."""
+        changed = self._changed
+        if (generation, epoch) in self._compacted:
+            return
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(changed.wait(), timeout_s)
+
     async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
         """Rows of `epoch` still leased to `dp_rank` (a straggler's reader drops the rest)."""
         self._core.check(generation)
@@ -182,6 +198,7 @@ class Coordinator:
             self._compacted = {k for k in self._compacted if k[1] >= epoch - 1} | {key}
             self._finished.pop(key, None)
             self._compact()
+            self._signal_change()
         async with self._acked:
             self._acked.notify_all()
 
@@ -263,7 +280,16 @@ class Coordinator:
             self._trace.append((time.time(), command.kind, command.dp_rank, list(pieces)))
         if self._since_snapshot >= COMPACT_EVERY:
             self._compact()
+        if isinstance(command, (cmd.Lost, cmd.Restore)) or (
+            isinstance(decision, cmd.Leased) and decision.stragglers
+        ):
+            self._signal_change()  # work taken back, or a new state: rare
         return decision
+
+    def _signal_change(self) -> None:
+        """Wake every `await_change` waiting now (later calls wait for the next change)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def _epoch_over(self, epoch: int, dp_rank: int, batches: int) -> bool:
         """Whether this acknowledgement ended the epoch (cheap until near its end)."""

@@ -104,7 +104,7 @@ def dynamic_rows(
             leased = lease()
         if leased.wait:
             yield FLUSH  # deliver what we hold: others may be waiting for those rows
-            cancel().wait(settings.lease_poll_s)
+            await_change(coordinator, (generation, epoch), settings.lease_poll_s, cancel())
             leased = None
             continue
         if leased.pieces:
@@ -134,6 +134,25 @@ def dynamic_rows(
             yield from pad_rows(source, pad, last_index, settings.columns, pad_cache)
             rows_out += pad
         leased = None
+
+
+def await_change(
+    coordinator: Any, key: tuple[int, int], timeout_s: float, cancel: threading.Event
+) -> None:
+    """Wait until the coordinator says epoch `key = (generation, epoch)` ended or work went
+    back to a queue, `timeout_s` at most, or until `cancel` is set: a rank told to wait asks
+    again as soon as its answer can differ, not after a fixed pause (the epoch's last
+    acknowledgement ends every waiting rank's epoch at once). An error of the call (the
+    coordinator restarting) is left to the next lease call, which raises or retries it."""
+    call = coordinator.await_change.remote(*key, timeout_s)
+    deadline = time.monotonic() + timeout_s
+    while not cancel.is_set():
+        left = deadline - time.monotonic()
+        if left <= 0 or ray.wait([call], timeout=min(left, _CANCEL_CHECK_S))[0]:
+            return
+
+
+_CANCEL_CHECK_S = 0.05  # a waiting rank sees its reader's stop within this
 
 
 def lease_pacing(settings: LoaderConfig, splits: list) -> LeasePacing:
@@ -260,4 +279,11 @@ def keep_rows(batch: pa.RecordBatch, kept: iv.Intervals) -> pa.RecordBatch:
     return batch if mask.all() else batch.filter(arrow_of(mask))
 
 
-__all__ = ["LeaseStream", "drop_taken_back", "dynamic_rows", "keep_rows", "lease_pacing"]
+__all__ = [
+    "LeaseStream",
+    "await_change",
+    "drop_taken_back",
+    "dynamic_rows",
+    "keep_rows",
+    "lease_pacing",
+]

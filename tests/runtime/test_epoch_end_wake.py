@@ -1,0 +1,76 @@
+"""Under `dynamic`, a rank told to wait for the others' leases (its share read, theirs not
+yet acknowledged) is woken by the coordinator when the epoch ends or work goes back to the
+queue (`Coordinator.await_change`), not after a fixed `lease_poll_s`.
+
+Each test sets `lease_poll_s` to an hour: a waiting rank that is not woken does not end its
+epoch within the event timeout, so the tests fail on a lost wake-up, whatever the machine's
+speed. The order of events is forced by holding one rank's loop before its last batch (its
+last lease stays open) until the coordinator has answered the other rank's lease ask with
+no pieces: in the first epoch, over 30 splits, a rank's asks are never paced (pacing needs
+16 pieces read first), so that answer is the wait.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import ray
+
+from tests.runtime.helpers import end_rank_watch
+from tests.runtime.test_dynamic import Consumer, dataset, dynamic_loader  # noqa: F401
+from tests.timeouts import EVENT_TIMEOUT_S, event_timeout_message, wait_until
+
+pytestmark = [pytest.mark.ray]
+
+HOUR_S = 3600.0  # the waiting rank's poll: never reached within the event timeout
+
+
+def _two_ranks_one_held(loader):
+    """Rank 1 holds before its last batch; rank 0 reads its whole share and waits. Returns
+    both consumers once the coordinator answered rank 0 without pieces (the wait)."""
+    coordinator = loader._coordinator
+    ray.get(coordinator.trace.remote(True))  # records every lease answer from now on
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    held = Consumer(its[1], hold_after=len(its[1]) - 1)
+    waiting = Consumer(its[0])
+    held.start()
+    assert held.holding.wait(EVENT_TIMEOUT_S), event_timeout_message("rank 1's last-but-one batch")
+    waiting.start()
+    traced: list = []
+
+    def told_to_wait() -> bool:
+        traced.extend(ray.get(coordinator.trace.remote(True)))
+        return any(kind == "lease" and rank == 0 and not pieces for _, kind, rank, pieces in traced)
+
+    wait_until(told_to_wait, "a lease answer without pieces to rank 0")
+    assert waiting.batches == len(its[0]) and waiting.is_alive()  # its loop waits for the end
+    return waiting, held
+
+
+def test_a_waiting_rank_ends_its_epoch_with_the_last_acknowledgement(ray_session, dataset):  # noqa: F811
+    loader = dynamic_loader(dataset, lease_poll_s=HOUR_S)
+    waiting, held = _two_ranks_one_held(loader)
+    held.go_on.set()  # its last batch: its acknowledgement ends the epoch
+    held.join(EVENT_TIMEOUT_S)
+    waiting.join(EVENT_TIMEOUT_S)
+    assert not waiting.is_alive(), event_timeout_message("the waiting rank's end of epoch")
+    assert waiting.error is None and held.error is None
+    assert Counter(waiting.ids + held.ids) == Counter(range(300))
+    loader.shutdown()
+
+
+def test_a_waiting_rank_takes_the_work_of_a_rank_lost_meanwhile(ray_session, dataset):  # noqa: F811
+    # Every batch acknowledged on receipt: the lost rank's last batch goes back whole.
+    loader = dynamic_loader(dataset, lease_poll_s=HOUR_S, ack_interval_s=0)
+    waiting, held = _two_ranks_one_held(loader)
+    end_rank_watch(held.iterator)  # as if rank 1's process died before its last batch
+    waiting.join(EVENT_TIMEOUT_S)
+    assert not waiting.is_alive(), event_timeout_message("the lost rank's work, read by rank 0")
+    assert waiting.error is None
+    # Rank 0 read what rank 1 had not acknowledged: every sample, none of rank 1's twice.
+    assert Counter(waiting.ids + held.ids) == Counter(range(300))
+    assert "rank_lost" in [e["event"] for e in loader.stats()["events"]]
+    held.go_on.set()
+    held.join(EVENT_TIMEOUT_S)
+    loader.shutdown()
