@@ -36,6 +36,10 @@ from rayshard.runtime.reader_watches import ReaderWatches
 from rayshard.sources import Source
 
 COMPACT_EVERY = 20_000  # commands between two snapshots, at the latest
+# `await_change` calls held at once. Ray runs at most 1,000 calls of an async actor at a
+# time (its default `max_concurrency`): acknowledgements and leases must still find room
+# when thousands of ranks wait at an epoch's end. A rank over the limit pauses on its side.
+MAX_WAITING = 256
 
 
 class Coordinator:
@@ -60,6 +64,7 @@ class Coordinator:
         # told to wait for the others' leases waits for (`await_change`). Rare (once per
         # epoch, per loss), so a waiting rank is not woken by every acknowledgement.
         self._changed = asyncio.Event()
+        self._waiting = 0  # `await_change` calls held now
         self._watches = ReaderWatches(namespace, self._reader_ended)
         self._rewatch_pending = False
         self._since_snapshot = 0
@@ -151,16 +156,24 @@ class Coordinator:
         self._usage.leased(dp_rank, answer, share, waited_s)
         return answer
 
-    async def await_change(self, generation: int, epoch: int, timeout_s: float) -> None:
+    async def await_change(self, generation: int, epoch: int, timeout_s: float) -> bool:
         """Returns once `epoch` ended, work went back to a queue (a rank lost or left, a
         straggler's work offered again) or a state was restored, or after `timeout_s`: a rank
         whose lease answer said wait asks again then, not after a fixed pause. A change
-        between that answer and this call is missed, and the call lasts `timeout_s`."""
+        between that answer and this call is missed, and the call lasts `timeout_s`. False
+        (at once): `MAX_WAITING` calls are held already; the rank pauses on its side."""
         changed = self._changed
         if (generation, epoch) in self._compacted:
-            return
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(changed.wait(), timeout_s)
+            return True
+        if self._waiting >= MAX_WAITING:
+            return False
+        self._waiting += 1
+        try:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(changed.wait(), timeout_s)
+        finally:
+            self._waiting -= 1
+        return True
 
     async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
         """Rows of `epoch` still leased to `dp_rank` (a straggler's reader drops the rest)."""
@@ -240,7 +253,10 @@ class Coordinator:
 
     async def describe(self) -> dict:
         """Membership, progress and events, for `stats()`, experiments and debugging."""
-        since = {"journal_commands_since_snapshot": self._since_snapshot}
+        since = {
+            "journal_commands_since_snapshot": self._since_snapshot,
+            "waits_held": self._waiting,  # `dynamic` ranks waiting at an epoch's end
+        }
         return {**self._core.summary(), **self._usage.summary(), **since}
 
     async def reader_names(self) -> list[str]:

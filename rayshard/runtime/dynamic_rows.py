@@ -142,13 +142,22 @@ def await_change(
     """Wait until the coordinator says epoch `key = (generation, epoch)` ended or work went
     back to a queue, `timeout_s` at most, or until `cancel` is set: a rank told to wait asks
     again as soon as its answer can differ, not after a fixed pause (the epoch's last
-    acknowledgement ends every waiting rank's epoch at once). An error of the call (the
-    coordinator restarting) is left to the next lease call, which raises or retries it."""
+    acknowledgement ends every waiting rank's epoch at once). When the coordinator holds
+    no more waits, or its call fails (the coordinator restarting: the next lease call
+    raises or retries that), the rank pauses here for the rest of `timeout_s`."""
     call = coordinator.await_change.remote(*key, timeout_s)
     deadline = time.monotonic() + timeout_s
     while not cancel.is_set():
         left = deadline - time.monotonic()
-        if left <= 0 or ray.wait([call], timeout=min(left, _CANCEL_CHECK_S))[0]:
+        if left <= 0:
+            return
+        if ray.wait([call], timeout=min(left, _CANCEL_CHECK_S))[0]:
+            try:
+                held = ray.get(call)
+            except ray.exceptions.RayError:
+                held = False
+            if not held:
+                cancel.wait(max(0.0, deadline - time.monotonic()))
             return
 
 

@@ -74,3 +74,25 @@ def test_a_waiting_rank_takes_the_work_of_a_rank_lost_meanwhile(ray_session, dat
     held.go_on.set()
     held.join(EVENT_TIMEOUT_S)
     loader.shutdown()
+
+
+def test_the_coordinator_holds_a_bounded_number_of_waits(ray_session, dataset):  # noqa: F811
+    # Over MAX_WAITING, a wait is refused at once (the rank pauses on its side): Ray runs at
+    # most 1,000 calls of the async coordinator at a time, and acknowledgements must find
+    # room. A change (here a rank leaving) ends every wait held.
+    from rayshard.runtime.coordinator import MAX_WAITING
+
+    loader = dynamic_loader(dataset)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    coordinator, generation = loader._coordinator, it._generation
+    held = [coordinator.await_change.remote(generation, 0, HOUR_S) for _ in range(MAX_WAITING)]
+    wait_until(
+        lambda: loader.stats()["waits_held"] == MAX_WAITING,
+        f"{MAX_WAITING} waits held",
+    )
+    assert ray.get(coordinator.await_change.remote(generation, 0, HOUR_S)) is False
+    assert ray.wait(held, num_returns=len(held), timeout=0)[0] == []  # still held
+    it.close()  # the rank leaves: a change
+    assert ray.get(held, timeout=EVENT_TIMEOUT_S) == [True] * MAX_WAITING
+    assert loader.stats()["waits_held"] == 0
+    loader.shutdown()
