@@ -149,10 +149,10 @@ class RuntimeConfig:
     - `prefetch_depth`: batches kept ready ahead of the training loop.
     - `batches_per_object` (None: 16 for static policies, 4 for `dynamic`) and
       `object_bytes`: how batches are grouped into object-store blocks.
-    - `ack_interval_s`, `lease_poll_s`, `state_timeout_s`: acknowledgement period, the
-      longest pause of a `dynamic` rank told to wait before it asks again (the coordinator
-      wakes it sooner when the epoch ends or work comes back), and how long a state
-      request waits.
+    - `ack_interval_s`, `lease_poll_s`, `state_timeout_s`: acknowledgement period; how
+      long a `dynamic` rank told to wait waits for the coordinator's wake-up before it asks
+      again anyway (at least 1 s without `straggler_timeout_s`; see
+      `rayshard.runtime.dynamic_rows.quiet_wait_s`); how long a state request waits.
     - `straggler_timeout_s`: `dynamic` only: silence before a rank's work is reoffered.
     - `model_parallel_size`, `dp_groups`: ranks sharing one data-parallel shard.
     - `reader_workers`: processes reading a rank's pieces and running its transform (1:

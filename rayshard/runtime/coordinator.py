@@ -16,8 +16,8 @@ unacknowledged leases back into the queue.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
+import uuid
 import warnings
 from typing import Any
 
@@ -60,11 +60,14 @@ class Coordinator:
         self._core = CoordinatorCore(loader_id, source, settings, instance)
         self._usage = RankUsage()  # per rank: what its consumers got, how it leased
         self._acked = asyncio.Condition()
-        # Set, then replaced, when an epoch ends or work goes back to a queue: what a rank
-        # told to wait for the others' leases waits for (`await_change`). Rare (once per
-        # epoch, per loss), so a waiting rank is not woken by every acknowledgement.
+        # Set, then replaced, when an epoch ends, membership changes or work goes back to a
+        # queue: what a rank told to wait for the others' leases waits for
+        # (`await_change`). Rare (once per epoch, per loss), so a waiting rank is not woken
+        # by every acknowledgement.
         self._changed = asyncio.Event()
         self._waiting = 0  # `await_change` calls held now
+        self._changes = 0  # changes signalled so far (tokens: this instance's id and it)
+        self._instance = uuid.uuid4().hex[:12]
         self._watches = ReaderWatches(namespace, self._reader_ended)
         self._rewatch_pending = False
         self._since_snapshot = 0
@@ -156,24 +159,30 @@ class Coordinator:
         self._usage.leased(dp_rank, answer, share, waited_s)
         return answer
 
-    async def await_change(self, generation: int, epoch: int, timeout_s: float) -> bool:
-        """Returns once `epoch` ended, work went back to a queue (a rank lost or left, a
-        straggler's work offered again) or a state was restored, or after `timeout_s`: a rank
-        whose lease answer said wait asks again then, not after a fixed pause. A change
-        between that answer and this call is missed, and the call lasts `timeout_s`. False
-        (at once): `MAX_WAITING` calls are held already; the rank pauses on its side."""
-        changed = self._changed
-        if (generation, epoch) in self._compacted:
-            return True
+    async def await_change(
+        self, generation: int, epoch: int, seen: str, timeout_s: float
+    ) -> tuple[str, str]:
+        """What a `dynamic` rank told to wait for the others' leases waits on, instead of a
+        fixed pause: returns ("changed", token) once `epoch` ended, or something changed
+        since `seen` (a token from an earlier call; "" asks for one at once): a rank lost,
+        left or joined, a straggler's work offered again, a state restored. Or ("quiet",
+        token) after `timeout_s`, or ("busy", token) at once when `MAX_WAITING` calls are
+        held already (the rank pauses on its side). A restarted coordinator's tokens are
+        new, so a wait carried over a restart ends at once."""
+        changed, token = self._changed, self._change_token()
+        if not seen or seen != token or (generation, epoch) in self._compacted:
+            return "changed", token
         if self._waiting >= MAX_WAITING:
-            return False
+            return "busy", token
         self._waiting += 1
         try:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout_s)
+            await asyncio.wait_for(changed.wait(), timeout_s)
+            outcome = "changed"
+        except asyncio.TimeoutError:
+            outcome = "quiet"
         finally:
             self._waiting -= 1
-        return True
+        return outcome, self._change_token()
 
     async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
         """Rows of `epoch` still leased to `dp_rank` (a straggler's reader drops the rest)."""
@@ -296,16 +305,20 @@ class Coordinator:
             self._trace.append((time.time(), command.kind, command.dp_rank, list(pieces)))
         if self._since_snapshot >= COMPACT_EVERY:
             self._compact()
-        if isinstance(command, (cmd.Lost, cmd.Restore)) or (
+        if isinstance(command, (cmd.Lost, cmd.Register, cmd.Restore)) or (
             isinstance(decision, cmd.Leased) and decision.stragglers
         ):
-            self._signal_change()  # work taken back, or a new state: rare
+            self._signal_change()  # membership, work taken back, a new state: rare
         return decision
 
     def _signal_change(self) -> None:
         """Wake every `await_change` waiting now (later calls wait for the next change)."""
+        self._changes += 1
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _change_token(self) -> str:
+        return f"{self._instance}:{self._changes}"
 
     def _epoch_over(self, epoch: int, dp_rank: int, batches: int) -> bool:
         """Whether this acknowledgement ended the epoch (cheap until near its end)."""

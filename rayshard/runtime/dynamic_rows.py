@@ -99,12 +99,14 @@ def dynamic_rows(
         return bool(ray.wait([call], timeout=0)[0])
 
     leased = None  # an answer not acted on yet; a new lease is asked for only if None
+    change_seen = ""  # the coordinator's change token as of this rank's last wait
     while not cancel().is_set():
         if leased is None:
             leased = lease()
         if leased.wait:
             yield FLUSH  # deliver what we hold: others may be waiting for those rows
-            await_change(coordinator, (generation, epoch), settings.lease_poll_s, cancel())
+            key_now = (generation, epoch)
+            change_seen = wait_for_change(coordinator, key_now, change_seen, settings, cancel())
             leased = None
             continue
         if leased.pieces:
@@ -136,31 +138,52 @@ def dynamic_rows(
         leased = None
 
 
-def await_change(
-    coordinator: Any, key: tuple[int, int], timeout_s: float, cancel: threading.Event
-) -> None:
-    """Wait until the coordinator says epoch `key = (generation, epoch)` ended or work went
-    back to a queue, `timeout_s` at most, or until `cancel` is set: a rank told to wait asks
-    again as soon as its answer can differ, not after a fixed pause (the epoch's last
-    acknowledgement ends every waiting rank's epoch at once). When the coordinator holds
-    no more waits, or its call fails (the coordinator restarting: the next lease call
-    raises or retries that), the rank pauses here for the rest of `timeout_s`."""
-    call = coordinator.await_change.remote(*key, timeout_s)
-    deadline = time.monotonic() + timeout_s
-    while not cancel.is_set():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return
-        if ray.wait([call], timeout=min(left, _CANCEL_CHECK_S))[0]:
-            try:
-                held = ray.get(call)
-            except ray.exceptions.RayError:
-                held = False
-            if not held:
-                cancel.wait(max(0.0, deadline - time.monotonic()))
-            return
+def wait_for_change(
+    coordinator: Any,
+    key: tuple[int, int],
+    seen: str,
+    settings: LoaderConfig,
+    cancel: threading.Event,
+) -> str:
+    """Wait, after a lease answer that said wait, until the rank should ask again: once the
+    coordinator signals a change to epoch `key = (generation, epoch)` since token `seen`
+    ("" gets a token at once) — the epoch's last acknowledgement ends every waiting rank's
+    epoch at once — or after `quiet_wait_s(settings)`, or on `cancel`. When the coordinator
+    holds no more waits, or the call fails (a restart: the next lease call raises or
+    retries that), the rank pauses that long here. Returns the token to pass next time."""
+    wait_s = quiet_wait_s(settings)
+    call = coordinator.await_change.remote(*key, seen, wait_s)
+    try:
+        outcome, token = _answer_unless(call, cancel)
+    except ray.exceptions.RayError:
+        outcome, token = "busy", ""
+    if outcome == "busy":
+        cancel.wait(wait_s)
+    elif outcome == "changed" and token == seen:  # the epoch ended before the call: it
+        cancel.wait(settings.lease_poll_s)  # was signalled, so this is a guard, never a loop
+    return token
 
 
+def quiet_wait_s(settings: LoaderConfig) -> float:
+    """How long a waiting rank waits for a change before it asks again anyway: `lease_poll_s`
+    with `straggler_timeout_s` set (an idle rank's ask is what takes a straggler's work
+    back), else at least `QUIET_WAIT_S` (a change the coordinator does not signal)."""
+    if settings.straggler_timeout_s is not None:
+        return settings.lease_poll_s
+    return max(settings.lease_poll_s, QUIET_WAIT_S)
+
+
+def _answer_unless(call: Any, cancel: threading.Event) -> Any:
+    """`ray.get(call)`, unless `cancel` is set first: then the call is cancelled (a wait
+    the coordinator holds frees its place) and the answer is ("cancelled", "")."""
+    while not ray.wait([call], timeout=_CANCEL_CHECK_S)[0]:
+        if cancel.is_set():
+            ray.cancel(call)
+            return "cancelled", ""
+    return ray.get(call)
+
+
+QUIET_WAIT_S = 1.0  # see `quiet_wait_s`
 _CANCEL_CHECK_S = 0.05  # a waiting rank sees its reader's stop within this
 
 
@@ -290,9 +313,10 @@ def keep_rows(batch: pa.RecordBatch, kept: iv.Intervals) -> pa.RecordBatch:
 
 __all__ = [
     "LeaseStream",
-    "await_change",
     "drop_taken_back",
     "dynamic_rows",
     "keep_rows",
     "lease_pacing",
+    "quiet_wait_s",
+    "wait_for_change",
 ]

@@ -1,13 +1,13 @@
 """Under `dynamic`, a rank told to wait for the others' leases (its share read, theirs not
 yet acknowledged) is woken by the coordinator when the epoch ends or work goes back to the
-queue (`Coordinator.await_change`), not after a fixed `lease_poll_s`.
+queue (`Coordinator.await_change`), not after a fixed pause.
 
 Each test sets `lease_poll_s` to an hour: a waiting rank that is not woken does not end its
-epoch within the event timeout, so the tests fail on a lost wake-up, whatever the machine's
-speed. The order of events is forced by holding one rank's loop before its last batch (its
-last lease stays open) until the coordinator has answered the other rank's lease ask with
-no pieces: in the first epoch, over 30 splits, a rank's asks are never paced (pacing needs
-16 pieces read first), so that answer is the wait.
+epoch within the event timeout (nor asks again: a quiet rank's asks are a second apart at
+the least, but each wait lasts `lease_poll_s`), so the tests fail on a lost wake-up,
+whatever the machine's speed. The order of events is forced by holding one rank's loop
+before its last batch (its last lease stays open) until the coordinator holds the other
+rank's wait (`stats()["waits_held"]`).
 """
 
 from __future__ import annotations
@@ -28,23 +28,17 @@ HOUR_S = 3600.0  # the waiting rank's poll: never reached within the event timeo
 
 def _two_ranks_one_held(loader):
     """Rank 1 holds before its last batch; rank 0 reads its whole share and waits. Returns
-    both consumers once the coordinator answered rank 0 without pieces (the wait)."""
-    coordinator = loader._coordinator
-    ray.get(coordinator.trace.remote(True))  # records every lease answer from now on
+    both consumers once rank 0 received its share and the coordinator holds its wait."""
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-    held = Consumer(its[1], hold_after=len(its[1]) - 1)
+    lengths = [len(it) for it in its]
+    held = Consumer(its[1], hold_after=lengths[1] - 1)
     waiting = Consumer(its[0])
     held.start()
     assert held.holding.wait(EVENT_TIMEOUT_S), event_timeout_message("rank 1's last-but-one batch")
     waiting.start()
-    traced: list = []
-
-    def told_to_wait() -> bool:
-        traced.extend(ray.get(coordinator.trace.remote(True)))
-        return any(kind == "lease" and rank == 0 and not pieces for _, kind, rank, pieces in traced)
-
-    wait_until(told_to_wait, "a lease answer without pieces to rank 0")
-    assert waiting.batches == len(its[0]) and waiting.is_alive()  # its loop waits for the end
+    wait_until(lambda: waiting.batches == lengths[0], "rank 0's whole share")
+    wait_until(lambda: loader.stats()["waits_held"] == 1, "rank 0's wait held")
+    assert waiting.is_alive()  # its loop waits for the epoch's end
     return waiting, held
 
 
@@ -85,14 +79,20 @@ def test_the_coordinator_holds_a_bounded_number_of_waits(ray_session, dataset): 
     loader = dynamic_loader(dataset)
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
     coordinator, generation = loader._coordinator, it._generation
-    held = [coordinator.await_change.remote(generation, 0, HOUR_S) for _ in range(MAX_WAITING)]
-    wait_until(
-        lambda: loader.stats()["waits_held"] == MAX_WAITING,
-        f"{MAX_WAITING} waits held",
+    outcome, token = ray.get(coordinator.await_change.remote(generation, 0, "", HOUR_S))
+    assert outcome == "changed"  # no token given: one at once
+    held = [
+        coordinator.await_change.remote(generation, 0, token, HOUR_S) for _ in range(MAX_WAITING)
+    ]
+    wait_until(lambda: loader.stats()["waits_held"] == MAX_WAITING, f"{MAX_WAITING} waits held")
+    assert ray.get(coordinator.await_change.remote(generation, 0, token, HOUR_S)) == (
+        "busy",
+        token,
     )
-    assert ray.get(coordinator.await_change.remote(generation, 0, HOUR_S)) is False
     assert ray.wait(held, num_returns=len(held), timeout=0)[0] == []  # still held
     it.close()  # the rank leaves: a change
-    assert ray.get(held, timeout=EVENT_TIMEOUT_S) == [True] * MAX_WAITING
+    answers = ray.get(held, timeout=EVENT_TIMEOUT_S)
+    assert {outcome for outcome, _ in answers} == {"changed"}
+    assert all(new_token != token for _, new_token in answers)
     assert loader.stats()["waits_held"] == 0
     loader.shutdown()
