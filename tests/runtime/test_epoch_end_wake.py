@@ -96,3 +96,19 @@ def test_the_coordinator_holds_a_bounded_number_of_waits(ray_session, dataset): 
     assert all(new_token != token for _, new_token in answers)
     assert loader.stats()["waits_held"] == 0
     loader.shutdown()
+
+
+def test_a_cancelled_wait_frees_its_place(ray_session, dataset):  # noqa: F811
+    # A reader stopped while it waits cancels its call (`wait_for_change`): the coordinator
+    # must not count it, or keep it, until a change or its timeout comes.
+    loader = dynamic_loader(dataset)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    coordinator, generation = loader._coordinator, it._generation
+    _, token = ray.get(coordinator.await_change.remote(generation, 0, "", HOUR_S))
+    call = coordinator.await_change.remote(generation, 0, token, HOUR_S)
+    wait_until(lambda: loader.stats()["waits_held"] == 1, "the wait held")
+    ray.cancel(call)
+    wait_until(lambda: loader.stats()["waits_held"] == 0, "the cancelled wait let go")
+    with pytest.raises(ray.exceptions.TaskCancelledError):
+        ray.get(call, timeout=EVENT_TIMEOUT_S)
+    loader.shutdown()
