@@ -32,7 +32,7 @@ from rayshard.config.loader_config import PARTS, LoaderConfig
 from rayshard.core import commands as cmd
 from rayshard.core.mixing import MAX_EPOCH_SAMPLES
 from rayshard.errors import ConfigError, DataError, ReadDeniedError
-from rayshard.runtime import coordinator
+from rayshard.runtime import coordinator, journal
 from rayshard.runtime.journal import JOURNAL_VERSION, Journal
 from rayshard.sources import TableSource, cache
 from rayshard.sources.mixed import MixedSource
@@ -58,8 +58,8 @@ def _ops(path: Path) -> list[str]:
 
 def _coordinator(path: Path, source: TableSource, restarted: bool, monkeypatch):
     """The coordinator actor's class, run in this process as Ray would run it (its
-    `_was_restarted` reads Ray's runtime context, which only an actor process has)."""
-    monkeypatch.setattr(coordinator, "_was_restarted", lambda: restarted)
+    `actor_was_restarted` reads Ray's runtime context, which only an actor process has)."""
+    monkeypatch.setattr(journal, "actor_was_restarted", lambda: restarted)
     settings = LoaderConfig(batch_size=8, policy="dynamic", equal_steps=False)
     return coordinator.Coordinator("readme-compact", source, settings, "ns", str(path))
 

@@ -17,11 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
-import warnings
 from typing import Any
-
-import ray
 
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
@@ -29,17 +25,13 @@ from rayshard.core.coordination import CoordinatorCore
 from rayshard.core.state import LoaderState
 from rayshard.errors import RayshardError
 from rayshard.plan.id_runs import as_runs
-from rayshard.runtime import metrics
-from rayshard.runtime.journal import Journal
+from rayshard.runtime import journal, metrics
+from rayshard.runtime.epoch_waits import EpochWaits, changes_answers
 from rayshard.runtime.rank_usage import RankUsage
 from rayshard.runtime.reader_watches import ReaderWatches
 from rayshard.sources import Source
 
 COMPACT_EVERY = 20_000  # commands between two snapshots, at the latest
-# `await_change` calls held at once. Ray runs at most 1,000 calls of an async actor at a
-# time (its default `max_concurrency`): acknowledgements and leases must still find room
-# when thousands of ranks wait at an epoch's end. A rank over the limit pauses on its side.
-MAX_WAITING = 256
 
 
 class Coordinator:
@@ -60,14 +52,7 @@ class Coordinator:
         self._core = CoordinatorCore(loader_id, source, settings, instance)
         self._usage = RankUsage()  # per rank: what its consumers got, how it leased
         self._acked = asyncio.Condition()
-        # Set, then replaced, when an epoch ends, membership changes or work goes back to a
-        # queue: what a rank told to wait for the others' leases waits for
-        # (`await_change`). Rare (once per epoch, per loss), so a waiting rank is not woken
-        # by every acknowledgement.
-        self._changed = asyncio.Event()
-        self._waiting = 0  # `await_change` calls held now
-        self._changes = 0  # changes signalled so far (tokens: this instance's id and it)
-        self._instance = uuid.uuid4().hex[:12]
+        self._waits = EpochWaits()  # ranks waiting at an epoch's end (`await_change`)
         self._watches = ReaderWatches(namespace, self._reader_ended)
         self._rewatch_pending = False
         self._since_snapshot = 0
@@ -75,8 +60,8 @@ class Coordinator:
         self._finished: dict[tuple[int, int], set[int]] = {}
         self._compacted: set[tuple[int, int]] = set()
         self._trace: list | None = None  # (time, kind, dp rank, pieces), when tracing
-        self._journal = Journal(journal_path, loader_id)
-        if _was_restarted():
+        self._journal = journal.Journal(journal_path, loader_id)
+        if journal.actor_was_restarted():
             for entry in self._journal.replay():
                 if entry["op"] == "snapshot":
                     self._core.load_dict(entry["state"])
@@ -162,27 +147,9 @@ class Coordinator:
     async def await_change(
         self, generation: int, epoch: int, seen: str, timeout_s: float
     ) -> tuple[str, str]:
-        """What a `dynamic` rank told to wait for the others' leases waits on, instead of a
-        fixed pause: returns ("changed", token) once `epoch` ended, or something changed
-        since `seen` (a token from an earlier call; "" asks for one at once): a rank lost,
-        left or joined, a straggler's work offered again, a state restored. Or ("quiet",
-        token) after `timeout_s`, or ("busy", token) at once when `MAX_WAITING` calls are
-        held already (the rank pauses on its side). A restarted coordinator's tokens are
-        new, so a wait carried over a restart ends at once."""
-        changed, token = self._changed, self._change_token()
-        if not seen or seen != token or (generation, epoch) in self._compacted:
-            return "changed", token
-        if self._waiting >= MAX_WAITING:
-            return "busy", token
-        self._waiting += 1
-        try:
-            await asyncio.wait_for(changed.wait(), timeout_s)
-            outcome = "changed"
-        except asyncio.TimeoutError:
-            outcome = "quiet"
-        finally:
-            self._waiting -= 1
-        return outcome, self._change_token()
+        """Where a `dynamic` rank told to wait for the others' leases waits: until `epoch`
+        ended or something changed since token `seen` (see `EpochWaits.wait`)."""
+        return await self._waits.wait(seen, timeout_s, (generation, epoch) in self._compacted)
 
     async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
         """Rows of `epoch` still leased to `dp_rank` (a straggler's reader drops the rest)."""
@@ -220,7 +187,7 @@ class Coordinator:
             self._compacted = {k for k in self._compacted if k[1] >= epoch - 1} | {key}
             self._finished.pop(key, None)
             self._compact()
-            self._signal_change()
+            self._waits.signal()
         async with self._acked:
             self._acked.notify_all()
 
@@ -262,10 +229,8 @@ class Coordinator:
 
     async def describe(self) -> dict:
         """Membership, progress and events, for `stats()`, experiments and debugging."""
-        since = {
-            "journal_commands_since_snapshot": self._since_snapshot,
-            "waits_held": self._waiting,  # `dynamic` ranks waiting at an epoch's end
-        }
+        since = {"journal_commands_since_snapshot": self._since_snapshot}
+        since["waits_held"] = self._waits.held
         return {**self._core.summary(), **self._usage.summary(), **since}
 
     async def reader_names(self) -> list[str]:
@@ -305,20 +270,9 @@ class Coordinator:
             self._trace.append((time.time(), command.kind, command.dp_rank, list(pieces)))
         if self._since_snapshot >= COMPACT_EVERY:
             self._compact()
-        if isinstance(command, (cmd.Lost, cmd.Register, cmd.Restore)) or (
-            isinstance(decision, cmd.Leased) and decision.stragglers
-        ):
-            self._signal_change()  # membership, work taken back, a new state: rare
+        if changes_answers(command, decision):
+            self._waits.signal()
         return decision
-
-    def _signal_change(self) -> None:
-        """Wake every `await_change` waiting now (later calls wait for the next change)."""
-        self._changes += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    def _change_token(self) -> str:
-        return f"{self._instance}:{self._changes}"
 
     def _epoch_over(self, epoch: int, dp_rank: int, batches: int) -> bool:
         """Whether this acknowledgement ended the epoch (cheap until near its end)."""
@@ -363,12 +317,3 @@ class Coordinator:
             self._rewatch_pending = False
             for dp_rank, name in list(self._core.members.readers.items()):
                 self._watch(dp_rank, name)
-
-
-def _was_restarted() -> bool:
-    """Whether Ray restarted this actor (`max_restarts`). Ray's property reads the actor id
-    through an attribute it has itself deprecated; its warning would reach every loader's
-    log as if rayshard used that attribute, so it is silenced here."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return bool(ray.get_runtime_context().was_current_actor_reconstructed)

@@ -37,6 +37,7 @@ from rayshard.data.batching import (
     split_boundaries,
 )
 from rayshard.plan import intervals as iv
+from rayshard.runtime.epoch_waits import wait_for_change
 from rayshard.runtime.lease_pacing import LeasePacing
 from rayshard.sources import Source
 
@@ -136,55 +137,6 @@ def dynamic_rows(
             yield from pad_rows(source, pad, last_index, settings.columns, pad_cache)
             rows_out += pad
         leased = None
-
-
-def wait_for_change(
-    coordinator: Any,
-    key: tuple[int, int],
-    seen: str,
-    settings: LoaderConfig,
-    cancel: threading.Event,
-) -> str:
-    """Wait, after a lease answer that said wait, until the rank should ask again: once the
-    coordinator signals a change to epoch `key = (generation, epoch)` since token `seen`
-    ("" gets a token at once) — the epoch's last acknowledgement ends every waiting rank's
-    epoch at once — or after `quiet_wait_s(settings)`, or on `cancel`. When the coordinator
-    holds no more waits, or the call fails (a restart: the next lease call raises or
-    retries that), the rank pauses that long here. Returns the token to pass next time."""
-    wait_s = quiet_wait_s(settings)
-    call = coordinator.await_change.remote(*key, seen, wait_s)
-    try:
-        outcome, token = _answer_unless(call, cancel)
-    except ray.exceptions.RayError:
-        outcome, token = "busy", ""
-    if outcome == "busy":
-        cancel.wait(wait_s)
-    elif outcome == "changed" and token == seen:  # the epoch ended before the call: it
-        cancel.wait(settings.lease_poll_s)  # was signalled, so this is a guard, never a loop
-    return token
-
-
-def quiet_wait_s(settings: LoaderConfig) -> float:
-    """How long a waiting rank waits for a change before it asks again anyway: `lease_poll_s`
-    with `straggler_timeout_s` set (an idle rank's ask is what takes a straggler's work
-    back), else at least `QUIET_WAIT_S` (a change the coordinator does not signal)."""
-    if settings.straggler_timeout_s is not None:
-        return settings.lease_poll_s
-    return max(settings.lease_poll_s, QUIET_WAIT_S)
-
-
-def _answer_unless(call: Any, cancel: threading.Event) -> Any:
-    """`ray.get(call)`, unless `cancel` is set first: then the call is cancelled (a wait
-    the coordinator holds frees its place) and the answer is ("cancelled", "")."""
-    while not ray.wait([call], timeout=_CANCEL_CHECK_S)[0]:
-        if cancel.is_set():
-            ray.cancel(call)
-            return "cancelled", ""
-    return ray.get(call)
-
-
-QUIET_WAIT_S = 1.0  # see `quiet_wait_s`
-_CANCEL_CHECK_S = 0.05  # a waiting rank sees its reader's stop within this
 
 
 def lease_pacing(settings: LoaderConfig, splits: list) -> LeasePacing:
@@ -317,6 +269,4 @@ __all__ = [
     "dynamic_rows",
     "keep_rows",
     "lease_pacing",
-    "quiet_wait_s",
-    "wait_for_change",
 ]

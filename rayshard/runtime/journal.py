@@ -12,8 +12,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from collections.abc import Iterator
 from typing import Any
+
+import ray
 
 from rayshard.errors import ConfigError
 
@@ -138,3 +141,13 @@ class Journal:
                     "replayed (delete it to start the loader afresh)"
                 ) from error
             yield entry
+
+
+def actor_was_restarted() -> bool:
+    """Whether Ray restarted this actor (`max_restarts`): its journal is then replayed.
+    Ray's property reads the actor id through an attribute it has itself deprecated; its
+    warning would reach every loader's log as if rayshard used that attribute, so it is
+    silenced here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)

@@ -162,11 +162,11 @@ class RestartCheck:
 
         import ray
 
-        from rayshard.runtime.coordinator import _was_restarted
+        from rayshard.runtime.journal import actor_was_restarted
 
         with warnings.catch_warnings(record=True) as ours:
             warnings.simplefilter("always")
-            restarted = _was_restarted()
+            restarted = actor_was_restarted()
         with warnings.catch_warnings(record=True) as rays:
             warnings.simplefilter("always")
             _ = ray.get_runtime_context().was_current_actor_reconstructed

@@ -74,7 +74,7 @@ def test_the_coordinator_holds_a_bounded_number_of_waits(ray_session, dataset): 
     # Over MAX_WAITING, a wait is refused at once (the rank pauses on its side): Ray runs at
     # most 1,000 calls of the async coordinator at a time, and acknowledgements must find
     # room. A change (here a rank leaving) ends every wait held.
-    from rayshard.runtime.coordinator import MAX_WAITING
+    from rayshard.runtime.epoch_waits import MAX_WAITING
 
     loader = dynamic_loader(dataset)
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
