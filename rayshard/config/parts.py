@@ -152,7 +152,7 @@ class RuntimeConfig:
     - `ack_interval_s`, `lease_poll_s`, `state_timeout_s`: acknowledgement period; how
       long a `dynamic` rank told to wait waits for the coordinator's wake-up before it asks
       again anyway (at least 1 s without `straggler_timeout_s`; see
-      `rayshard.runtime.dynamic_rows.quiet_wait_s`); how long a state request waits.
+      `rayshard.runtime.epoch_waits.quiet_wait_s`); how long a state request waits.
     - `straggler_timeout_s`: `dynamic` only: silence before a rank's work is reoffered.
     - `model_parallel_size`, `dp_groups`: ranks sharing one data-parallel shard.
     - `reader_workers`: processes reading a rank's pieces and running its transform (1:

@@ -263,10 +263,4 @@ def keep_rows(batch: pa.RecordBatch, kept: iv.Intervals) -> pa.RecordBatch:
     return batch if mask.all() else batch.filter(arrow_of(mask))
 
 
-__all__ = [
-    "LeaseStream",
-    "drop_taken_back",
-    "dynamic_rows",
-    "keep_rows",
-    "lease_pacing",
-]
+__all__ = ["LeaseStream", "drop_taken_back", "dynamic_rows", "keep_rows", "lease_pacing"]
