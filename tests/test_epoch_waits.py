@@ -34,6 +34,14 @@ def test_which_commands_wake_waiting_ranks(command, decision, wakes):
     assert changes_answers(command, decision) is wakes
 
 
+async def _held(waits: EpochWaits, token: str, count: int) -> list:
+    """`count` waits on `token`, each held once this returns."""
+    tasks = [asyncio.create_task(waits.wait(token, LONG_S, ended=False)) for _ in range(count)]
+    await asyncio.sleep(0)  # each runs up to its wait
+    assert waits.held == count and not any(task.done() for task in tasks)
+    return tasks
+
+
 def test_a_wait_without_a_token_gets_one_at_once():
     async def run():
         waits = EpochWaits()
@@ -47,9 +55,7 @@ def test_a_held_wait_ends_at_the_signal_with_a_new_token():
     async def run():
         waits = EpochWaits()
         token = waits.token()
-        held = [asyncio.create_task(waits.wait(token, LONG_S, ended=False)) for _ in range(3)]
-        await asyncio.sleep(0)  # every wait is held now
-        assert waits.held == 3 and not any(task.done() for task in held)
+        held = await _held(waits, token, 3)
         waits.signal()
         answers = await asyncio.gather(*held)
         assert answers == [("changed", waits.token())] * 3 and waits.token() != token

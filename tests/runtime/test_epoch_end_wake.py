@@ -17,13 +17,19 @@ from collections import Counter
 import pytest
 import ray
 
-from tests.runtime.helpers import end_rank_watch
-from tests.runtime.test_dynamic import Consumer, dataset, dynamic_loader  # noqa: F401
+from tests.runtime.helpers import end_rank_watch, write_parquet
+from tests.runtime.test_dynamic import ROWS, Consumer, dynamic_loader
 from tests.timeouts import EVENT_TIMEOUT_S, event_timeout_message, wait_until
 
 pytestmark = [pytest.mark.ray]
 
 HOUR_S = 3600.0  # the waiting rank's poll: never reached within the event timeout
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    """300 rows in row groups of 10: 30 splits (as `tests/runtime/test_dynamic.py`)."""
+    return write_parquet(tmp_path_factory.mktemp("wake"), ROWS, row_group_size=10)
 
 
 def _two_ranks_one_held(loader):
@@ -42,7 +48,7 @@ def _two_ranks_one_held(loader):
     return waiting, held
 
 
-def test_a_waiting_rank_ends_its_epoch_with_the_last_acknowledgement(ray_session, dataset):  # noqa: F811
+def test_a_waiting_rank_ends_its_epoch_with_the_last_acknowledgement(ray_session, dataset):
     loader = dynamic_loader(dataset, lease_poll_s=HOUR_S)
     waiting, held = _two_ranks_one_held(loader)
     held.go_on.set()  # its last batch: its acknowledgement ends the epoch
@@ -54,7 +60,7 @@ def test_a_waiting_rank_ends_its_epoch_with_the_last_acknowledgement(ray_session
     loader.shutdown()
 
 
-def test_a_waiting_rank_takes_the_work_of_a_rank_lost_meanwhile(ray_session, dataset):  # noqa: F811
+def test_a_waiting_rank_takes_the_work_of_a_rank_lost_meanwhile(ray_session, dataset):
     # Every batch acknowledged on receipt: the lost rank's last batch goes back whole.
     loader = dynamic_loader(dataset, lease_poll_s=HOUR_S, ack_interval_s=0)
     waiting, held = _two_ranks_one_held(loader)
@@ -70,17 +76,25 @@ def test_a_waiting_rank_takes_the_work_of_a_rank_lost_meanwhile(ray_session, dat
     loader.shutdown()
 
 
-def test_the_coordinator_holds_a_bounded_number_of_waits(ray_session, dataset):  # noqa: F811
+def _one_rank_and_a_token(dataset):
+    """A `dynamic` loader, its one rank's iterator (registered) and a change token, which
+    a wait without one gets at once."""
+    loader = dynamic_loader(dataset)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    call = loader._coordinator.await_change.remote(it._generation, 0, "", HOUR_S)
+    outcome, token = ray.get(call)
+    assert outcome == "changed"
+    return loader, it, token
+
+
+def test_the_coordinator_holds_a_bounded_number_of_waits(ray_session, dataset):
     # Over MAX_WAITING, a wait is refused at once (the rank pauses on its side): Ray runs at
     # most 1,000 calls of the async coordinator at a time, and acknowledgements must find
     # room. A change (here a rank leaving) ends every wait held.
     from rayshard.runtime.epoch_waits import MAX_WAITING
 
-    loader = dynamic_loader(dataset)
-    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    loader, it, token = _one_rank_and_a_token(dataset)
     coordinator, generation = loader._coordinator, it._generation
-    outcome, token = ray.get(coordinator.await_change.remote(generation, 0, "", HOUR_S))
-    assert outcome == "changed"  # no token given: one at once
     held = [
         coordinator.await_change.remote(generation, 0, token, HOUR_S) for _ in range(MAX_WAITING)
     ]
@@ -98,13 +112,11 @@ def test_the_coordinator_holds_a_bounded_number_of_waits(ray_session, dataset): 
     loader.shutdown()
 
 
-def test_a_cancelled_wait_frees_its_place(ray_session, dataset):  # noqa: F811
+def test_a_cancelled_wait_frees_its_place(ray_session, dataset):
     # A reader stopped while it waits cancels its call (`wait_for_change`): the coordinator
     # must not count it, or keep it, until a change or its timeout comes.
-    loader = dynamic_loader(dataset)
-    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    loader, it, token = _one_rank_and_a_token(dataset)
     coordinator, generation = loader._coordinator, it._generation
-    _, token = ray.get(coordinator.await_change.remote(generation, 0, "", HOUR_S))
     call = coordinator.await_change.remote(generation, 0, token, HOUR_S)
     wait_until(lambda: loader.stats()["waits_held"] == 1, "the wait held")
     ray.cancel(call)
