@@ -267,8 +267,8 @@ class Loader:
     def stats(self) -> dict:
         """Membership, progress, dynamic leases, what every rank's consumers received
         (batches, samples, bytes, stall seconds), how every `dynamic` rank leased (calls,
-        paced calls, rows, seconds its reading waited for answers), the ranks waiting at
-        an epoch's end (`waits_held`) and events (ranks lost or joined, coordinator
+        paced calls, rows, seconds its reading waited for answers), the waits held at an
+        epoch's end (`waits_held`) and events (ranks lost or joined, coordinator
         restarts), as the coordinator sees them."""
         return ray.get(self._coordinator.describe.remote())
 

@@ -21,6 +21,7 @@ import ray
 
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
+from rayshard.runtime.ray_held import ray_held
 
 # Waits held at once. Ray runs at most 1,000 calls of an async actor at a time (its default
 # `max_concurrency`): acknowledgements and leases must still find room when thousands of
@@ -91,16 +92,20 @@ def wait_for_change(
     coordinator signals a change to epoch `key = (generation, epoch)` since token `seen`
     ("" gets a token at once) — the epoch's last acknowledgement ends every waiting rank's
     epoch at once — or after `quiet_wait_s(settings)`, or on `cancel`. When the coordinator
-    holds no more waits, or the call fails (a restart: the next lease call raises or
-    retries that), the rank pauses that long here. Returns the token to pass next time."""
-    wait_s = quiet_wait_s(settings)
-    call = coordinator.await_change.remote(*key, seen, wait_s)
+    holds no more waits, the coordinator is gone or restarting (the next lease call raises
+    or retries that), or Ray is shut down, the rank pauses `lease_poll_s` here, as every
+    waiting rank did before. Returns the token to pass next time."""
+    with ray_held() as up:
+        call = coordinator.await_change.remote(*key, seen, quiet_wait_s(settings)) if up else None
     try:
-        outcome, token = _answer_unless(call, cancel)
-    except ray.exceptions.RayError:
+        outcome, token = ("busy", "") if call is None else _answer_unless(call, cancel)
+    except ray.exceptions.RayActorError:
         outcome, token = "busy", ""
+    finally:
+        with ray_held():  # the reference goes while no shutdown is under way
+            call = None
     if outcome == "busy":
-        cancel.wait(wait_s)
+        cancel.wait(settings.lease_poll_s)
     elif outcome == "changed" and token == seen:  # the epoch ended before the call: it
         cancel.wait(settings.lease_poll_s)  # was signalled, so this is a guard, never a loop
     return token
@@ -115,14 +120,26 @@ def quiet_wait_s(settings: LoaderConfig) -> float:
     return max(settings.lease_poll_s, QUIET_WAIT_S)
 
 
-def _answer_unless(call: Any, cancel: threading.Event) -> Any:
-    """`ray.get(call)`, unless `cancel` is set first: then the call is cancelled (a wait
-    the coordinator holds frees its place) and the answer is ("cancelled", "")."""
-    while not ray.wait([call], timeout=_CANCEL_CHECK_S)[0]:
-        if cancel.is_set():
-            ray.cancel(call)
-            return "cancelled", ""
-    return ray.get(call)
+def _answer_unless(call: Any, cancel: threading.Event) -> tuple[str, str]:
+    """The answer to `call`, unless `cancel` is set first: then the call is cancelled (so
+    the wait the coordinator holds frees its place; Ray's cancel is best effort, and a
+    wait it misses lasts until a change or its timeout) and the answer is ("cancelled",
+    ""). Every
+    Ray call is made under `ray_held`, for a `ray.shutdown()` in another thread; once Ray
+    is down the answer is ("busy", "")."""
+    while True:
+        with ray_held(blocking=False) as up:
+            if up is False:
+                return "busy", ""
+            if up and cancel.is_set():
+                ray.cancel(call)
+                return "cancelled", ""
+            if up and ray.wait([call], timeout=_CANCEL_CHECK_S)[0]:
+                return ray.get(call)
+        if up is None:  # Ray starting or shutting down in another thread
+            if cancel.is_set():
+                return "cancelled", ""
+            cancel.wait(_CANCEL_CHECK_S)
 
 
 __all__ = [
