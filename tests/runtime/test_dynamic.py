@@ -65,7 +65,7 @@ class Consumer(threading.Thread):
                     return
                 if self.batches == self.hold_after:
                     self.holding.set()
-                    self.go_on.wait(120)
+                    self.go_on.wait(4 * EVENT_TIMEOUT_S)  # outlasts the waits a test makes
                 time.sleep(self.delay)
         except BaseException as error:  # noqa: BLE001 - the test inspects it
             self.error = error
