@@ -98,11 +98,7 @@ def test_waits_past_the_limit_are_busy_and_a_restarted_coordinators_tokens_diffe
     async def run():
         waits = EpochWaits()
         token = waits.token()
-        held = [
-            asyncio.create_task(waits.wait(token, LONG_S, ended=False)) for _ in range(MAX_WAITING)
-        ]
-        await asyncio.sleep(0)
-        assert waits.held == MAX_WAITING
+        held = await _held(waits, token, MAX_WAITING)
         assert await waits.wait(token, LONG_S, ended=False) == ("busy", token)
         waits.signal()
         await asyncio.gather(*held)

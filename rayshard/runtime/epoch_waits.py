@@ -124,9 +124,8 @@ def _answer_unless(call: Any, cancel: threading.Event) -> tuple[str, str]:
     """The answer to `call`, unless `cancel` is set first: then the call is cancelled (so
     the wait the coordinator holds frees its place; Ray's cancel is best effort, and a
     wait it misses lasts until a change or its timeout) and the answer is ("cancelled",
-    ""). Every
-    Ray call is made under `ray_held`, for a `ray.shutdown()` in another thread; once Ray
-    is down the answer is ("busy", "")."""
+    ""). Every Ray call is made under `ray_held`, for a `ray.shutdown()` in another
+    thread; once Ray is down the answer is ("busy", "")."""
     while True:
         with ray_held(blocking=False) as up:
             if up is False:
