@@ -33,8 +33,7 @@ from rayshard.runtime.iterator_args import check_iterator_args
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
 from rayshard.runtime.placement_check import warn_about_actor_resources
-from rayshard.runtime.process_watch import process_watch
-from rayshard.runtime.process_watch import release as release_watch_key
+from rayshard.runtime.process_watch import watch_rank
 from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.reader import ShardReader
 from rayshard.runtime.remote import remote_class
@@ -236,32 +235,24 @@ class Loader:
     def _reader(self, registration: dict, dp: Any, reading: RankReading, watch_only: bool) -> Any:
         """Get or create this rank's reader on this worker's node (one per model-parallel
         group: the first member creates it, the others find it by name); `watch_only`: the
-        worker reads for itself, and its process's `RankWatch` stands in for the reader,
-        watching the rank under the reader's name (`registration["watch_key"]`)."""
-        name = registration["reader"]
+        worker reads for itself, and what watches it under the reader's name
+        (`registration["watch_key"]`, see `watch_rank`) stands in for the reader."""
+        name, generation = registration["reader"], registration["generation"]
         if watch_only:
-            watch, reader = process_watch(self.namespace, name)
             registration["watch_key"] = name
-        else:
-            watch = ""
-            node = ray.get_runtime_context().get_node_id()
-            reader = remote_class(ShardReader).options(
-                name=name,
-                namespace=self.namespace,
-                get_if_exists=True,
-                # Hard affinity: the reader must share the worker's object store (and fate).
-                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
-                num_cpus=self.settings.reader_num_cpus,
-                max_concurrency=4 + len(dp.group),
-            )
-            reader = reader.remote(reading, len(dp.group))
-        attach = self._coordinator.attach_reader
-        try:
-            ray.get(attach.remote(registration["generation"], dp.dp_rank, name, watch))
-        except BaseException:
-            if watch_only:  # no iterator will hold the key: the watch may be released
-                release_watch_key(name)
-            raise
+            return watch_rank(self._coordinator, self.namespace, generation, dp.dp_rank, name)
+        node = ray.get_runtime_context().get_node_id()
+        reader = remote_class(ShardReader).options(
+            name=name,
+            namespace=self.namespace,
+            get_if_exists=True,
+            # Hard affinity: the reader must share the worker's object store (and fate).
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            num_cpus=self.settings.reader_num_cpus,
+            max_concurrency=4 + len(dp.group),
+        )
+        reader = reader.remote(reading, len(dp.group))
+        ray.get(self._coordinator.attach_reader.remote(generation, dp.dp_rank, name))
         return reader
 
     def stats(self) -> dict:
@@ -290,7 +281,7 @@ class Loader:
                 ray.kill(ray.get_actor(name, namespace=self.namespace), no_restart=True)
         for watch, key in watches:
             with contextlib.suppress(ValueError):  # its process ended, and the watch with it
-                ray.get_actor(watch, namespace=self.namespace).stop.remote(key)
+                ray.get_actor(watch, namespace=self.namespace).end_watch.remote(key)
         ray.kill(self._coordinator, no_restart=True)
 
 

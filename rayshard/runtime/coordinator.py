@@ -86,19 +86,24 @@ class Coordinator:
 
     async def attach_reader(
         self, generation: int, dp_rank: int, name: str, watch: str = ""
-    ) -> None:
-        """A worker created (or found) the reader actor `name` of `dp_rank`, or (`watch`)
-        reads for the rank itself and its process's watch actor `watch` watches key
-        `name`; watch it.
-
-        The reader named at registration is attached even if the generation moved on
-        since (another worker of a restarted group restored the checkpoint in between;
-        this worker's own restore then moves it to the new generation)."""
+    ) -> bool:
+        """A worker created (or found) the reader actor `name` of `dp_rank`, or reads for
+        the rank itself, watched as key `name` by `watch`: its process's watch actor, or
+        its pid (a `pid_watch` token; False, nothing attached: not a process of this node).
+        Attached even if the generation moved on since (another worker of a restarted
+        group restored the checkpoint; this worker's own restore then moves it on)."""
+        if not self._watches.can_watch(watch):
+            return False
         members = self._core.members
         if members is None or members.readers.get(dp_rank) != name:
             self._core.check(generation)
         self._do(cmd.Attach(dp_rank, name, watch))
         self._watch(dp_rank, name)
+        return True
+
+    async def end_watch(self, key: str) -> None:
+        """A pid-watched rank's iterator closed or was dropped: as `RankWatch.end_watch`."""
+        self._watches.end(key)
 
     async def leave(self, generation: int, dp_rank: int, reader: str = "") -> None:
         """A rank leaves gracefully: its unfinished leases go back to the queue. A worker
@@ -230,18 +235,16 @@ class Coordinator:
     async def describe(self) -> dict:
         """Membership, progress and events, for `stats()`, experiments and debugging."""
         since = {"journal_commands_since_snapshot": self._since_snapshot}
-        since["waits_held"] = self._waits.held
+        since.update(waits_held=self._waits.held, watched_by_pid=self._watches.watching())
         return {**self._core.summary(), **self._usage.summary(), **since}
 
     async def reader_names(self) -> list[str]:
-        """Every reader actor this loader named and saw attached (for `Loader.shutdown`;
-        not the ranks a shared watch watches: that actor is its process's)."""
+        """Reader actors this loader named and saw attached, for `Loader.shutdown`."""
         members = self._core.members
         return self._watches.actors(set(members.readers.values()) if members else set())
 
     async def shared_watches(self) -> list[tuple[str, str]]:
-        """(watch actor, key) of every rank a process's shared watch watched for this
-        loader (for `Loader.shutdown`, which releases them: the actors stay)."""
+        """(watch actor, key) of each rank a `RankWatch` watched, for `Loader.shutdown`."""
         return self._watches.shared_keys()
 
     async def ping(self) -> bool:
@@ -299,8 +302,7 @@ class Coordinator:
         self._since_snapshot = 0
 
     def _watch(self, dp_rank: int, name: str) -> None:
-        """Watch reader `name` (or its key in a shared watch): its end releases `dp_rank`
-        (once per reader)."""
+        """Watch reader `name` (or its key): its end releases `dp_rank` (once per reader)."""
         self._watches.watch(dp_rank, name, self._core.members.shared_watch(dp_rank, name))
 
     async def _reader_ended(self, dp_rank: int, name: str) -> None:
@@ -311,8 +313,7 @@ class Coordinator:
                 self._acked.notify_all()
 
     def _rewatch(self) -> None:
-        """After a restart: watch the readers the journal knows about again (the first
-        call after a restart runs this, inside the event loop)."""
+        """After a restart, the first call watches the journal's readers again."""
         if self._rewatch_pending and self._core.members is not None:
             self._rewatch_pending = False
             for dp_rank, name in list(self._core.members.readers.items()):

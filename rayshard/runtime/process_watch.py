@@ -1,4 +1,5 @@
-"""One `RankWatch` per process, shared by every rank the process reads for.
+"""One `RankWatch` per process, shared by every rank the process reads for, where the
+coordinator cannot watch the process by its pid (`watch_rank`, `pid_watch`).
 
 Starting an actor is a new process (about 1 s of CPU, Ray does not reuse task workers
 for actors); a process that makes several iterators (a train and a validation loader, a
@@ -28,6 +29,7 @@ from typing import Any
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+from rayshard.runtime import pid_watch
 from rayshard.runtime.ray_held import ray_held
 from rayshard.runtime.remote import remote_class
 from rayshard.runtime.watch import RankWatch
@@ -96,10 +98,29 @@ def process_watch(namespace: str, key: str) -> tuple[str, Any]:
         return use.name, use.handle
 
 
+def watch_rank(coordinator: Any, namespace: str, generation: int, dp_rank: int, key: str) -> Any:
+    """Have `dp_rank`, read for in this process, watched under `key` (and attached): by
+    the coordinator through this process's pid where it can see this process (on its
+    node, see `pid_watch`), else by this process's `RankWatch` in `namespace`. Returns what
+    watches it, the coordinator or the watch: its `end_watch(key)` releases the rank."""
+    attach = coordinator.attach_reader
+    token = pid_watch.token_here(ray.get_runtime_context().get_node_id())
+    if token is not None and ray.get(attach.remote(generation, dp_rank, key, token)):
+        return coordinator
+    name, watch = process_watch(namespace, key)
+    try:
+        ray.get(attach.remote(generation, dp_rank, key, name))
+    except BaseException:
+        release(key)  # no iterator will hold the key: the watch may be released
+        raise
+    return watch
+
+
 def release(key: str, watch: Any = None, blocking: bool = True) -> Any:
     """The rank watched under `key` no longer reads in this process (its iterator was
     closed or dropped); a watch left without keys ends after `IDLE_RELEASE_S`. With
-    `watch` (a handle: call under `ray_held`), the key is stopped there too. Returns None,
+    `watch` (a handle: call under `ray_held`), the key is ended there too (`watch` is the
+    coordinator for a rank watched by its process's pid). Returns None,
     for the caller's handle (a closed iterator holding it would keep the watch), or False
     when not `blocking` and the bookkeeping's lock was busy (nothing was released)."""
     if not _lock.acquire(blocking=blocking):
@@ -107,7 +128,7 @@ def release(key: str, watch: Any = None, blocking: bool = True) -> Any:
     try:
         if watch is not None:
             with contextlib.suppress(Exception):  # the watch is gone: nothing to stop
-                watch.stop.remote(key)
+                watch.end_watch.remote(key)
         now = time.monotonic()
         for use in _watches.values():
             use.release(key, now)
@@ -157,4 +178,4 @@ def _end_unused() -> None:
                 _lock.release()
 
 
-__all__ = ["IDLE_RELEASE_S", "WatchUse", "process_watch", "release"]
+__all__ = ["IDLE_RELEASE_S", "WatchUse", "process_watch", "release", "watch_rank"]

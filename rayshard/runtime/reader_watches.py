@@ -1,9 +1,10 @@
 """The coordinator's death watch over the ranks' readers (`rayshard.runtime.coordinator`).
 
 A rank is watched through its reader actor (`ShardReader.watch()` blocks while it lives)
-or, when it reads in its consumer, through its key in that process's shared `RankWatch`
-(`rayshard.runtime.watch`). One asyncio task per reader waits for the end, of the actor
-or of the key, and reports it once.
+or, when it reads in its consumer, through that process: by its pid when the process is
+on the coordinator's node (`rayshard.runtime.pid_watch`), else through its key in that
+process's shared `RankWatch` (`rayshard.runtime.watch`). One asyncio task per reader
+waits for the end, of the actor, the process or the key, and reports it once.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 import ray
 
+from rayshard.runtime import pid_watch
+
 
 class ReaderWatches:
     """Watch tasks of one coordinator; `on_end(dp_rank, name)` when a watched reader ends."""
@@ -23,10 +26,18 @@ class ReaderWatches:
         self._on_end = on_end
         self._tasks: dict[str, Any] = {}  # reader name -> the task that watches it
         self._shared: dict[str, str] = {}  # reader name -> the process's watch that has it
+        self._ended: dict[str, asyncio.Event] = {}  # pid-watched keys: set by `end`
+
+    def can_watch(self, watch: str) -> bool:
+        """Whether a rank's `watch` is one this coordinator can keep: a reader actor, a
+        `RankWatch`, or the token of a process it sees (on its node, see `pid_watch`)."""
+        if not pid_watch.is_token(watch):
+            return True
+        return pid_watch.visible(watch, ray.get_runtime_context().get_node_id())
 
     def watch(self, dp_rank: int, name: str, shared: str | None) -> None:
-        """Watch reader `name` of `dp_rank`, or its key in the shared watch `shared`
-        (once per reader; call inside the event loop)."""
+        """Watch reader `name` of `dp_rank`, or its key in the shared watch `shared` (an
+        actor, or a process token); once per reader; call inside the event loop."""
         if name in self._tasks:
             return
         if shared is not None:
@@ -36,6 +47,8 @@ class ReaderWatches:
             try:
                 if shared is None:
                     await ray.get_actor(name, namespace=self._namespace).watch.remote()
+                elif pid_watch.is_token(shared):
+                    await self._process_or_key_end(name, shared)
                 else:
                     await ray.get_actor(shared, namespace=self._namespace).watch.remote(name)
             except Exception:  # noqa: BLE001 - any failure of the watch means it is gone
@@ -44,13 +57,40 @@ class ReaderWatches:
 
         self._tasks[name] = asyncio.get_event_loop().create_task(watch())
 
+    def end(self, key: str) -> None:
+        """The rank watched by its process under `key` left it (closed or dropped): end
+        that watch as a `RankWatch` ends a key (at once if it comes first)."""
+        self._ended.setdefault(key, asyncio.Event()).set()
+
+    async def _process_or_key_end(self, key: str, token: str) -> None:
+        """Return once the process of `token` ended or `end(key)` was called."""
+        waits = [
+            asyncio.ensure_future(pid_watch.exited(token)),
+            asyncio.ensure_future(self._ended.setdefault(key, asyncio.Event()).wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for wait in waits:
+                wait.cancel()
+
     def actors(self, attached: set[str]) -> list[str]:
         """The reader actors among those watched and `attached` (not shared keys)."""
         return sorted((set(self._tasks) | attached) - set(self._shared))
 
     def shared_keys(self) -> list[tuple[str, str]]:
-        """(shared watch actor, key) of every rank watched that way."""
-        return sorted((watch, key) for key, watch in self._shared.items())
+        """(shared watch actor, key) of every rank watched that way (not by pid)."""
+        return sorted(
+            (watch, key) for key, watch in self._shared.items() if not pid_watch.is_token(watch)
+        )
+
+    def watching(self) -> int:
+        """Ranks watched by their process's pid now (for `stats()`)."""
+        return sum(
+            1
+            for key, watch in self._shared.items()
+            if pid_watch.is_token(watch) and not self._tasks[key].done()
+        )
 
 
 __all__ = ["ReaderWatches"]

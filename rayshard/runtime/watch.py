@@ -4,9 +4,11 @@ Such a rank needs no reader process, but the coordinator still needs something t
 One `RankWatch` per process serves every rank that process reads for, whatever loader
 (`rayshard.runtime.process_watch` makes it): a rank's watch is a key, the rank's reader
 name. It is made by the process, dies with it (Ray ends an actor whose owner dies), and
-`watch(key)` blocks while it lives and the key is not stopped, as a `ShardReader`'s
+`watch(key)` blocks while it lives and the key is not ended, as a `ShardReader`'s
 `watch()` does. It imports nothing beyond the standard library, so it starts as fast as
-a Ray actor can; it is an async actor, so waiting watches hold no threads.
+a Ray actor can; it is an async actor, so waiting watches hold no threads. A process on
+the coordinator's node needs none: the coordinator watches its pid
+(`rayshard.runtime.pid_watch`).
 """
 
 from __future__ import annotations
@@ -15,19 +17,19 @@ import asyncio
 
 
 class RankWatch:
-    """A stand-in reader for the coordinator's death watch: `watch(key)`, `stop(key)`."""
+    """A stand-in reader for the coordinator's death watch: `watch(key)`, `end_watch(key)`."""
 
     def __init__(self) -> None:
         self._waiting: dict[str, asyncio.Event] = {}
         self._stopped: set[str] = set()
 
     async def watch(self, key: str) -> None:
-        """Blocks while the actor lives, until `stop(key)` (at once if it came first)."""
+        """Blocks while the actor lives, until `end_watch(key)` (at once if it came first)."""
         if key in self._stopped:
             return
         await self._waiting.setdefault(key, asyncio.Event()).wait()
 
-    async def stop(self, key: str) -> None:
+    async def end_watch(self, key: str) -> None:
         """Release the watch of `key` (the rank left, or its iterator was dropped)."""
         self._stopped.add(key)
         waiting = self._waiting.pop(key, None)

@@ -64,14 +64,15 @@ def real_ids(batches) -> list[int]:
 
 def end_rank_watch(iterator) -> None:
     """End what the coordinator watches for this rank, as its process's death would: kill
-    its reader actor, or, for a rank that reads in its consumer, stop the rank's key in the
-    process's shared watch (killing that actor would end every rank of this process)."""
+    its reader actor, or, for a rank that reads in its consumer, end the rank's key in what
+    watches its process, the coordinator (by pid) or its `RankWatch` (killing either would
+    end more than this rank)."""
     import ray
 
     if iterator._watch_key is None:
         ray.kill(iterator._reader, no_restart=True)
     else:
-        ray.get(iterator._reader.stop.remote(iterator._watch_key))
+        ray.get(iterator._reader.end_watch.remote(iterator._watch_key))
 
 
 def watches_in_task(loaders) -> tuple[str, list[str]]:

@@ -81,10 +81,11 @@ def test_consumer_reads_give_the_reader_actors_batches(ray_session, tmp_path, sh
 def test_a_watch_stands_in_for_the_reader_and_small_batches_are_slices_of_one_conversion(
     ray_session, tmp_path
 ):
-    """A rank that reads in its consumer has no reader process: the coordinator watches a
-    `RankWatch` made by this worker. Batches of 8 rows cut from one 101-row row group reach
-    the loop as views of one Arrow-to-numpy conversion (`rayshard.data.bulk_batches`), not
-    one conversion each; every row once, in order."""
+    """A rank that reads in its consumer has no reader process: the coordinator, on this
+    process's node, watches the process's pid (elsewhere, a `RankWatch` this process
+    makes: `tests/runtime/test_pid_watch.py`). Batches of 8 rows cut from one 101-row row
+    group reach the loop as views of one Arrow-to-numpy conversion
+    (`rayshard.data.bulk_batches`), not one conversion each; every row once, in order."""
     source = ParquetSource(write_parquet(tmp_path, [101], row_group_size=101))
     loader = Loader(source, name=unique_name("bulk"), batch_size=8)
     try:
@@ -92,8 +93,9 @@ def test_a_watch_stands_in_for_the_reader_and_small_batches_are_slices_of_one_co
         assert it._local is not None
         batches = list(it)
         kind = ray.get(it._reader.__ray_call__.remote(lambda self: type(self).__name__))
-        assert kind == "RankWatch"
-        assert loader.stats()["readers"] == 1  # attached: its death releases the rank
+        assert kind == "Coordinator"
+        stats = loader.stats()  # attached: its death releases the rank
+        assert (stats["readers"], stats["watched_by_pid"]) == (1, 1)
         it.close()
     finally:
         loader.shutdown()

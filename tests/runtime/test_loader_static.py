@@ -244,9 +244,15 @@ def reader_gone(iterator) -> bool:
 
 
 @pytest.mark.parametrize("consumer_reads", [False, True])
-def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads):
+def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads, monkeypatch):
     import ray
 
+    from rayshard.runtime import pid_watch
+
+    # Consumer reads: the ranks watched by this process's `RankWatch` (as on another node
+    # than the coordinator's), whose keys a shutdown releases; a pid watch ends with the
+    # coordinator.
+    monkeypatch.setenv(pid_watch.ENABLE_VARIABLE, "0")
     loader = make_loader(dataset, consumer_reads=consumer_reads)
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     run_lockstep(its, steps=1)

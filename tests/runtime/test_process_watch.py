@@ -1,7 +1,11 @@
 """One `RankWatch` per process (`rayshard.runtime.process_watch`): every rank a process
 reads for in its consumer, of any loader, is watched by that process's one watch actor
 under its own key; closing or dropping an iterator releases its key (a dropped one
-releases its rank to the others), and a rank's end is noticed without ending the others'."""
+releases its rank to the others), and a rank's end is noticed without ending the others'.
+
+That is how a process the coordinator cannot watch by its pid (on another node) is
+watched: here, on one node, `RAYSHARD_WATCH_BY_PID=0` makes every process do so (the pid
+watch: `tests/runtime/test_pid_watch.py`)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import pytest
 import ray
 
 from rayshard.loader import Loader
+from rayshard.runtime import pid_watch
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import (
     real_ids,
@@ -24,6 +29,13 @@ from tests.timeouts import wait_until
 ROWS = [40, 35, 26]  # 101 rows, row groups of 7
 
 pytestmark = pytest.mark.ray
+NO_PID_WATCH = {"env_vars": {pid_watch.ENABLE_VARIABLE: "0"}}  # for tasks' processes
+
+
+@pytest.fixture(autouse=True)
+def watch_actors_only(monkeypatch):
+    """Iterators made in this process are watched through its `RankWatch`."""
+    monkeypatch.setenv(pid_watch.ENABLE_VARIABLE, "0")
 
 
 def make_loader(path: str, **options) -> Loader:
@@ -64,7 +76,8 @@ def test_ranks_and_loaders_of_one_process_share_its_watch(ray_session, tmp_path)
         # Another process's ranks (of two other loaders) have that process's own watch.
         others = [make_loader(path), make_loader(path)]
         loaders += others
-        worker, ids = ray.get(ray.remote(num_cpus=0)(watches_in_task).remote(others))
+        task = ray.remote(num_cpus=0, runtime_env=NO_PID_WATCH)(watches_in_task)
+        worker, ids = ray.get(task.remote(others))
         assert worker != ray.get_runtime_context().get_worker_id()
         assert len(set(ids)) == 1 and ids[0] != its[0]._reader._actor_id.hex()
         for it in its:
@@ -82,7 +95,7 @@ def test_one_ranks_end_releases_only_that_rank(ray_session, tmp_path):
     loader = make_loader(write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False)
     try:
         its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-        ray.get(its[1]._reader.stop.remote(its[1]._watch_key))  # as if rank 1's process died
+        ray.get(its[1]._reader.end_watch.remote(its[1]._watch_key))  # as if rank 1's process died
         (lost,) = wait_for_lost_ranks(loader, 1)
         assert (lost["dp_rank"], lost["reason"]) == (1, "reader died")
         wait_until(lambda: its[0]._watch_key in watched_keys(its[0]._reader), "rank 0's watch")
@@ -151,7 +164,7 @@ def test_an_unused_watch_ends_and_a_later_iterator_gets_a_new_one(ray_session, t
         make_loader(path, namespace=namespace),
     ]
     try:
-        task = ray.remote(num_cpus=0)(released_watch_in_task)
+        task = ray.remote(num_cpus=0, runtime_env=NO_PID_WATCH)(released_watch_in_task)
         found = ray.get(task.remote(loaders, 0.2))
         first, second = found["names"]
         assert first != second and first.rsplit("-", 1)[0] == second.rsplit("-", 1)[0]

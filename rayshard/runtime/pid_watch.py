@@ -1,0 +1,116 @@
+"""Watching a process of this node by its pid: how the coordinator watches the ranks that
+read in their own consumer process on its node, with no `RankWatch` actor for them.
+
+A process is named by a token, `pid:<node id>:<pid>:<start>`, where `<start>` is its start
+time in clock ticks since boot (`/proc/<pid>/stat`): a pid the system gave again later
+names another process, with another start. `exited(token)` waits on a pidfd (Linux 5.3
+and later), which becomes readable when the process ends, so an event loop waits for
+many processes with no thread and no polling. Where pidfds are missing (another system,
+an older kernel, a sandbox that refuses the call), where the process is not visible
+(another node, another pid namespace) or where `RAYSHARD_WATCH_BY_PID=0`, a process's
+ranks are watched through its `RankWatch` actor instead (`rayshard.runtime.process_watch`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import os
+
+PREFIX = "pid:"
+ENABLE_VARIABLE = "RAYSHARD_WATCH_BY_PID"
+
+
+@dataclasses.dataclass(frozen=True)
+class Watched:
+    """The process a token names."""
+
+    node: str
+    pid: int
+    start: int
+
+
+def start_ticks(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot; None if there is none (or
+    no `/proc`)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # Fields after the command (which may hold spaces and parentheses) start at field 3;
+    # the start time is field 22.
+    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+
+
+@functools.cache
+def pidfds_work() -> bool:
+    """Whether this system opens pidfds (asked once per process)."""
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except (AttributeError, OSError):
+        return False
+    os.close(fd)
+    return True
+
+
+def enabled() -> bool:
+    """Whether watching by pid is on here (`RAYSHARD_WATCH_BY_PID`, default on)."""
+    return os.environ.get(ENABLE_VARIABLE, "1").strip().lower() not in {"0", "false", "no"}
+
+
+def token_here(node_id: str) -> str | None:
+    """The token of this process on node `node_id`, or None where it cannot be watched
+    by pid (see the module docstring)."""
+    if not enabled() or not pidfds_work():
+        return None
+    pid = os.getpid()
+    start = start_ticks(pid)
+    return None if start is None else f"{PREFIX}{node_id}:{pid}:{start}"
+
+
+def is_token(watch: str | None) -> bool:
+    """Whether a rank's `watch` names a process (else a `RankWatch` actor, or nothing)."""
+    return bool(watch) and watch.startswith(PREFIX)
+
+
+def parse(token: str) -> Watched:
+    """The process `token` names; a `ValueError` for anything that is not a token."""
+    parts = token.removeprefix(PREFIX).rsplit(":", 2) if is_token(token) else []
+    if len(parts) != 3 or not parts[0]:
+        raise ValueError(f"not a process token: {token!r}")
+    return Watched(parts[0], int(parts[1]), int(parts[2]))
+
+
+def visible(token: str, node_id: str) -> bool:
+    """Whether a process of node `node_id` can watch the process of `token`: it is of the
+    same node, alive, the same process (its start time) and pidfds work here."""
+    watched = parse(token)
+    return watched.node == node_id and pidfds_work() and start_ticks(watched.pid) == watched.start
+
+
+async def exited(token: str) -> None:
+    """Return once the process of `token` has ended: at once if it already has, or if its
+    pid names another process now."""
+    watched = parse(token)
+    try:
+        fd = os.pidfd_open(watched.pid)
+    except OSError:  # no such process: it ended, and its parent reaped it
+        return
+    try:
+        # Checked with the pidfd open: the pid cannot be given to another process now.
+        if start_ticks(watched.pid) != watched.start:
+            return
+        loop = asyncio.get_running_loop()
+        ended = loop.create_future()
+        loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+        try:
+            await ended
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+
+
+__all__ = ["ENABLE_VARIABLE", "Watched", "enabled", "exited", "is_token", "token_here", "visible"]

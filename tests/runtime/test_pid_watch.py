@@ -1,0 +1,176 @@
+"""A rank that reads in a process on the coordinator's node is watched through that
+process's pid (`rayshard.runtime.pid_watch`): no `RankWatch` actor is started for it,
+its process's death (a real SIGKILL) releases its rank to the others, closing or dropping
+its iterator ends the watch, a restarted coordinator watches it again, and a process the
+coordinator cannot see gets a `RankWatch` (`tests/runtime/test_process_watch.py`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+import pytest
+import ray
+
+from rayshard.loader import Loader
+from rayshard.runtime import pid_watch
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import real_ids, unique_name, write_parquet
+from tests.timeouts import EVENT_TIMEOUT_S, wait_until
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(not pid_watch.pidfds_work(), reason="no pidfds on this system"),
+]
+
+ROWS = [40, 35, 26]  # 101 rows, row groups of 7
+
+
+def make_loader(path: str, **options) -> Loader:
+    return Loader(ParquetSource(path), name=unique_name("pid"), batch_size=8, **options)
+
+
+def lost_ranks(loader: Loader) -> list[tuple[int, str]]:
+    return [
+        (e["dp_rank"], e["reason"]) for e in loader.stats()["events"] if e["event"] == "rank_lost"
+    ]
+
+
+def watch_actors(namespace: str) -> set[str]:
+    """The `RankWatch` actors in `namespace` (an earlier test's may still be there, unused:
+    `process_watch.IDLE_RELEASE_S`)."""
+    return {
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == namespace and a["name"].startswith("rayshard-watch-")
+    }
+
+
+@ray.remote(num_cpus=0)
+class RankProcess:
+    """A consumer process of its own, reading for one rank."""
+
+    def __init__(self, loader: Loader, rank: int, world: int) -> None:
+        self.it = loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
+        self.batches = iter(self.it)
+
+    def take(self, count: int) -> dict:
+        """`count` batches' real ids, acknowledged; this process's pid and what watches it."""
+        ids = real_ids([next(self.batches) for _ in range(count)])
+        self.it._acks.flush(wait=True)
+        return {"ids": ids, "pid": os.getpid(), "watch": self.it._reader._actor_id.hex()}
+
+
+def test_ranks_of_the_coordinators_node_are_watched_by_pid_with_no_watch_actor(
+    ray_session, tmp_path
+):
+    loader = make_loader(write_parquet(tmp_path, ROWS))
+    before = watch_actors(loader.namespace)
+    try:
+        its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+        assert all(it._local is not None for it in its)  # each reads in this process
+        coordinator = loader._coordinator._actor_id
+        assert all(it._reader._actor_id == coordinator for it in its)
+        stats = loader.stats()
+        assert (stats["readers"], stats["watched_by_pid"]) == (2, 2)
+        assert ray.get(loader._coordinator.shared_watches.remote()) == []
+        assert watch_actors(loader.namespace) <= before  # none started
+        ids = real_ids(its[0]) + real_ids(its[1])
+        assert Counter(ids) == Counter(range(101))
+        for it in its:
+            it.close()  # leaves, and ends its watch
+        wait_until(lambda: loader.stats()["watched_by_pid"] == 0, "the watches' ends")
+        assert lost_ranks(loader) == [(0, "left"), (1, "left")]  # not taken for deaths
+    finally:
+        loader.shutdown()
+
+
+def test_a_killed_consumer_process_releases_its_rank_to_the_others(ray_session, tmp_path):
+    """Rank 1 reads in a process of its own, which is killed (SIGKILL) mid-epoch: the
+    coordinator sees the process end through its pidfd and hands rank 1's unacknowledged
+    rows to rank 0; every row is received once."""
+    loader = make_loader(
+        write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
+    )
+    before = watch_actors(loader.namespace)
+    try:
+        survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+        victim = RankProcess.remote(loader, 1, 2)
+        taken = ray.get(victim.take.remote(2), timeout=EVENT_TIMEOUT_S)
+        assert taken["watch"] == loader._coordinator._actor_id.hex()
+        assert loader.stats()["watched_by_pid"] == 2
+        assert watch_actors(loader.namespace) <= before  # none started, here or there
+        os.kill(taken["pid"], signal.SIGKILL)
+        wait_until(lambda: lost_ranks(loader), "the killed process's rank to be lost")
+        assert lost_ranks(loader) == [(1, "reader died")]
+        ids = real_ids(survivor)
+        assert Counter(ids + taken["ids"]) == Counter(range(101))
+    finally:
+        loader.shutdown()
+
+
+def test_a_dropped_iterator_ends_its_watch_and_its_rank_goes_to_the_others(ray_session, tmp_path):
+    import gc
+
+    loader = make_loader(
+        write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
+    )
+    try:
+        survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+        dropped = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
+        taken = real_ids([next(iter(dropped))])
+        dropped._acks.flush(wait=True)
+        del dropped
+        gc.collect()  # its finalizer ends the key's watch: this process lives on
+        wait_until(lambda: lost_ranks(loader), "the dropped rank's release")
+        assert lost_ranks(loader) == [(1, "reader died")]
+        assert loader.stats()["watched_by_pid"] == 1
+        assert Counter(real_ids(survivor) + taken) == Counter(range(101))
+    finally:
+        loader.shutdown()
+
+
+def test_a_restarted_coordinator_watches_the_processes_again(ray_session, tmp_path):
+    loader = make_loader(write_parquet(tmp_path, ROWS))
+    try:
+        its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+        reading = [iter(it) for it in its]
+        first = [next(batches) for batches in reading]
+        ray.kill(loader._coordinator, no_restart=False)  # Ray restarts it from its journal
+        ray.get(loader._coordinator.ping.remote(), timeout=EVENT_TIMEOUT_S)  # watches again
+        stats = loader.stats()
+        assert "coordinator_restarted" in [e["event"] for e in stats["events"]]
+        assert stats["watched_by_pid"] == 2 and lost_ranks(loader) == []
+        ids = real_ids(first) + real_ids(reading[0]) + real_ids(reading[1])
+        assert Counter(ids) == Counter(range(101))
+        assert lost_ranks(loader) == []
+    finally:
+        loader.shutdown()
+
+
+def test_a_process_the_coordinator_cannot_see_gets_a_watch_actor(
+    ray_session, tmp_path, monkeypatch
+):
+    """A token naming another node (as a process there would send) is refused, nothing
+    attached; the iterator then starts its process's `RankWatch`, and reads as before."""
+    loader = make_loader(write_parquet(tmp_path, ROWS))
+    elsewhere = pid_watch.token_here("b" * 56)
+    watched = pid_watch.parse(elsewhere)
+    stale = f"pid:{ray.get_runtime_context().get_node_id()}:{watched.pid}:{watched.start + 1}"
+    try:
+        for token in (elsewhere, stale):
+            attach = loader._coordinator.attach_reader.remote(0, 0, "reader-x", token)
+            assert ray.get(attach) is False
+        assert loader.stats()["readers"] == 0
+        monkeypatch.setattr(pid_watch, "token_here", lambda node: elsewhere)
+        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        assert it._reader._actor_id != loader._coordinator._actor_id
+        kind = ray.get(it._reader.__ray_call__.remote(lambda self: type(self).__name__))
+        assert kind == "RankWatch"
+        stats = loader.stats()
+        assert (stats["readers"], stats["watched_by_pid"]) == (1, 0)
+        assert sorted(real_ids(it)) == list(range(101))
+        it.close()
+    finally:
+        loader.shutdown()

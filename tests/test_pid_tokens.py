@@ -1,0 +1,142 @@
+"""Watching a process by its pid (`rayshard.runtime.pid_watch`) and the coordinator's
+watches over such processes (`ReaderWatches`), without Ray: real child processes that
+sleep, are killed, become zombies and are reaped."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rayshard.runtime import pid_watch
+from rayshard.runtime.reader_watches import ReaderWatches
+from tests.timeouts import EVENT_TIMEOUT_S
+
+pytestmark = pytest.mark.skipif(not pid_watch.pidfds_work(), reason="no pidfds on this system")
+
+NODE = "a" * 56  # a node id's length
+
+
+def sleeper() -> subprocess.Popen:
+    """A child process that lives until it is killed."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+
+
+def token_of(process: subprocess.Popen, node: str = NODE) -> str:
+    return f"pid:{node}:{process.pid}:{pid_watch.start_ticks(process.pid)}"
+
+
+async def still_waiting(awaitable: asyncio.Future) -> bool:
+    """Whether `awaitable` is still waiting after the loop ran a while (it is not one
+    that can end by itself: its process sleeps for an hour)."""
+    await asyncio.sleep(0.05)
+    return not awaitable.done()
+
+
+def test_a_token_names_this_process_and_its_start():
+    token = pid_watch.token_here(NODE)
+    watched = pid_watch.parse(token)
+    assert watched == pid_watch.Watched(NODE, os.getpid(), pid_watch.start_ticks(os.getpid()))
+    assert pid_watch.is_token(token) and not pid_watch.is_token("rayshard-watch-1-0")
+    assert not pid_watch.is_token("") and not pid_watch.is_token(None)
+    assert pid_watch.visible(token, NODE)
+    assert not pid_watch.visible(token, "b" * 56)  # another node's process
+    stale = f"pid:{NODE}:{watched.pid}:{watched.start + 1}"  # the pid given to another
+    assert not pid_watch.visible(stale, NODE)
+
+
+@pytest.mark.parametrize("value", ["0", "false", "no"])
+def test_watching_by_pid_can_be_turned_off(monkeypatch, value):
+    monkeypatch.setenv(pid_watch.ENABLE_VARIABLE, value)
+    assert pid_watch.token_here(NODE) is None
+    monkeypatch.setenv(pid_watch.ENABLE_VARIABLE, "1")
+    assert pid_watch.token_here(NODE) is not None
+
+
+@pytest.mark.parametrize("bad", ["pid:", "pid:n:1", "pid::1:2", "rayshard-watch-1", "pid:n:x:2"])
+def test_what_is_not_a_token_is_refused(bad):
+    with pytest.raises(ValueError):
+        pid_watch.parse(bad)
+
+
+def test_exited_returns_when_the_process_dies_even_before_it_is_reaped():
+    process = sleeper()
+    token = token_of(process)
+
+    async def run() -> None:
+        ended = asyncio.ensure_future(pid_watch.exited(token))
+        assert await still_waiting(ended)
+        process.kill()  # a zombie until `wait()` below: it has ended all the same
+        await asyncio.wait_for(ended, EVENT_TIMEOUT_S)
+
+    try:
+        asyncio.run(run())
+        assert process.poll() is not None  # reaped only now
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_exited_returns_at_once_for_a_reaped_pid_or_a_pid_of_another_process():
+    process = sleeper()
+    token = token_of(process)
+    alive = pid_watch.token_here(NODE)
+    watched = pid_watch.parse(alive)
+    stale = f"pid:{NODE}:{watched.pid}:{watched.start + 1}"  # this pid, another start
+    process.kill()
+    process.wait()
+
+    async def run() -> None:
+        await asyncio.wait_for(pid_watch.exited(token), EVENT_TIMEOUT_S)
+        await asyncio.wait_for(pid_watch.exited(stale), EVENT_TIMEOUT_S)
+
+    asyncio.run(run())
+
+
+def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
+    """The coordinator's side: each key watched by pid ends once, at its process's
+    death or at `end(key)` (also one that came first), and ends no other key."""
+    processes = [sleeper(), sleeper()]
+    ended: list[tuple[int, str]] = []
+
+    async def on_end(dp_rank: int, name: str) -> None:
+        ended.append((dp_rank, name))
+
+    async def run() -> None:
+        watches = ReaderWatches("namespace", on_end)
+        watches.end("early")  # released before it was watched: ends at once
+        watches.watch(0, "a", token_of(processes[0]))
+        watches.watch(1, "b", token_of(processes[1]))
+        watches.watch(2, "c", token_of(processes[1]))  # another key of that process
+        watches.watch(3, "early", token_of(processes[1]))
+        watches.watch(0, "a", token_of(processes[0]))  # once per key
+        await wait_for(lambda: ended == [(3, "early")])
+        assert watches.watching() == 3
+        assert watches.shared_keys() == []  # nothing for `Loader.shutdown` to release
+        assert watches.actors({"a", "b", "c", "early", "reader-9"}) == ["reader-9"]
+        processes[0].kill()
+        await wait_for(lambda: ended[1:] == [(0, "a")])
+        watches.end("c")
+        await wait_for(lambda: ended[2:] == [(2, "c")])
+        assert watches.watching() == 1  # "b": its process lives on, its watch too
+        assert len(ended) == 3
+
+    try:
+        asyncio.run(run())
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+async def wait_for(condition, timeout_s: float = EVENT_TIMEOUT_S) -> None:
+    """Let the loop run until `condition()` holds."""
+
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.005)
+
+    await asyncio.wait_for(poll(), timeout_s)
