@@ -5,6 +5,7 @@ sleep, are killed, become zombies and are reaped."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -26,7 +27,15 @@ def sleeper() -> subprocess.Popen:
 
 
 def token_of(process: subprocess.Popen, node: str = NODE) -> str:
-    return f"pid:{node}:{process.pid}:{pid_watch.start_ticks(process.pid)}"
+    """The token the child would send (it shares this process's pid namespace)."""
+    start = pid_watch.start_ticks(process.pid)
+    return f"pid:{node}:{pid_watch.pid_namespace()}:{process.pid}:{start}"
+
+
+def token_with(watched: pid_watch.Watched, **changes) -> str:
+    """A token of `watched`, some of its parts changed."""
+    parts = {**dataclasses.asdict(watched), **changes}
+    return "pid:{node}:{namespace}:{pid}:{start}".format(**parts)
 
 
 async def still_waiting(awaitable: asyncio.Future) -> bool:
@@ -39,13 +48,17 @@ async def still_waiting(awaitable: asyncio.Future) -> bool:
 def test_a_token_names_this_process_and_its_start():
     token = pid_watch.token_here(NODE)
     watched = pid_watch.parse(token)
-    assert watched == pid_watch.Watched(NODE, os.getpid(), pid_watch.start_ticks(os.getpid()))
+    start = pid_watch.start_ticks(os.getpid())
+    assert watched == pid_watch.Watched(NODE, pid_watch.pid_namespace(), os.getpid(), start)
+    assert token_with(watched) == token
     assert pid_watch.is_token(token) and not pid_watch.is_token("rayshard-watch-1-0")
     assert not pid_watch.is_token("") and not pid_watch.is_token(None)
     assert pid_watch.visible(token, NODE)
     assert not pid_watch.visible(token, "b" * 56)  # another node's process
-    stale = f"pid:{NODE}:{watched.pid}:{watched.start + 1}"  # the pid given to another
+    stale = token_with(watched, start=watched.start + 1)  # the pid given to another
     assert not pid_watch.visible(stale, NODE)
+    contained = token_with(watched, namespace=watched.namespace + 1)  # another pid namespace
+    assert not pid_watch.visible(contained, NODE)
 
 
 @pytest.mark.parametrize("value", ["0", "false", "no"])
@@ -56,7 +69,9 @@ def test_watching_by_pid_can_be_turned_off(monkeypatch, value):
     assert pid_watch.token_here(NODE) is not None
 
 
-@pytest.mark.parametrize("bad", ["pid:", "pid:n:1", "pid::1:2", "rayshard-watch-1", "pid:n:x:2"])
+@pytest.mark.parametrize(
+    "bad", ["pid:", "pid:n:1:2", "pid::3:1:2", "rayshard-watch-1", "pid:n:3:x:2", "n:3:1:2"]
+)
 def test_what_is_not_a_token_is_refused(bad):
     with pytest.raises(ValueError):
         pid_watch.parse(bad)
@@ -85,7 +100,7 @@ def test_exited_returns_at_once_for_a_reaped_pid_or_a_pid_of_another_process():
     token = token_of(process)
     alive = pid_watch.token_here(NODE)
     watched = pid_watch.parse(alive)
-    stale = f"pid:{NODE}:{watched.pid}:{watched.start + 1}"  # this pid, another start
+    stale = token_with(watched, start=watched.start + 1)  # this pid, another start
     process.kill()
     process.wait()
 

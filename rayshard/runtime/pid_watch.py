@@ -1,9 +1,11 @@
 """Watching a process of this node by its pid: how the coordinator watches the ranks that
 read in their own consumer process on its node, with no `RankWatch` actor for them.
 
-A process is named by a token, `pid:<node id>:<pid>:<start>`, where `<start>` is its start
-time in clock ticks since boot (`/proc/<pid>/stat`): a pid the system gave again later
-names another process, with another start. `exited(token)` waits on a pidfd (Linux 5.3
+A process is named by a token, `pid:<node id>:<pid namespace>:<pid>:<start>`: the node's
+Ray id, the inode of the process's pid namespace (a process in a container of its own
+has pids the watcher's do not mean), its pid, and its start time in clock ticks since
+boot (`/proc/<pid>/stat`): a pid the system gave again later names another process,
+with another start. `exited(token)` waits on a pidfd (Linux 5.3
 and later), which becomes readable when the process ends, so an event loop waits for
 many processes with no thread and no polling. Where pidfds are missing (another system,
 an older kernel, a sandbox that refuses the call), where the process is not visible
@@ -27,8 +29,17 @@ class Watched:
     """The process a token names."""
 
     node: str
+    namespace: int
     pid: int
     start: int
+
+
+def pid_namespace() -> int | None:
+    """The inode of this process's pid namespace; None if it cannot be read."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def start_ticks(pid: int) -> int | None:
@@ -65,9 +76,11 @@ def token_here(node_id: str) -> str | None:
     by pid (see the module docstring)."""
     if not enabled() or not pidfds_work():
         return None
-    pid = os.getpid()
+    pid, namespace = os.getpid(), pid_namespace()
     start = start_ticks(pid)
-    return None if start is None else f"{PREFIX}{node_id}:{pid}:{start}"
+    if start is None or namespace is None:
+        return None
+    return f"{PREFIX}{node_id}:{namespace}:{pid}:{start}"
 
 
 def is_token(watch: str | None) -> bool:
@@ -77,17 +90,22 @@ def is_token(watch: str | None) -> bool:
 
 def parse(token: str) -> Watched:
     """The process `token` names; a `ValueError` for anything that is not a token."""
-    parts = token.removeprefix(PREFIX).rsplit(":", 2) if is_token(token) else []
-    if len(parts) != 3 or not parts[0]:
+    parts = token.removeprefix(PREFIX).rsplit(":", 3) if is_token(token) else []
+    if len(parts) != 4 or not parts[0]:
         raise ValueError(f"not a process token: {token!r}")
-    return Watched(parts[0], int(parts[1]), int(parts[2]))
+    return Watched(parts[0], *(int(part) for part in parts[1:]))
 
 
 def visible(token: str, node_id: str) -> bool:
     """Whether a process of node `node_id` can watch the process of `token`: it is of the
-    same node, alive, the same process (its start time) and pidfds work here."""
+    same node and pid namespace, alive, the same process (its start time), and pidfds
+    work here."""
     watched = parse(token)
-    return watched.node == node_id and pidfds_work() and start_ticks(watched.pid) == watched.start
+    return (
+        (watched.node, watched.namespace) == (node_id, pid_namespace())
+        and pidfds_work()
+        and start_ticks(watched.pid) == watched.start
+    )
 
 
 async def exited(token: str) -> None:

@@ -157,7 +157,8 @@ def test_a_process_the_coordinator_cannot_see_gets_a_watch_actor(
     loader = make_loader(write_parquet(tmp_path, ROWS))
     elsewhere = pid_watch.token_here("b" * 56)
     watched = pid_watch.parse(elsewhere)
-    stale = f"pid:{ray.get_runtime_context().get_node_id()}:{watched.pid}:{watched.start + 1}"
+    here = ray.get_runtime_context().get_node_id()
+    stale = f"pid:{here}:{watched.namespace}:{watched.pid}:{watched.start + 1}"
     try:
         for token in (elsewhere, stale):
             attach = loader._coordinator.attach_reader.remote(0, 0, "reader-x", token)
