@@ -56,6 +56,16 @@ class Recorder(Trainer):
         self.seen.append((epoch, row_ids(inputs)))
         return super().training_step(model, inputs, num_items_in_batch)
 
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """Then wait for the other emulated processes, as real ones wait for each other
+        where `accelerator.prepare` wraps the model in DDP (a collective), between the
+        Trainer's `len()` of the epoch and its first `set_epoch()`: that restores the
+        checkpoint's state, a new generation, and a process still before its `len()`
+        would ask it as a client of the older one (a `StaleClientError`, seen once in
+        five runs of `pytest -n 2 tests/frameworks` here)."""
+        super().create_optimizer_and_scheduler(num_training_steps)
+        self.accelerator.wait_for_everyone()
+
     # transformers loads the RNG file inside torch's `safe_globals()`, which adds its
     # allowed globals on entry and removes them on exit, for the whole process: one
     # thread's exit took them away under the other's `torch.load` (an UnpicklingError
