@@ -110,23 +110,32 @@ def test_a_killed_consumer_process_releases_its_rank_to_the_others(ray_session, 
         loader.shutdown()
 
 
-def test_a_dropped_iterator_ends_its_watch_and_its_rank_goes_to_the_others(ray_session, tmp_path):
+@pytest.mark.parametrize("by_pid", [True, False])
+def test_a_dropped_iterator_ends_its_watch_and_its_rank_goes_to_the_others(
+    ray_session, tmp_path, monkeypatch, by_pid
+):
+    """Its finalizer ends the rank's watch while the process lives on: the coordinator's
+    pid watch of it, or (`by_pid=False`, as on another node) its key in the process's
+    `RankWatch`."""
     import gc
 
+    monkeypatch.setenv(pid_watch.ENABLE_VARIABLE, "1" if by_pid else "0")
     loader = make_loader(
         write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
     )
     try:
         survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
         dropped = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
+        assert loader.stats()["watched_by_pid"] == (2 if by_pid else 0)
         taken = real_ids([next(iter(dropped))])
-        dropped._acks.flush(wait=True)
+        dropped._acks.flush(wait=True)  # what it received is acknowledged, not requeued
         del dropped
-        gc.collect()  # its finalizer ends the key's watch: this process lives on
+        gc.collect()
         wait_until(lambda: lost_ranks(loader), "the dropped rank's release")
         assert lost_ranks(loader) == [(1, "reader died")]
-        assert loader.stats()["watched_by_pid"] == 1
-        assert Counter(real_ids(survivor) + taken) == Counter(range(101))
+        assert loader.stats()["watched_by_pid"] == (1 if by_pid else 0)
+        ids = real_ids(survivor)
+        assert Counter(ids + taken) == Counter(range(101)), "rows of the dropped rank were lost"
     finally:
         loader.shutdown()
 

@@ -105,25 +105,6 @@ def test_one_ranks_end_releases_only_that_rank(ray_session, tmp_path):
         loader.shutdown()
 
 
-def test_a_dropped_iterator_releases_its_rank_to_the_others(ray_session, tmp_path):
-    loader = make_loader(
-        write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
-    )
-    try:
-        survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
-        dropped = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
-        taken = real_ids([next(iter(dropped))])
-        dropped._acks.flush(wait=True)  # what it received is acknowledged, not requeued
-        del dropped
-        gc.collect()
-        (lost,) = wait_for_lost_ranks(loader, 1)
-        assert lost["dp_rank"] == 1
-        ids = real_ids(survivor)
-        assert sorted(ids + taken) == list(range(101)), "rows of the dropped rank were lost"
-    finally:
-        loader.shutdown()
-
-
 def test_an_earlier_loaders_iterator_dropped_late_leaves_a_new_loader_of_its_name_alone(
     ray_session, tmp_path
 ):
