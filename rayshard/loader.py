@@ -259,8 +259,9 @@ class Loader:
         """Membership, progress, dynamic leases, what every rank's consumers received
         (batches, samples, bytes, stall seconds), how every `dynamic` rank leased (calls,
         paced calls, rows, seconds its reading waited for answers), the waits held at an
-        epoch's end (`waits_held`) and events (ranks lost or joined, coordinator
-        restarts), as the coordinator sees them."""
+        epoch's end (`waits_held`), the ranks watched by their process's pid
+        (`watched_by_pid`) and events (ranks lost or joined, coordinator restarts), as the
+        coordinator sees them."""
         return ray.get(self._coordinator.describe.remote())
 
     def shutdown(self) -> None:
