@@ -111,6 +111,39 @@ def test_exited_returns_at_once_for_a_reaped_pid_or_a_pid_of_another_process():
     asyncio.run(run())
 
 
+def test_without_a_descriptor_exited_polls_and_never_takes_a_live_process_for_dead(
+    monkeypatch,
+):
+    """An error of the watcher's own (here: no file descriptor left for a pidfd, nor for
+    reading `/proc` at first) says nothing of the process: it is watched by polling."""
+    import errno
+
+    process = sleeper()
+    token = token_of(process)
+    real_open = open
+
+    def no_descriptor(*args, **kwargs):
+        raise OSError(errno.EMFILE, "Too many open files")
+
+    monkeypatch.setattr(pid_watch.os, "pidfd_open", no_descriptor)
+    monkeypatch.setattr(pid_watch, "POLL_S", 0.01)
+
+    async def run() -> None:
+        monkeypatch.setattr("builtins.open", no_descriptor)
+        ended = asyncio.ensure_future(pid_watch.exited(token))
+        assert await still_waiting(ended)
+        monkeypatch.setattr("builtins.open", real_open)
+        assert await still_waiting(ended)
+        process.kill()
+        await asyncio.wait_for(ended, EVENT_TIMEOUT_S)
+
+    try:
+        asyncio.run(run())
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
     """The coordinator's side: each key watched by pid ends once, at its process's
     death or at `end(key)` (also one that came first), and ends no other key."""
@@ -134,8 +167,10 @@ def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
         assert watches.actors({"a", "b", "c", "early", "reader-9"}) == ["reader-9"]
         processes[0].kill()
         await wait_for(lambda: ended[1:] == [(0, "a")])
-        watches.end("c")
+        assert watches.end("c") == 2  # its rank, for the coordinator to record at once
         await wait_for(lambda: ended[2:] == [(2, "c")])
+        assert watches.end("c") is None and watches.end("a") is None  # already ended
+        assert set(watches._ended) == {"b"}  # ended keys keep nothing
         assert watches.watching() == 1  # "b": its process lives on, its watch too
         assert len(ended) == 3
 

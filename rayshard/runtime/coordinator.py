@@ -102,8 +102,9 @@ class Coordinator:
         return True
 
     async def end_watch(self, key: str) -> None:
-        """A pid-watched rank's iterator closed or was dropped: as `RankWatch.end_watch`."""
-        self._watches.end(key)
+        """`RankWatch.end_watch` of a pid-watched rank: its loss journaled before returning."""
+        if (dp_rank := self._watches.end(key)) is not None:
+            await self._reader_ended(dp_rank, key)
 
     async def leave(self, generation: int, dp_rank: int, reader: str = "") -> None:
         """A rank leaves gracefully: its unfinished leases go back to the queue. A worker
@@ -252,8 +253,7 @@ class Coordinator:
         return True
 
     async def trace(self, enable: bool = True) -> list:
-        """Record every lease and rank loss with its wall time from now on (`enable`), or
-        stop; returns what was recorded so far (for the elastic benchmark)."""
+        """Record leases and rank losses from now on (`enable`), or stop; returns those so far."""
         recorded = list(self._trace or [])
         self._trace = [] if enable else None
         return recorded

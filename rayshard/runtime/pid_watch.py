@@ -43,16 +43,22 @@ def pid_namespace() -> int | None:
 
 
 def start_ticks(pid: int) -> int | None:
-    """When process `pid` started, in clock ticks since boot; None if there is none (or
-    no `/proc`)."""
+    """When process `pid` started, in clock ticks since boot; None if there is none. An
+    `OSError` where `/proc` cannot be read (no `/proc`, out of file descriptors)."""
+    stat = _stat(pid)
+    return None if stat is None else int(stat[19])
+
+
+def _stat(pid: int) -> list[bytes] | None:
+    """The fields of `/proc/<pid>/stat` from field 3 (the state) on; None if no process
+    has that pid."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
-    except OSError:
+    except (FileNotFoundError, ProcessLookupError):
         return None
-    # Fields after the command (which may hold spaces and parentheses) start at field 3;
-    # the start time is field 22.
-    return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    # The command before them may hold spaces and parentheses: split after its last ")".
+    return stat[stat.rindex(b")") + 2 :].split()
 
 
 @functools.cache
@@ -77,7 +83,10 @@ def token_here(node_id: str) -> str | None:
     if not enabled() or not pidfds_work():
         return None
     pid, namespace = os.getpid(), pid_namespace()
-    start = start_ticks(pid)
+    try:
+        start = start_ticks(pid)
+    except OSError:
+        return None
     if start is None or namespace is None:
         return None
     return f"{PREFIX}{node_id}:{namespace}:{pid}:{start}"
@@ -101,24 +110,30 @@ def visible(token: str, node_id: str) -> bool:
     same node and pid namespace, alive, the same process (its start time), and pidfds
     work here."""
     watched = parse(token)
-    return (
-        (watched.node, watched.namespace) == (node_id, pid_namespace())
-        and pidfds_work()
-        and start_ticks(watched.pid) == watched.start
-    )
+    if (watched.node, watched.namespace) != (node_id, pid_namespace()) or not pidfds_work():
+        return False
+    try:
+        return start_ticks(watched.pid) == watched.start
+    except OSError:
+        return False
 
 
 async def exited(token: str) -> None:
     """Return once the process of `token` has ended: at once if it already has, or if its
-    pid names another process now."""
+    pid names another process now. Never on an error of this process's own (no file
+    descriptor left, say): a live process taken for dead would have its work served
+    twice. Without a pidfd it polls `/proc` every `POLL_S`."""
     watched = parse(token)
     try:
         fd = os.pidfd_open(watched.pid)
-    except OSError:  # no such process: it ended, and its parent reaped it
+    except ProcessLookupError:  # no such process: it ended, and its parent reaped it
+        return
+    except OSError:  # out of descriptors, or refused: watch the slow way
+        await _polled_exit(watched)
         return
     try:
-        # Checked with the pidfd open: the pid cannot be given to another process now.
-        if start_ticks(watched.pid) != watched.start:
+        # With the pidfd open: if the pid names another process now, ours ended before.
+        if _other_process(watched):
             return
         loop = asyncio.get_running_loop()
         ended = loop.create_future()
@@ -129,6 +144,34 @@ async def exited(token: str) -> None:
             loop.remove_reader(fd)
     finally:
         os.close(fd)
+
+
+POLL_S = 1.0  # how often `exited` looks at `/proc` when it has no pidfd
+
+
+def _other_process(watched: Watched) -> bool:
+    """Whether the pid of `watched` names no process, or another one, now; False when
+    `/proc` cannot be read (an error here says nothing of that process)."""
+    try:
+        return start_ticks(watched.pid) != watched.start
+    except OSError:
+        return False
+
+
+def _ended(watched: Watched) -> bool:
+    """`_other_process`, or the process ended and its parent has not reaped it yet (a
+    zombie, state Z, or dead, X)."""
+    try:
+        stat = _stat(watched.pid)
+    except OSError:
+        return False
+    return stat is None or int(stat[19]) != watched.start or stat[0] in (b"Z", b"X")
+
+
+async def _polled_exit(watched: Watched) -> None:
+    """Return once the process of `watched` has ended, polling `/proc`."""
+    while not _ended(watched):
+        await asyncio.sleep(POLL_S)
 
 
 __all__ = ["ENABLE_VARIABLE", "Watched", "enabled", "exited", "is_token", "token_here", "visible"]

@@ -10,12 +10,15 @@ waits for the end, of the actor, the process or the key, and reports it once.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import ray
 
 from rayshard.runtime import pid_watch
+
+log = logging.getLogger(__name__)
 
 
 class ReaderWatches:
@@ -27,6 +30,7 @@ class ReaderWatches:
         self._tasks: dict[str, Any] = {}  # reader name -> the task that watches it
         self._shared: dict[str, str] = {}  # reader name -> the process's watch that has it
         self._ended: dict[str, asyncio.Event] = {}  # pid-watched keys: set by `end`
+        self._ranks: dict[str, int] = {}  # reader name -> its rank
 
     def can_watch(self, watch: str) -> bool:
         """Whether a rank's `watch` is one this coordinator can keep: a reader actor, a
@@ -40,6 +44,7 @@ class ReaderWatches:
         actor, or a process token); once per reader; call inside the event loop."""
         if name in self._tasks:
             return
+        self._ranks[name] = dp_rank
         if shared is not None:
             self._shared[name] = shared
 
@@ -57,10 +62,15 @@ class ReaderWatches:
 
         self._tasks[name] = asyncio.get_event_loop().create_task(watch())
 
-    def end(self, key: str) -> None:
+    def end(self, key: str) -> int | None:
         """The rank watched by its process under `key` left it (closed or dropped): end
-        that watch as a `RankWatch` ends a key (at once if it comes first)."""
+        that watch as a `RankWatch` ends a key (at once if it comes first). Returns the
+        rank of a key watched so, whose end the caller records at once (else None)."""
+        task = self._tasks.get(key)
+        if task is not None and task.done():
+            return None
         self._ended.setdefault(key, asyncio.Event()).set()
+        return self._ranks.get(key) if pid_watch.is_token(self._shared.get(key)) else None
 
     async def _process_or_key_end(self, key: str, token: str) -> None:
         """Return once the process of `token` ended or `end(key)` was called."""
@@ -69,10 +79,13 @@ class ReaderWatches:
             asyncio.ensure_future(self._ended.setdefault(key, asyncio.Event()).wait()),
         ]
         try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            if waits[0] in done and waits[0].exception() is not None:  # a bug: say so
+                log.warning("watching process %s failed: %r", token, waits[0].exception())
         finally:
             for wait in waits:
                 wait.cancel()
+            self._ended.pop(key, None)
 
     def actors(self, attached: set[str]) -> list[str]:
         """The reader actors among those watched and `attached` (not shared keys)."""

@@ -141,19 +141,28 @@ def test_a_dropped_iterator_ends_its_watch_and_its_rank_goes_to_the_others(
 
 
 def test_a_restarted_coordinator_watches_the_processes_again(ray_session, tmp_path):
-    loader = make_loader(write_parquet(tmp_path, ROWS))
+    """After a restart the coordinator watches the journal's processes by pid again: rank
+    1's process, SIGKILLed after it, is noticed, and rank 0 (this process) reads on."""
+    loader = make_loader(
+        write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
+    )
     try:
-        its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-        reading = [iter(it) for it in its]
-        first = [next(batches) for batches in reading]
+        survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+        reading = iter(survivor)
+        first = [next(reading)]
+        victim = RankProcess.remote(loader, 1, 2)
+        taken = ray.get(victim.take.remote(1), timeout=EVENT_TIMEOUT_S)
+        survivor._acks.flush(wait=True)
         ray.kill(loader._coordinator, no_restart=False)  # Ray restarts it from its journal
         ray.get(loader._coordinator.ping.remote(), timeout=EVENT_TIMEOUT_S)  # watches again
         stats = loader.stats()
         assert "coordinator_restarted" in [e["event"] for e in stats["events"]]
         assert stats["watched_by_pid"] == 2 and lost_ranks(loader) == []
-        ids = real_ids(first) + real_ids(reading[0]) + real_ids(reading[1])
-        assert Counter(ids) == Counter(range(101))
-        assert lost_ranks(loader) == []
+        os.kill(taken["pid"], signal.SIGKILL)
+        wait_until(lambda: lost_ranks(loader), "the killed process's rank to be lost")
+        assert lost_ranks(loader) == [(1, "reader died")]
+        ids = real_ids(first) + real_ids(reading)
+        assert Counter(ids + taken["ids"]) == Counter(range(101))
     finally:
         loader.shutdown()
 
