@@ -154,9 +154,13 @@ def test_a_restarted_coordinator_watches_the_processes_again(ray_session, tmp_pa
         taken = ray.get(victim.take.remote(1), timeout=EVENT_TIMEOUT_S)
         survivor._acks.flush(wait=True)
         ray.kill(loader._coordinator, no_restart=False)  # Ray restarts it from its journal
+        # (`ray.kill` is asynchronous: a call made at once may still reach the old one.)
+        wait_until(
+            lambda: "coordinator_restarted" in [e["event"] for e in loader.stats()["events"]],
+            "the coordinator's restart",
+        )
         ray.get(loader._coordinator.ping.remote(), timeout=EVENT_TIMEOUT_S)  # watches again
         stats = loader.stats()
-        assert "coordinator_restarted" in [e["event"] for e in stats["events"]]
         assert stats["watched_by_pid"] == 2 and lost_ranks(loader) == []
         os.kill(taken["pid"], signal.SIGKILL)
         wait_until(lambda: lost_ranks(loader), "the killed process's rank to be lost")
