@@ -5,12 +5,12 @@ A process is named by a token, `pid:<node id>:<pid namespace>:<pid>:<start>`: th
 Ray id, the inode of the process's pid namespace (a process in a container of its own
 has pids the watcher's do not mean), its pid, and its start time in clock ticks since
 boot (`/proc/<pid>/stat`): a pid the system gave again later names another process,
-with another start. `exited(token)` waits on a pidfd (Linux 5.3
-and later), which becomes readable when the process ends, so an event loop waits for
-many processes with no thread and no polling. Where pidfds are missing (another system,
-an older kernel, a sandbox that refuses the call), where the process is not visible
-(another node, another pid namespace) or where `RAYSHARD_WATCH_BY_PID=0`, a process's
-ranks are watched through its `RankWatch` actor instead (`rayshard.runtime.process_watch`).
+with another start. `exited(token)` waits on a pidfd (Linux 5.3 and later), which becomes
+readable when the process ends, so an event loop waits for many processes with no thread
+and no polling. Where pidfds are missing (another system, an older kernel, a sandbox that
+refuses the call), where the process is not visible (another node, another pid
+namespace) or where `RAYSHARD_WATCH_BY_PID=0`, a process's ranks are watched through its
+`RankWatch` actor instead (`rayshard.runtime.process_watch`).
 """
 
 from __future__ import annotations
@@ -174,4 +174,17 @@ async def _polled_exit(watched: Watched) -> None:
         await asyncio.sleep(POLL_S)
 
 
-__all__ = ["ENABLE_VARIABLE", "Watched", "enabled", "exited", "is_token", "token_here", "visible"]
+__all__ = [
+    "ENABLE_VARIABLE",
+    "POLL_S",
+    "Watched",
+    "enabled",
+    "exited",
+    "is_token",
+    "parse",
+    "pid_namespace",
+    "pidfds_work",
+    "start_ticks",
+    "token_here",
+    "visible",
+]
