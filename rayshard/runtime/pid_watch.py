@@ -132,8 +132,8 @@ async def exited(token: str) -> None:
         await _polled_exit(watched)
         return
     try:
-        # With the pidfd open: if the pid names another process now, ours ended before.
-        if _other_process(watched):
+        # With the pidfd open: ended already (a zombie, or its pid names another now)?
+        if _ended(watched):
             return
         loop = asyncio.get_running_loop()
         ended = loop.create_future()
@@ -149,18 +149,10 @@ async def exited(token: str) -> None:
 POLL_S = 1.0  # how often `exited` looks at `/proc` when it has no pidfd
 
 
-def _other_process(watched: Watched) -> bool:
-    """Whether the pid of `watched` names no process, or another one, now; False when
-    `/proc` cannot be read (an error here says nothing of that process)."""
-    try:
-        return start_ticks(watched.pid) != watched.start
-    except OSError:
-        return False
-
-
 def _ended(watched: Watched) -> bool:
-    """`_other_process`, or the process ended and its parent has not reaped it yet (a
-    zombie, state Z, or dead, X)."""
+    """Whether the process of `watched` ended: its pid names no process or another one,
+    or it is a zombie (state Z) or dead (X) its parent has not reaped yet; False when
+    `/proc` cannot be read (an error here says nothing of that process)."""
     try:
         stat = _stat(watched.pid)
     except OSError:
