@@ -162,7 +162,7 @@ def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
         watches.watch(3, "early", token_of(processes[1]))
         watches.watch(0, "a", token_of(processes[0]))  # once per key
         await wait_for(lambda: ended == [(3, "early")])
-        assert watches.watching() == 3
+        assert watches.counts()["watched_by_pid"] == 3
         assert watches.shared_keys() == []  # nothing for `Loader.shutdown` to release
         assert watches.actors({"a", "b", "c", "early", "reader-9"}) == ["reader-9"]
         processes[0].kill()
@@ -171,7 +171,7 @@ def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
         await wait_for(lambda: ended[2:] == [(2, "c")])
         assert watches.end("c") is None and watches.end("a") is None  # already ended
         assert set(watches._ended) == {"b"}  # ended keys keep nothing
-        assert watches.watching() == 1  # "b": its process lives on, its watch too
+        assert watches.counts()["watched_by_pid"] == 1  # "b": its process lives on, its watch too
         assert len(ended) == 3
 
     try:

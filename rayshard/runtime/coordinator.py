@@ -88,11 +88,11 @@ class Coordinator:
         self, generation: int, dp_rank: int, name: str, watch: str = ""
     ) -> bool:
         """A worker created (or found) the reader actor `name` of `dp_rank`, or reads for
-        the rank itself, watched as key `name` by `watch`: its process's watch actor, or
-        its pid (a `pid_watch` token; False, nothing attached: not a process of this node).
-        Attached even if the generation moved on since (another worker of a restarted
-        group restored the checkpoint; this worker's own restore then moves it on)."""
-        if not self._watches.can_watch(watch):
+        the rank itself, watched as key `name` by `watch`: its process's watch actor, or its
+        pid (a `pid_watch` token; False, nothing attached: a process neither this coordinator
+        nor its node's `NodeWatch` can see). Attached even if the generation moved on (another
+        worker of a restarted group restored the checkpoint; this worker's restore follows)."""
+        if not await self._watches.can_watch(watch):
             return False
         members = self._core.members
         if members is None or members.readers.get(dp_rank) != name:
@@ -236,7 +236,7 @@ class Coordinator:
     async def describe(self) -> dict:
         """Membership, progress and events, for `stats()`, experiments and debugging."""
         since = {"journal_commands_since_snapshot": self._since_snapshot}
-        since.update(waits_held=self._waits.held, watched_by_pid=self._watches.watching())
+        since.update(waits_held=self._waits.held, **self._watches.counts())
         return {**self._core.summary(), **self._usage.summary(), **since}
 
     async def reader_names(self) -> list[str]:

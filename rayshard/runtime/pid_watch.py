@@ -18,7 +18,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import os
+
+log = logging.getLogger(__name__)
 
 PREFIX = "pid:"
 ENABLE_VARIABLE = "RAYSHARD_WATCH_BY_PID"
@@ -146,6 +149,19 @@ async def exited(token: str) -> None:
         os.close(fd)
 
 
+async def exited_or_ended(token: str, ended: asyncio.Event) -> None:
+    """Return once the process of `token` has ended or `ended` is set (its watch was
+    released): `exited` raced against the release; an error of the watch is logged."""
+    waits = [asyncio.ensure_future(exited(token)), asyncio.ensure_future(ended.wait())]
+    try:
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        if waits[0] in done and waits[0].exception() is not None:  # a bug: say so
+            log.warning("watching process %s failed: %r", token, waits[0].exception())
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
 POLL_S = 1.0  # how often `exited` looks at `/proc` when it has no pidfd
 
 
@@ -172,6 +188,7 @@ __all__ = [
     "Watched",
     "enabled",
     "exited",
+    "exited_or_ended",
     "is_token",
     "parse",
     "pid_namespace",

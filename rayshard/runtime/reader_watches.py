@@ -1,24 +1,24 @@
 """The coordinator's death watch over the ranks' readers (`rayshard.runtime.coordinator`).
 
 A rank is watched through its reader actor (`ShardReader.watch()` blocks while it lives)
-or, when it reads in its consumer, through that process: by its pid when the process is
-on the coordinator's node (`rayshard.runtime.pid_watch`), else through its key in that
-process's shared `RankWatch` (`rayshard.runtime.watch`). One asyncio task per reader
-waits for the end, of the actor, the process or the key, and reports it once.
+or, when it reads in its consumer, through that process: by its pid, from the
+coordinator when the process is on its node (`rayshard.runtime.pid_watch`), else from
+that node's `NodeWatch` (`rayshard.runtime.node_watch`); where neither can see the
+process, through its key in that process's shared `RankWatch` (`rayshard.runtime.watch`).
+One asyncio task per reader waits for the end, of the actor, the process or the key, and
+reports it once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import ray
 
 from rayshard.runtime import pid_watch
-
-log = logging.getLogger(__name__)
+from rayshard.runtime.node_watch import NodeWatches
 
 
 class ReaderWatches:
@@ -31,13 +31,18 @@ class ReaderWatches:
         self._shared: dict[str, str] = {}  # reader name -> the process's watch that has it
         self._ended: dict[str, asyncio.Event] = {}  # pid-watched keys: set by `end`
         self._ranks: dict[str, int] = {}  # reader name -> its rank
+        self._nodes = NodeWatches()  # watches of other nodes' processes
 
-    def can_watch(self, watch: str) -> bool:
+    async def can_watch(self, watch: str) -> bool:
         """Whether a rank's `watch` is one this coordinator can keep: a reader actor, a
-        `RankWatch`, or the token of a process it sees (on its node, see `pid_watch`)."""
+        `RankWatch`, or the token of a process it sees by pid: on its node, or through
+        the `NodeWatch` of the process's node."""
         if not pid_watch.is_token(watch):
             return True
-        return pid_watch.visible(watch, ray.get_runtime_context().get_node_id())
+        here = ray.get_runtime_context().get_node_id()
+        if pid_watch.parse(watch).node == here:
+            return pid_watch.visible(watch, here)
+        return await self._nodes.sees(watch)
 
     def watch(self, dp_rank: int, name: str, shared: str | None) -> None:
         """Watch reader `name` of `dp_rank`, or its key in the shared watch `shared` (an
@@ -73,18 +78,15 @@ class ReaderWatches:
         return self._ranks.get(key) if pid_watch.is_token(self._shared.get(key)) else None
 
     async def _process_or_key_end(self, key: str, token: str) -> None:
-        """Return once the process of `token` ended or `end(key)` was called."""
-        waits = [
-            asyncio.ensure_future(pid_watch.exited(token)),
-            asyncio.ensure_future(self._ended.setdefault(key, asyncio.Event()).wait()),
-        ]
+        """Return once the process of `token` ended (or its node) or `end(key)` was
+        called; watched here, or by the `NodeWatch` of its node."""
+        ended = self._ended.setdefault(key, asyncio.Event())
         try:
-            done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-            if waits[0] in done and waits[0].exception() is not None:  # a bug: say so
-                log.warning("watching process %s failed: %r", token, waits[0].exception())
+            if pid_watch.parse(token).node == ray.get_runtime_context().get_node_id():
+                await pid_watch.exited_or_ended(token, ended)
+            else:
+                await self._nodes.watch(key, token, ended)
         finally:
-            for wait in waits:
-                wait.cancel()
             self._ended.pop(key, None)
 
     def actors(self, attached: set[str]) -> list[str]:
@@ -97,13 +99,15 @@ class ReaderWatches:
             (watch, key) for key, watch in self._shared.items() if not pid_watch.is_token(watch)
         )
 
-    def watching(self) -> int:
-        """Ranks watched by their process's pid now (for `stats()`)."""
-        return sum(
+    def counts(self) -> dict[str, int]:
+        """For `stats()`: ranks watched by their process's pid now (`watched_by_pid`), and
+        the `NodeWatch` actors doing it on other nodes (`node_watches`)."""
+        by_pid = sum(
             1
             for key, watch in self._shared.items()
             if pid_watch.is_token(watch) and not self._tasks[key].done()
         )
+        return {"watched_by_pid": by_pid, "node_watches": len(self._nodes)}
 
 
 __all__ = ["ReaderWatches"]

@@ -232,7 +232,10 @@ class NodeConsumer:
         return ray.get_runtime_context().get_node_id()
 
     def reader_node(self) -> str:
-        """Node of this rank's reader (it must be this consumer's node)."""
+        """Node where this rank is read (it must be this consumer's node): this consumer's
+        own when it reads for itself, else its reader actor's."""
+        if self.iterator._local is not None:
+            return self.node()
         reader_id = self.iterator._reader._actor_id.hex()
         info = ray._private.state.actors(actor_id=reader_id)
         return info["Address"]["NodeID"]
@@ -285,6 +288,33 @@ def dynamic_loader(data: str, name: str, source: Any = None, **options) -> Any:
         journal_path=journal,
         **options,
     )
+
+
+def watch_actors(loader: Any) -> dict:
+    """What watches the loader's consumer-read ranks: `stats()`'s counts, the nodes of the
+    live `NodeWatch` actors (by label) and the `RankWatch` actors in its namespace."""
+    labels = node_labels()
+    coordinator = ray._private.state.actors(actor_id=loader._coordinator._actor_id.hex())
+    owner = (coordinator["Address"]["IPAddress"], coordinator["Address"]["Port"])
+    node_watches = [  # this coordinator's (an earlier loader's may be ending)
+        labels.get(a["Address"]["NodeID"], "?")
+        for a in ray._private.state.actors().values()
+        if a["ActorClassName"].endswith("NodeWatch")
+        and a["State"] == "ALIVE"
+        and (a["OwnerAddress"]["IPAddress"], a["OwnerAddress"]["Port"]) == owner
+    ]
+    stats = loader.stats()
+    rank_watches = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == loader.namespace and a["name"].startswith("rayshard-watch-")
+    ]
+    return {
+        "watched_by_pid": stats["watched_by_pid"],
+        "node_watches": stats["node_watches"],
+        "node_watch_nodes": sorted(node_watches),
+        "rank_watches": rank_watches,
+    }
 
 
 def reader_placement_probe(data: str, per_node: int, labels: tuple) -> dict:
@@ -340,6 +370,7 @@ def scenario_dynamic_node_churn() -> dict:
         }
         for rank, (_, c, _) in consumers.items()
     }
+    watches = watch_actors(loader)
     victim = consumers[1][1]
     # Early in the epoch, so that plenty is left for the rank that joins later.
     wait_until(lambda: ray.get(victim.progress.remote()) >= 3, "rank 1 to read 3 batches")
@@ -374,6 +405,7 @@ def scenario_dynamic_node_churn() -> dict:
         "prefetch_depth": prefetch,
         "placement": placement,
         "placement_probe": probe,
+        "watches": watches,
         "killed_node": "n2",
         "seen_before_kill": seen_before_kill,
         "progress_at_kill": progress_at_kill,

@@ -203,6 +203,12 @@ def test_dynamic_node_loss_and_join_exact_coverage(shared_scenarios):
         f"a reader is not on its consumer's node: {r['placement']}",
     )
     check(r, not r["placement_probe"]["misplaced"], f"probe: {r['placement_probe']}")
+    # The coordinator (on the head) watches each rank's process by its pid, through the
+    # `NodeWatch` of that rank's node: one per node, no `RankWatch` actor at all.
+    watches = r["watches"]
+    check(r, watches["watched_by_pid"] == 2, f"ranks watched by pid: {watches}")
+    check(r, watches["node_watch_nodes"] == ["n1", "n2"], f"node watches: {watches}")
+    check(r, watches["node_watches"] == 2 and not watches["rank_watches"], f"{watches}")
     check(r, sorted(r["errors"]) == ["1"], f"ranks that failed: {r['errors']} (only 1 died)")
     check(r, sorted(r["outcomes"]) == ["0", "2"], f"finished: {r['outcomes']}")
     check(r, r["outcomes"]["2"]["samples"] > 0, "the new rank received no splits")

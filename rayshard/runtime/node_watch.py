@@ -1,0 +1,162 @@
+"""Watching the processes of other nodes by their pids: one `NodeWatch` actor per node.
+
+The coordinator watches the workers of its own node through their pids (`pid_watch`).
+For a worker on another node it asks that node's `NodeWatch`, which does the same there:
+one actor per node and coordinator, made on the first attach of a worker of that node,
+pinned to it, and owned by the coordinator (it ends with the coordinator; a restarted
+coordinator makes them again as it watches the journal's ranks). That is one process
+per node, where each worker process used to start a `RankWatch` actor of its own.
+
+A watch ends when the process ends, when its node is gone (and its processes with it),
+or when the coordinator releases it (the iterator closed or was dropped). A `NodeWatch`
+that dies on a node that is still alive ends nothing: a live worker taken for dead would
+have its work served twice. A new `NodeWatch` takes the watch over; its first look at
+the process returns at once if the process ended meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rayshard.runtime import pid_watch
+from rayshard.runtime.remote import remote_class
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 1.0  # wait before a new `NodeWatch` takes over from one that died (doubling)
+MAX_RETRY_S = 30.0
+NODE_POLL_S = 0.1  # how often Ray is asked whether a dead watch's node is gone
+MAX_WATCHES = 100_000  # concurrent watch calls of one `NodeWatch` (one per rank watched)
+
+
+class NodeWatch:
+    """Watches processes of its node by pid for a coordinator elsewhere (an async actor)."""
+
+    def __init__(self, node_id: str) -> None:
+        self._node = node_id
+        self._ended: dict[str, asyncio.Event] = {}  # key -> set by `end_watch`
+
+    async def sees(self, token: str) -> bool:
+        """Whether the process of `token` is one this node's watch can keep (`visible`)."""
+        return pid_watch.visible(token, self._node)
+
+    async def watch(self, key: str, token: str) -> None:
+        """Return once the process of `token` has ended or `end_watch(key)` was called (at
+        once if that came first)."""
+        try:
+            await pid_watch.exited_or_ended(token, self._ended.setdefault(key, asyncio.Event()))
+        finally:
+            self._ended.pop(key, None)
+
+    async def end_watch(self, key: str) -> None:
+        """Release the watch of `key` (the rank left, or its iterator was dropped)."""
+        self._ended.setdefault(key, asyncio.Event()).set()
+
+
+class NodeWatches:
+    """The coordinator's `NodeWatch` actors, by node id (made on first use)."""
+
+    def __init__(self) -> None:
+        self._handles: dict[str, Any] = {}
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    async def sees(self, token: str) -> bool:
+        """Whether the `NodeWatch` of the token's node can watch its process; False for a
+        node that is not alive, or whose watch could not start."""
+        handle = await self._handle(pid_watch.parse(token).node)
+        if handle is None:
+            return False
+        try:
+            return await handle.sees.remote(token)
+        except ray.exceptions.RayActorError:
+            self._forget(handle)
+            return False
+
+    async def watch(self, key: str, token: str, ended: asyncio.Event) -> None:
+        """Return once the process of `token` has ended, its node is gone, or `ended` is
+        set (the watch is then released on that node too)."""
+        retry_s = RETRY_S
+        while not ended.is_set():
+            handle = await self._handle(pid_watch.parse(token).node)
+            if handle is None:
+                return  # its node is gone, and the process with it
+            call = asyncio.ensure_future(handle.watch.remote(key, token))
+            release = asyncio.ensure_future(ended.wait())
+            try:
+                await asyncio.wait([call, release], return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                release.cancel()
+            if not call.done():  # released: end the call there too
+                call.cancel()
+                handle.end_watch.remote(key)
+                return
+            error = call.exception()
+            if not isinstance(error, ray.exceptions.RayActorError):
+                if error is not None:  # a bug: say so
+                    log.warning("watching process %s failed: %r", token, error)
+                return
+            self._forget(handle)  # the watch died: its node may live on (see above)
+            if await node_ends_within(pid_watch.parse(token).node, retry_s, ended):
+                return
+            retry_s = min(MAX_RETRY_S, retry_s * 2)
+
+    async def _handle(self, node: str) -> Any:
+        """The `NodeWatch` of `node`, made if needed; None if the node is not alive."""
+        handle = self._handles.get(node)
+        if handle is None:
+            if not await node_alive(node):
+                return None
+            handle = self._handles.get(node)  # made by another call meanwhile?
+        if handle is None:
+            options = {"num_cpus": 0, "max_concurrency": MAX_WATCHES}
+            pinned = NodeAffinitySchedulingStrategy(node, soft=False)
+            handle = remote_class(NodeWatch).options(**options, scheduling_strategy=pinned)
+            handle = self._handles[node] = handle.remote(node)
+        return handle
+
+    def _forget(self, handle: Any) -> None:
+        """Drop a dead watch's handle (if no newer one replaced it)."""
+        for node, known in list(self._handles.items()):
+            if known is handle:
+                del self._handles[node]
+
+
+async def node_alive(node: str) -> bool:
+    """Whether Ray knows node `node` as alive (asked off the event loop)."""
+    nodes = await asyncio.to_thread(ray.nodes)
+    return any(entry["NodeID"] == node and entry.get("Alive") for entry in nodes)
+
+
+async def node_ends_within(node: str, seconds: float, ended: asyncio.Event) -> bool:
+    """Whether Ray reports node `node` dead within `seconds`, asking every `NODE_POLL_S`
+    (a watch dies with its node a moment before Ray marks the node dead); stops early,
+    with False, once `ended` is set."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not ended.is_set():
+        if not await node_alive(node):
+            return True
+        left = deadline - asyncio.get_running_loop().time()
+        if left <= 0:
+            return False
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(ended.wait(), min(NODE_POLL_S, left))
+    return False
+
+
+__all__ = [
+    "MAX_RETRY_S",
+    "NODE_POLL_S",
+    "RETRY_S",
+    "NodeWatch",
+    "NodeWatches",
+    "node_alive",
+    "node_ends_within",
+]
