@@ -260,7 +260,8 @@ class Loader:
         (batches, samples, bytes, stall seconds), how every `dynamic` rank leased (calls,
         paced calls, rows, seconds its reading waited for answers), the waits held at an
         epoch's end (`waits_held`), the ranks watched by their process's pid
-        (`watched_by_pid`) and events (ranks lost or joined, coordinator restarts), as the
+        (`watched_by_pid`), the `NodeWatch` actors doing it on other nodes than the
+        coordinator's (`node_watches`) and events (ranks lost or joined, coordinator restarts), as the
         coordinator sees them."""
         return ray.get(self._coordinator.describe.remote())
 

@@ -154,7 +154,7 @@ def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
         ended.append((dp_rank, name))
 
     async def run() -> None:
-        watches = ReaderWatches("namespace", on_end)
+        watches = ReaderWatches("namespace", on_end, NODE)
         watches.end("early")  # released before it was watched: ends at once
         watches.watch(0, "a", token_of(processes[0]))
         watches.watch(1, "b", token_of(processes[1]))

@@ -58,6 +58,10 @@ class NodeWatch:
         """Release the watch of `key` (the rank left, or its iterator was dropped)."""
         self._ended.setdefault(key, asyncio.Event()).set()
 
+    async def keys(self) -> list[str]:
+        """Keys watched now (for tests and diagnostics)."""
+        return sorted(key for key, ended in self._ended.items() if not ended.is_set())
+
 
 class NodeWatches:
     """The coordinator's `NodeWatch` actors, by node id (made on first use)."""

@@ -1,5 +1,6 @@
 """Watching a process of this node by its pid: how the coordinator watches the ranks that
-read in their own consumer process on its node, with no `RankWatch` actor for them.
+read in their own consumer process on its node, and a `NodeWatch` those of its node
+(`rayshard.runtime.node_watch`), with no `RankWatch` actor for them.
 
 A process is named by a token, `pid:<node id>:<pid namespace>:<pid>:<start>`: the node's
 Ray id, the inode of the process's pid namespace (a process in a container of its own
@@ -8,9 +9,9 @@ boot (`/proc/<pid>/stat`): a pid the system gave again later names another proce
 with another start. `exited(token)` waits on a pidfd (Linux 5.3 and later), which becomes
 readable when the process ends, so an event loop waits for many processes with no thread
 and no polling. Where pidfds are missing (another system, an older kernel, a sandbox that
-refuses the call), where the process is not visible (another node, another pid
-namespace) or where `RAYSHARD_WATCH_BY_PID=0`, a process's ranks are watched through its
-`RankWatch` actor instead (`rayshard.runtime.process_watch`).
+refuses the call), where the process is not visible (another pid namespace than its
+node's watch) or where `RAYSHARD_WATCH_BY_PID=0`, a process's ranks are watched through
+its `RankWatch` actor instead (`rayshard.runtime.process_watch`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """One `RankWatch` per process, shared by every rank the process reads for, where the
-coordinator cannot watch the process by its pid (`watch_rank`, `pid_watch`).
+coordinator cannot watch the process by its pid, itself or through the `NodeWatch` of the
+process's node (`watch_rank`, `pid_watch`, `node_watch`).
 
 Starting an actor is a new process (about 1 s of CPU, Ray does not reuse task workers
 for actors); a process that makes several iterators (a train and a validation loader, a
@@ -101,8 +102,9 @@ def process_watch(namespace: str, key: str) -> tuple[str, Any]:
 def watch_rank(coordinator: Any, namespace: str, generation: int, dp_rank: int, key: str) -> Any:
     """Have `dp_rank`, read for in this process, watched under `key` (and attached): by
     the coordinator through this process's pid where it can see this process (on its
-    node, see `pid_watch`), else by this process's `RankWatch` in `namespace`. Returns what
-    watches it, the coordinator or the watch: its `end_watch(key)` releases the rank."""
+    node, or through this node's `NodeWatch`: see `pid_watch`, `node_watch`), else by this
+    process's `RankWatch` in `namespace`. Returns what watches it, the coordinator or the
+    watch: its `end_watch(key)` releases the rank."""
     attach = coordinator.attach_reader
     token = pid_watch.token_here(ray.get_runtime_context().get_node_id())
     if token is not None and ray.get(attach.remote(generation, dp_rank, key, token)):

@@ -24,8 +24,14 @@ from rayshard.runtime.node_watch import NodeWatches
 class ReaderWatches:
     """Watch tasks of one coordinator; `on_end(dp_rank, name)` when a watched reader ends."""
 
-    def __init__(self, namespace: str, on_end: Callable[[int, str], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        on_end: Callable[[int, str], Awaitable[None]],
+        node_id: str | None = None,
+    ) -> None:
         self._namespace = namespace
+        self._node = node_id or ray.get_runtime_context().get_node_id()  # the coordinator's
         self._on_end = on_end
         self._tasks: dict[str, Any] = {}  # reader name -> the task that watches it
         self._shared: dict[str, str] = {}  # reader name -> the process's watch that has it
@@ -39,9 +45,8 @@ class ReaderWatches:
         the `NodeWatch` of the process's node."""
         if not pid_watch.is_token(watch):
             return True
-        here = ray.get_runtime_context().get_node_id()
-        if pid_watch.parse(watch).node == here:
-            return pid_watch.visible(watch, here)
+        if pid_watch.parse(watch).node == self._node:
+            return pid_watch.visible(watch, self._node)
         return await self._nodes.sees(watch)
 
     def watch(self, dp_rank: int, name: str, shared: str | None) -> None:
@@ -82,7 +87,7 @@ class ReaderWatches:
         called; watched here, or by the `NodeWatch` of its node."""
         ended = self._ended.setdefault(key, asyncio.Event())
         try:
-            if pid_watch.parse(token).node == ray.get_runtime_context().get_node_id():
+            if pid_watch.parse(token).node == self._node:
                 await pid_watch.exited_or_ended(token, ended)
             else:
                 await self._nodes.watch(key, token, ended)

@@ -6,9 +6,10 @@ One `RankWatch` per process serves every rank that process reads for, whatever l
 name. It is made by the process, dies with it (Ray ends an actor whose owner dies), and
 `watch(key)` blocks while it lives and the key is not ended, as a `ShardReader`'s
 `watch()` does. It imports nothing beyond the standard library, so it starts as fast as
-a Ray actor can; it is an async actor, so waiting watches hold no threads. A process on
-the coordinator's node needs none: the coordinator watches its pid
-(`rayshard.runtime.pid_watch`).
+a Ray actor can; it is an async actor, so waiting watches hold no threads. A process the
+coordinator can watch by its pid needs none: on the coordinator's node it watches the
+pid itself (`rayshard.runtime.pid_watch`), on another node through that node's
+`NodeWatch` (`rayshard.runtime.node_watch`).
 """
 
 from __future__ import annotations

@@ -74,6 +74,7 @@ def test_ranks_of_the_coordinators_node_are_watched_by_pid_with_no_watch_actor(
         assert all(it._reader._actor_id == coordinator for it in its)
         stats = loader.stats()
         assert (stats["readers"], stats["watched_by_pid"]) == (2, 2)
+        assert stats["node_watches"] == 0  # this node's processes: the coordinator's own
         assert ray.get(loader._coordinator.shared_watches.remote()) == []
         assert watch_actors(loader.namespace) <= before  # none started
         ids = real_ids(its[0]) + real_ids(its[1])

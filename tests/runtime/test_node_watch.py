@@ -1,0 +1,109 @@
+"""A worker on another node than the coordinator's is watched by its pid through that
+node's `NodeWatch` (`rayshard.runtime.node_watch`), with real Ray and real processes. The
+coordinator's side (`NodeWatches`) runs here in the test's own event loop, watching child
+processes of this test through a `NodeWatch` on this node: the same calls a coordinator
+on another node makes (the multi-node scenarios run it across nodes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import ray
+
+from rayshard.runtime import pid_watch
+from rayshard.runtime.node_watch import RETRY_S, NodeWatches
+from tests.test_pid_tokens import sleeper, token_of, token_with
+from tests.timeouts import EVENT_TIMEOUT_S
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(not pid_watch.pidfds_work(), reason="no pidfds on this system"),
+]
+
+
+async def eventually(condition, what: str) -> None:
+    """Wait, polling, until the coroutine function `condition()` returns true."""
+
+    async def poll() -> None:
+        while not await condition():
+            await asyncio.sleep(0.05)
+
+    try:
+        await asyncio.wait_for(poll(), EVENT_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
+def test_a_node_watch_follows_its_processes_and_is_replaced_when_it_dies(ray_session):
+    """Ends a watch at its process's death or at its release, and only then; a `NodeWatch`
+    killed while its node lives is replaced, with every watch it held taken over."""
+    here = ray.get_runtime_context().get_node_id()
+    processes = [sleeper(), sleeper()]
+    tokens = [token_of(process, here) for process in processes]
+
+    async def run() -> None:
+        watches = NodeWatches()
+        assert await watches.sees(tokens[0]) and len(watches) == 1
+        watched = pid_watch.parse(tokens[0])
+        assert not await watches.sees(token_with(watched, start=watched.start + 1))  # reused pid
+        ended = [asyncio.Event(), asyncio.Event()]
+        waits = [
+            asyncio.ensure_future(watches.watch(f"key-{i}", tokens[i], ended[i])) for i in (0, 1)
+        ]
+        first = watches._handles[here]
+        both = ["key-0", "key-1"]
+
+        async def held(handle) -> bool:
+            return await handle.keys.remote() == both
+
+        await eventually(lambda: held(first), "both keys watched")
+        ray.kill(first)  # its node lives on: the watches go on in a new one
+        await eventually(
+            lambda: _replaced(watches, here, first, held), "a new NodeWatch with both keys"
+        )
+        assert not any(wait.done() for wait in waits), "a watch ended with its NodeWatch"
+        processes[0].kill()  # a real death: ends that watch, and only it
+        await asyncio.wait_for(waits[0], EVENT_TIMEOUT_S)
+        await asyncio.sleep(RETRY_S)
+        assert not waits[1].done()
+        ended[1].set()  # released: ends here, and on the node
+        await asyncio.wait_for(waits[1], EVENT_TIMEOUT_S)
+        second = watches._handles[here]
+        await eventually(lambda: _keys_are(second, []), "the released key gone from the node")
+        assert len(watches) == 1
+
+    try:
+        asyncio.run(run())
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+async def _replaced(watches: NodeWatches, node: str, old, held) -> bool:
+    handle = watches._handles.get(node)
+    return handle is not None and handle._actor_id != old._actor_id and await held(handle)
+
+
+async def _keys_are(handle, keys: list[str]) -> bool:
+    return await handle.keys.remote() == keys
+
+
+def test_a_node_ray_does_not_know_gets_no_watch(ray_session):
+    """A token of a node that is not alive (or never was) is not seen, its watch ends at
+    once (its processes are gone with it), and no `NodeWatch` is made for it."""
+    process = sleeper()
+    token = token_of(process, "b" * 56)
+
+    async def run() -> None:
+        watches = NodeWatches()
+        assert not await watches.sees(token)
+        await asyncio.wait_for(watches.watch("key", token, asyncio.Event()), EVENT_TIMEOUT_S)
+        assert len(watches) == 0
+
+    try:
+        asyncio.run(run())
+    finally:
+        process.kill()
+        process.wait()
