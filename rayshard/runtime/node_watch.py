@@ -9,6 +9,8 @@ per node, where each worker process used to start a `RankWatch` actor of its own
 
 A watch ends when the process ends, when its node is gone (and its processes with it),
 or when the coordinator releases it (the iterator closed or was dropped). A `NodeWatch`
+left with no watch for `IDLE_RELEASE_S` is ended: Ray's autoscaler takes a node with a
+live actor for busy, and would never remove it. A `NodeWatch`
 that dies on a node that is still alive ends nothing: a live worker taken for dead would
 have its work served twice. A new `NodeWatch` takes the watch over; its first look at
 the process returns at once if the process ended meanwhile.
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 1.0  # wait before a new `NodeWatch` takes over from one that died (doubling)
 MAX_RETRY_S = 30.0
+IDLE_RELEASE_S = 2.0  # a `NodeWatch` with no watch this long is ended
 NODE_POLL_S = 0.1  # how often Ray is asked whether a dead watch's node is gone
 MAX_WATCHES = 100_000  # concurrent watch calls of one `NodeWatch` (one per rank watched)
 
@@ -68,6 +71,9 @@ class NodeWatches:
 
     def __init__(self) -> None:
         self._handles: dict[str, Any] = {}
+        self._keys: dict[str, set[str]] = {}  # node -> the keys watched there now
+        self._used: dict[str, float] = {}  # node -> when its watch was last asked (loop time)
+        self._releases: set[asyncio.Task] = set()  # pending `_release_later` (kept: not GC'd)
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -75,21 +81,36 @@ class NodeWatches:
     async def sees(self, token: str) -> bool:
         """Whether the `NodeWatch` of the token's node can watch its process; False for a
         node that is not alive, or whose watch could not start."""
-        handle = await self._handle(pid_watch.parse(token).node)
-        if handle is None:
-            return False
+        node = pid_watch.parse(token).node
+        self._used[node] = asyncio.get_running_loop().time()
         try:
-            return await handle.sees.remote(token)
-        except ray.exceptions.RayActorError:
-            self._forget(handle)
-            return False
+            handle = await self._handle(node)
+            if handle is None:
+                return False
+            try:
+                return await handle.sees.remote(token)
+            except ray.exceptions.RayActorError:
+                self._forget(handle)
+                return False
+        finally:
+            self._release_if_idle(node)  # no watch may follow (the attach failed)
 
     async def watch(self, key: str, token: str, ended: asyncio.Event) -> None:
         """Return once the process of `token` has ended, its node is gone, or `ended` is
         set (the watch is then released on that node too)."""
+        node = pid_watch.parse(token).node
+        self._keys.setdefault(node, set()).add(key)
+        try:
+            await self._watch(key, token, ended, node)
+        finally:
+            self._keys[node].discard(key)
+            self._used[node] = asyncio.get_running_loop().time()
+            self._release_if_idle(node)
+
+    async def _watch(self, key: str, token: str, ended: asyncio.Event, node: str) -> None:
         retry_s = RETRY_S
         while not ended.is_set():
-            handle = await self._handle(pid_watch.parse(token).node)
+            handle = await self._handle(node)
             if handle is None:
                 return  # its node is gone, and the process with it
             call = asyncio.ensure_future(handle.watch.remote(key, token))
@@ -108,7 +129,7 @@ class NodeWatches:
                     log.warning("watching process %s failed: %r", token, error)
                 return
             self._forget(handle)  # the watch died: its node may live on (see above)
-            if await node_ends_within(pid_watch.parse(token).node, retry_s, ended):
+            if await node_ends_within(node, retry_s, ended):
                 return
             retry_s = min(MAX_RETRY_S, retry_s * 2)
 
@@ -125,6 +146,25 @@ class NodeWatches:
             handle = remote_class(NodeWatch).options(**options, scheduling_strategy=pinned)
             handle = self._handles[node] = handle.remote(node)
         return handle
+
+    def _release_if_idle(self, node: str) -> None:
+        """End the watch of `node` once it has been unused for `IDLE_RELEASE_S`."""
+        if not self._keys.get(node):
+            task = asyncio.get_running_loop().create_task(self._release_later(node))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+
+    async def _release_later(self, node: str) -> None:
+        await asyncio.sleep(IDLE_RELEASE_S)
+        loop = asyncio.get_running_loop()
+        if self._keys.get(node) or loop.time() - self._used.get(node, 0.0) < IDLE_RELEASE_S:
+            return  # in use again: its own end schedules the next release
+        self._keys.pop(node, None)
+        self._used.pop(node, None)
+        handle = self._handles.pop(node, None)
+        if handle is not None:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(handle)
 
     def _forget(self, handle: Any) -> None:
         """Drop a dead watch's handle (if no newer one replaced it)."""
@@ -156,6 +196,7 @@ async def node_ends_within(node: str, seconds: float, ended: asyncio.Event) -> b
 
 
 __all__ = [
+    "IDLE_RELEASE_S",
     "MAX_RETRY_S",
     "NODE_POLL_S",
     "RETRY_S",
