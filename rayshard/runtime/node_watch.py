@@ -74,24 +74,26 @@ class NodeWatches:
         self._keys: dict[str, set[str]] = {}  # node -> the keys watched there now
         self._used: dict[str, float] = {}  # node -> when its watch was last asked (loop time)
         self._releases: set[asyncio.Task] = set()  # pending `_release_later` (kept: not GC'd)
+        self._alive_nodes: tuple[float, set[str]] | None = None  # (when, ids) Ray said alive
+        self._asking: asyncio.Future | None = None  # the `ray.nodes()` call in flight
 
     def __len__(self) -> int:
         return len(self._handles)
 
     async def sees(self, token: str) -> bool:
         """Whether the `NodeWatch` of the token's node can watch its process; False for a
-        node that is not alive, or whose watch could not start."""
+        node that is not alive, or whose watch could not start or answer (the worker then
+        starts a `RankWatch`)."""
         node = pid_watch.parse(token).node
         self._used[node] = asyncio.get_running_loop().time()
+        handle = None
         try:
             handle = await self._handle(node)
-            if handle is None:
-                return False
-            try:
-                return await handle.sees.remote(token)
-            except ray.exceptions.RayActorError:
-                self._forget(handle)
-                return False
+            return handle is not None and await handle.sees.remote(token)
+        except Exception as error:  # noqa: BLE001 - any failure: not seen, nothing attached
+            log.info("the watch of node %s did not answer: %r", node, error)
+            self._forget(handle)
+            return False
         finally:
             self._release_if_idle(node)  # no watch may follow (the attach failed)
 
@@ -108,11 +110,16 @@ class NodeWatches:
             self._release_if_idle(node)
 
     async def _watch(self, key: str, token: str, ended: asyncio.Event, node: str) -> None:
-        retry_s = RETRY_S
+        """`watch`: only a return of the node's watch (the process ended) or a node Ray
+        reports dead ends it; any failure of the watch (it died, could not be placed or
+        started) makes a new one take over, after `RETRY_S` doubling up to `MAX_RETRY_S`
+        (back to `RETRY_S` once a watch held that long)."""
+        loop, retry_s = asyncio.get_running_loop(), RETRY_S
         while not ended.is_set():
             handle = await self._handle(node)
             if handle is None:
                 return  # its node is gone, and the process with it
+            began = loop.time()
             call = asyncio.ensure_future(handle.watch.remote(key, token))
             release = asyncio.ensure_future(ended.wait())
             try:
@@ -124,28 +131,66 @@ class NodeWatches:
                 handle.end_watch.remote(key)
                 return
             error = call.exception()
-            if not isinstance(error, ray.exceptions.RayActorError):
-                if error is not None:  # a bug: say so
-                    log.warning("watching process %s failed: %r", token, error)
-                return
-            self._forget(handle)  # the watch died: its node may live on (see above)
-            if await node_ends_within(node, retry_s, ended):
+            if error is None:
+                return  # the process ended
+            log.info("the watch of node %s failed: %r (another takes over)", node, error)
+            self._forget(handle)  # its node may live on (see the module docstring)
+            if loop.time() - began >= MAX_RETRY_S:
+                retry_s = RETRY_S
+            if await self._ends_within(node, retry_s, ended):
                 return
             retry_s = min(MAX_RETRY_S, retry_s * 2)
 
     async def _handle(self, node: str) -> Any:
         """The `NodeWatch` of `node`, made if needed; None if the node is not alive."""
-        handle = self._handles.get(node)
-        if handle is None:
-            if not await node_alive(node):
-                return None
-            handle = self._handles.get(node)  # made by another call meanwhile?
+        if node not in self._handles and not await self._alive(node):
+            return None
+        handle = self._handles.get(node)  # made by another call meanwhile?
         if handle is None:
             options = {"num_cpus": 0, "max_concurrency": MAX_WATCHES}
             pinned = NodeAffinitySchedulingStrategy(node, soft=False)
             handle = remote_class(NodeWatch).options(**options, scheduling_strategy=pinned)
             handle = self._handles[node] = handle.remote(node)
         return handle
+
+    async def _alive(self, node: str) -> bool:
+        """Whether Ray knows node `node` as alive. One `ray.nodes()` (off the event loop)
+        serves every call within `NODE_POLL_S`; True where Ray cannot be asked (a watch
+        never ends on doubt)."""
+        known = self._alive_nodes
+        if known is not None and asyncio.get_running_loop().time() - known[0] < NODE_POLL_S:
+            return node in known[1]
+        if self._asking is None:
+            self._asking = asyncio.ensure_future(asyncio.to_thread(ray.nodes))
+            self._asking.add_done_callback(self._asked)
+        try:
+            nodes = await asyncio.shield(self._asking)
+        except Exception as error:  # noqa: BLE001 - unknown: taken for alive
+            log.warning("could not ask Ray which nodes are alive: %r", error)
+            return True
+        return any(entry["NodeID"] == node and entry.get("Alive") for entry in nodes)
+
+    def _asked(self, asking: asyncio.Future) -> None:
+        """Keep the answer of a `ray.nodes()` call for `NODE_POLL_S`."""
+        self._asking = None
+        if not asking.cancelled() and asking.exception() is None:
+            alive = {entry["NodeID"] for entry in asking.result() if entry.get("Alive")}
+            self._alive_nodes = (asyncio.get_running_loop().time(), alive)
+
+    async def _ends_within(self, node: str, seconds: float, ended: asyncio.Event) -> bool:
+        """Whether Ray reports node `node` dead within `seconds`, asking every `NODE_POLL_S`
+        (a watch dies with its node a moment before Ray marks the node dead); stops early,
+        with False, once `ended` is set."""
+        deadline = asyncio.get_running_loop().time() + seconds
+        while not ended.is_set():
+            if not await self._alive(node):
+                return True
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(ended.wait(), min(NODE_POLL_S, left))
+        return False
 
     def _release_if_idle(self, node: str) -> None:
         """End the watch of `node` once it has been unused for `IDLE_RELEASE_S`."""
@@ -164,35 +209,13 @@ class NodeWatches:
         handle = self._handles.pop(node, None)
         if handle is not None:
             with contextlib.suppress(Exception):  # already gone
-                ray.kill(handle)
+                await asyncio.to_thread(ray.kill, handle)
 
     def _forget(self, handle: Any) -> None:
-        """Drop a dead watch's handle (if no newer one replaced it)."""
+        """Drop a failed watch's handle (if no newer one replaced it)."""
         for node, known in list(self._handles.items()):
             if known is handle:
                 del self._handles[node]
-
-
-async def node_alive(node: str) -> bool:
-    """Whether Ray knows node `node` as alive (asked off the event loop)."""
-    nodes = await asyncio.to_thread(ray.nodes)
-    return any(entry["NodeID"] == node and entry.get("Alive") for entry in nodes)
-
-
-async def node_ends_within(node: str, seconds: float, ended: asyncio.Event) -> bool:
-    """Whether Ray reports node `node` dead within `seconds`, asking every `NODE_POLL_S`
-    (a watch dies with its node a moment before Ray marks the node dead); stops early,
-    with False, once `ended` is set."""
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not ended.is_set():
-        if not await node_alive(node):
-            return True
-        left = deadline - asyncio.get_running_loop().time()
-        if left <= 0:
-            return False
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(ended.wait(), min(NODE_POLL_S, left))
-    return False
 
 
 __all__ = [
@@ -202,6 +225,4 @@ __all__ = [
     "RETRY_S",
     "NodeWatch",
     "NodeWatches",
-    "node_alive",
-    "node_ends_within",
 ]

@@ -53,22 +53,32 @@ def test_a_node_watch_follows_its_processes_and_is_replaced_when_it_dies(ray_ses
             asyncio.ensure_future(watches.watch(f"key-{i}", tokens[i], ended[i])) for i in (0, 1)
         ]
         first = watches._handles[here]
-        both = ["key-0", "key-1"]
 
-        async def held(handle) -> bool:
-            return await handle.keys.remote() == both
+        def holding(*keys: str):
+            async def held(handle) -> bool:
+                return await handle.keys.remote() == list(keys)
 
-        await eventually(lambda: held(first), "both keys watched")
+            return held
+
+        await eventually(lambda: holding("key-0", "key-1")(first), "both keys watched")
         ray.kill(first)  # its node lives on: the watches go on in a new one
         await eventually(
-            lambda: _replaced(watches, here, first, held), "a new NodeWatch with both keys"
+            lambda: _replaced(watches, here, first, holding("key-0", "key-1")),
+            "a new NodeWatch with both keys",
         )
         assert not any(wait.done() for wait in waits), "a watch ended with its NodeWatch"
+        second = watches._handles[here]
+        # A process killed with its NodeWatch: the old one or the next (at its first look)
+        # ends its watch.
+        ray.kill(second)
         processes[0].kill()  # a real death: ends that watch, and only it
         await asyncio.wait_for(waits[0], EVENT_TIMEOUT_S)
+        await eventually(
+            lambda: _replaced(watches, here, second, holding("key-1")), "a third NodeWatch"
+        )
         await asyncio.sleep(RETRY_S)
         assert not waits[1].done()
-        second = watches._handles[here]
+        third = watches._handles[here]
         ended[1].set()  # released: ends here, and on the node
         await asyncio.wait_for(waits[1], EVENT_TIMEOUT_S)
 
@@ -77,7 +87,7 @@ def test_a_node_watch_follows_its_processes_and_is_replaced_when_it_dies(ray_ses
 
         await eventually(released, "the unused NodeWatch's end")
         with pytest.raises(ray.exceptions.RayActorError):
-            await second.keys.remote()
+            await third.keys.remote()
 
     try:
         asyncio.run(run())

@@ -1,0 +1,166 @@
+"""`python -m benchmarks.watch_bench`: what watching the ranks of another node costs.
+
+A `ray.cluster_utils` cluster on this machine: a head (the driver and the loader's
+coordinator) and one worker node with `--ranks` CPUs, where `--ranks` rank tasks each make
+an iterator (reading in its own process, the default) and read one epoch of generated
+Parquet. Two ways in the same run, each with fresh rank processes:
+
+  node_watch   the ranks watched by pid through the node's one `NodeWatch` (the default)
+  rank_watch   through a `RankWatch` actor per rank process (`RAYSHARD_WATCH_BY_PID=0`:
+               what every worker on another node did before `NodeWatch`, and still does
+               where pidfds are missing)
+
+For each: the watch processes alive while every rank has its first batch (count, summed
+PSS, `benchmarks/_measure.py`), `iterator()` to the first batch over the ranks (median
+and slowest), and the epoch's coverage. Prints a table; writes
+`benchmarks/results/watch_bench.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import ray
+from ray.cluster_utils import Cluster
+
+from benchmarks._measure import MB, format_table, pss_bytes
+from benchmarks._report import ROOT, write_json
+from benchmarks.loaders.data import COLUMNS, make_dataset, parquet_files
+
+WAYS = {"node_watch": "1", "rank_watch": "0"}  # way -> RAYSHARD_WATCH_BY_PID in the ranks
+WATCH_PROCESSES = ("ray::NodeWatch", "ray::RankWatch")  # their /proc names
+
+
+class Gate:
+    """The ranks wait here after their first batch, until the driver has measured."""
+
+    def __init__(self) -> None:
+        self.arrived = 0
+        self.opened = asyncio.Event()
+
+    async def arrive(self) -> None:
+        self.arrived += 1
+        await self.opened.wait()
+
+    async def count(self) -> int:
+        return self.arrived
+
+    async def open(self) -> None:
+        self.opened.set()
+
+
+def read_rank(loader, rank: int, world: int, gate) -> dict:
+    """One rank: its iterator's time to the first batch, then (past the gate) the epoch."""
+    began = time.perf_counter()
+    batches = iter(loader.iterator(world_rank=rank, world_size=world, batch_format="numpy"))
+    first = next(batches)
+    first_s = time.perf_counter() - began
+    ray.get(gate.arrive.remote())
+    ids = [first["id"][~first["_padded"]]]
+    ids += [batch["id"][~batch["_padded"]] for batch in batches]
+    return {"first_batch_s": first_s, "ids": np.concatenate(ids)}
+
+
+def watch_processes() -> dict[str, list[int]]:
+    """PSS in bytes of every live watch process of this machine, by name."""
+    out: dict[str, list[int]] = {name: [] for name in WATCH_PROCESSES}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/comm") as handle:
+                    name = handle.read().strip()
+            except OSError:
+                continue
+            if name in out:
+                out[name].append(pss_bytes(int(entry)).get("Pss", 0))
+    return out
+
+
+def measure(way: str, paths: list[str], rows: int, ranks: int) -> dict:
+    from rayshard.loader import Loader
+    from rayshard.sources.parquet import ParquetSource
+
+    loader = Loader(
+        ParquetSource(paths, columns=COLUMNS),
+        batch_size=1024,
+        name=f"watch-{way}",
+        columns=COLUMNS,
+        shuffle=False,
+    )
+    try:
+        gate = ray.remote(num_cpus=0)(Gate).options(resources={"head": 1}).remote()
+        env = {"env_vars": {"RAYSHARD_WATCH_BY_PID": WAYS[way]}}
+        task = ray.remote(num_cpus=1)(read_rank).options(resources={"n1": 1}, runtime_env=env)
+        refs = [task.remote(loader, rank, ranks, gate) for rank in range(ranks)]
+        while ray.get(gate.count.remote()) < ranks:
+            time.sleep(0.1)
+        processes = watch_processes()
+        stats = loader.stats()
+        ray.get(gate.open.remote())
+        results = ray.get(refs)
+    finally:
+        loader.shutdown()
+    ids = np.sort(np.concatenate([r["ids"] for r in results]))
+    first = sorted(r["first_batch_s"] for r in results)
+    return {
+        "way": way,
+        "ranks": ranks,
+        "node_watches": len(processes["ray::NodeWatch"]),
+        "rank_watches": len(processes["ray::RankWatch"]),
+        "watch_pss_mb": sum(sum(p) for p in processes.values()) / MB,
+        "watched_by_pid": stats["watched_by_pid"],
+        "first_batch_median_s": statistics.median(first),
+        "first_batch_max_s": first[-1],
+        "coverage_ok": bool(len(ids) == rows and np.array_equal(ids, np.arange(rows))),
+    }
+
+
+TABLE = [
+    ("way", "way", "s"),
+    ("ranks", "ranks", "d"),
+    ("NodeWatch", "node_watches", "d"),
+    ("RankWatch", "rank_watches", "d"),
+    ("watch PSS MB", "watch_pss_mb", ",.1f"),
+    ("by pid", "watched_by_pid", "d"),
+    ("first batch median s", "first_batch_median_s", ".3f"),
+    ("first batch max s", "first_batch_max_s", ".3f"),
+    ("coverage", "coverage", "s"),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=4, help="rank processes on the node")
+    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/watch_bench.json")
+    args = parser.parse_args(argv)
+    folder = Path(tempfile.gettempdir()) / f"rayshard-watch-bench-{args.rows}"
+    make_dataset(folder, args.rows)
+    paths = parquet_files(folder)
+    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+    os.environ["PYTHONPATH"] = str(ROOT)  # the nodes' workers import `benchmarks.*`
+    head = {"num_cpus": 1, "resources": {"head": 100}, "include_dashboard": False}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        cluster.add_node(num_cpus=args.ranks, resources={"n1": 100})
+        ray.init(address=cluster.address, log_to_driver=False, namespace="rayshard-watch-bench")
+        cluster.wait_for_nodes()
+        results = [measure(way, paths, args.rows, args.ranks) for way in WAYS]
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    rows = [{**r, "coverage": "ok" if r["coverage_ok"] else "FAILED"} for r in results]
+    print(format_table(rows, TABLE))
+    write_json(args.json, {"config": {"ranks": args.ranks, "rows": args.rows}, "results": results})
+    return 0 if all(r["coverage_ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
