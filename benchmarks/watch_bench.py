@@ -10,9 +10,11 @@ Parquet. Two ways in the same run, each with fresh rank processes:
                what every worker on another node did before `NodeWatch`, and still does
                where pidfds are missing)
 
-For each: the watch processes alive while every rank has its first batch (count, summed
-PSS, `benchmarks/_measure.py`), `iterator()` to the first batch over the ranks (median
-and slowest), and the epoch's coverage. Prints a table; writes
+For each: the watch actors once every rank has its first batch and they have started
+(count, and their processes' summed PSS, `benchmarks/_measure.py`), `iterator()` to the
+first batch over the ranks (median and slowest; a rank does not wait for its `RankWatch`
+to start, but waits for its node's `NodeWatch` if it is the node's first rank), and the
+epoch's coverage. Prints a table; writes
 `benchmarks/results/watch_bench.json`.
 """
 
@@ -30,7 +32,7 @@ import numpy as np
 import ray
 from ray.cluster_utils import Cluster
 
-from benchmarks._measure import MB, format_table, pss_bytes
+from benchmarks._measure import MB, format_table, process_name, process_tree, pss_bytes
 from benchmarks._report import ROOT, write_json
 from benchmarks.loaders.data import COLUMNS, make_dataset, parquet_files
 
@@ -69,24 +71,50 @@ def read_rank(loader, rank: int, world: int, gate) -> dict:
 
 
 def watch_processes() -> dict[str, list[int]]:
-    """PSS in bytes of every live watch process of this machine, by name."""
+    """PSS in bytes of every live watch process of this run (its cluster's nodes are this
+    process's children), by name."""
     out: dict[str, list[int]] = {name: [] for name in WATCH_PROCESSES}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/comm") as handle:
-                    name = handle.read().strip()
-            except OSError:
-                continue
-            if name in out:
-                out[name].append(pss_bytes(int(entry)).get("Pss", 0))
+    for pid in process_tree():
+        name = process_name(pid)
+        if name in out:
+            out[name].append(pss_bytes(pid).get("Pss", 0))
     return out
+
+
+def watch_actors() -> dict[str, list[str]]:
+    """States of the watch actors Ray has not ended, by class (`NodeWatch`, `RankWatch`)."""
+    out: dict[str, list[str]] = {"NodeWatch": [], "RankWatch": []}
+    for actor in ray._private.state.actors().values():
+        kind = actor["ActorClassName"].rsplit(".", 1)[-1]
+        if kind in out and actor["State"] != "DEAD":
+            out[kind].append(actor["State"])
+    return out
+
+
+def wait_for_started_watches(timeout_s: float = 60.0) -> dict[str, list[str]]:
+    """Until every watch actor is started (a rank does not wait for its `RankWatch` to
+    start: its first batch may come first), so that their processes are measured."""
+    deadline = time.time() + timeout_s
+    while True:
+        actors = watch_actors()
+        states = [state for states in actors.values() for state in states]
+        if all(state == "ALIVE" for state in states) or time.time() > deadline:
+            return actors
+        time.sleep(0.1)
+
+
+def wait_for_no_watches(timeout_s: float = 60.0) -> None:
+    """Until the watch processes of the way before have exited (they would be counted)."""
+    deadline = time.time() + timeout_s
+    while any(watch_processes().values()) and time.time() < deadline:
+        time.sleep(0.2)
 
 
 def measure(way: str, paths: list[str], rows: int, ranks: int) -> dict:
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
+    wait_for_no_watches()
     loader = Loader(
         ParquetSource(paths, columns=COLUMNS),
         batch_size=1024,
@@ -101,6 +129,7 @@ def measure(way: str, paths: list[str], rows: int, ranks: int) -> dict:
         refs = [task.remote(loader, rank, ranks, gate) for rank in range(ranks)]
         while ray.get(gate.count.remote()) < ranks:
             time.sleep(0.1)
+        actors = wait_for_started_watches()
         processes = watch_processes()
         stats = loader.stats()
         ray.get(gate.open.remote())
@@ -112,8 +141,9 @@ def measure(way: str, paths: list[str], rows: int, ranks: int) -> dict:
     return {
         "way": way,
         "ranks": ranks,
-        "node_watches": len(processes["ray::NodeWatch"]),
-        "rank_watches": len(processes["ray::RankWatch"]),
+        "node_watches": len(actors["NodeWatch"]),
+        "rank_watches": len(actors["RankWatch"]),
+        "watch_processes": sum(len(p) for p in processes.values()),
         "watch_pss_mb": sum(sum(p) for p in processes.values()) / MB,
         "watched_by_pid": stats["watched_by_pid"],
         "first_batch_median_s": statistics.median(first),
@@ -139,9 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4, help="rank processes on the node")
     parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--data", type=Path, help="folder for the generated Parquet")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/watch_bench.json")
     args = parser.parse_args(argv)
-    folder = Path(tempfile.gettempdir()) / f"rayshard-watch-bench-{args.rows}"
+    folder = args.data or Path(tempfile.gettempdir()) / f"rayshard-watch-bench-{args.rows}"
     make_dataset(folder, args.rows)
     paths = parquet_files(folder)
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
