@@ -49,6 +49,11 @@ class NodeWatch:
         """Whether the process of `token` is one this node's watch can keep (`visible`)."""
         return pid_watch.visible(token, self._node)
 
+    async def pid_namespace(self) -> int | None:
+        """The pid namespace this watch sees processes in; None where it can watch none
+        (no pidfds here)."""
+        return pid_watch.pid_namespace() if pid_watch.pidfds_work() else None
+
     async def watch(self, key: str, token: str) -> None:
         """Return once the process of `token` has ended or `end_watch(key)` was called (at
         once if that came first)."""
@@ -76,6 +81,9 @@ class NodeWatches:
         self._releases: set[asyncio.Task] = set()  # pending `_release_later` (kept: not GC'd)
         self._alive_nodes: tuple[float, set[str]] | None = None  # (when, ids) Ray said alive
         self._asking: asyncio.Future | None = None  # the `ray.nodes()` call in flight
+        # node -> the pid namespace its watch sees (None: none), learnt when it refused a
+        # process: a process of another namespace there is refused with no watch started
+        self._namespaces: dict[str, int | None] = {}
 
     def __len__(self) -> int:
         return len(self._handles)
@@ -84,12 +92,20 @@ class NodeWatches:
         """Whether the `NodeWatch` of the token's node can watch its process; False for a
         node that is not alive, or whose watch could not start or answer (the worker then
         starts a `RankWatch`)."""
-        node = pid_watch.parse(token).node
+        watched = pid_watch.parse(token)
+        node = watched.node
+        if self._namespaces.get(node, watched.namespace) != watched.namespace:
+            return False  # a process its watch cannot see (a container of its own, say)
         self._used[node] = asyncio.get_running_loop().time()
         handle = None
         try:
             handle = await self._handle(node)
-            return handle is not None and await handle.sees.remote(token)
+            if handle is None:
+                return False
+            if await handle.sees.remote(token):
+                return True
+            self._namespaces[node] = await handle.pid_namespace.remote()
+            return False
         except Exception as error:  # noqa: BLE001 - any failure: not seen, nothing attached
             log.info("the watch of node %s did not answer: %r", node, error)
             self._forget(handle)

@@ -119,3 +119,32 @@ def test_a_node_ray_does_not_know_gets_no_watch(ray_session):
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_process_its_node_watch_cannot_see_is_refused_with_no_watch_started(ray_session):
+    """A process in another pid namespace than the node's watch (a container of its own)
+    is refused; once the watch has refused one, the next such process is refused with no
+    `NodeWatch` started for it, while a process the watch sees is still watched."""
+    here = ray.get_runtime_context().get_node_id()
+    process = sleeper()
+    token = token_of(process, here)
+    watched = pid_watch.parse(token)
+    elsewhere = token_with(watched, namespace=watched.namespace + 1)
+
+    async def run() -> None:
+        watches = NodeWatches()
+
+        async def released() -> bool:
+            return len(watches) == 0
+
+        assert not await watches.sees(elsewhere) and len(watches) == 1  # asked, refused
+        await eventually(released, "the unused NodeWatch's end")
+        assert not await watches.sees(elsewhere)
+        assert len(watches) == 0  # refused at once: none started
+        assert await watches.sees(token) and len(watches) == 1
+
+    try:
+        asyncio.run(run())
+    finally:
+        process.kill()
+        process.wait()
