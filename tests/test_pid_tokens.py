@@ -26,6 +26,16 @@ def sleeper() -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
 
 
+def run_reaping(run, processes: list[subprocess.Popen]) -> None:
+    """`asyncio.run(run())`, then kill and reap `processes`, whether it passed or failed."""
+    try:
+        asyncio.run(run())
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
 def token_of(process: subprocess.Popen, node: str = NODE) -> str:
     """The token the child would send (it shares this process's pid namespace)."""
     start = pid_watch.start_ticks(process.pid)
@@ -137,11 +147,7 @@ def test_without_a_descriptor_exited_polls_and_never_takes_a_live_process_for_de
         process.kill()
         await asyncio.wait_for(ended, EVENT_TIMEOUT_S)
 
-    try:
-        asyncio.run(run())
-    finally:
-        process.kill()
-        process.wait()
+    run_reaping(run, [process])
 
 
 def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
@@ -174,12 +180,7 @@ def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
         assert watches.counts()["watched_by_pid"] == 1  # "b": its process lives on, its watch too
         assert len(ended) == 3
 
-    try:
-        asyncio.run(run())
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
+    run_reaping(run, processes)
 
 
 async def wait_for(condition, timeout_s: float = EVENT_TIMEOUT_S) -> None:

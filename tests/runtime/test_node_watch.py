@@ -13,7 +13,7 @@ import ray
 
 from rayshard.runtime import pid_watch
 from rayshard.runtime.node_watch import RETRY_S, NodeWatches
-from tests.test_pid_tokens import sleeper, token_of, token_with
+from tests.test_pid_tokens import run_reaping, sleeper, token_of, token_with
 from tests.timeouts import EVENT_TIMEOUT_S
 
 pytestmark = [
@@ -89,12 +89,7 @@ def test_a_node_watch_follows_its_processes_and_is_replaced_when_it_dies(ray_ses
         with pytest.raises(ray.exceptions.RayActorError):
             await third.keys.remote()
 
-    try:
-        asyncio.run(run())
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
+    run_reaping(run, processes)
 
 
 async def _replaced(watches: NodeWatches, node: str, old, held) -> bool:
@@ -114,11 +109,7 @@ def test_a_node_ray_does_not_know_gets_no_watch(ray_session):
         await asyncio.wait_for(watches.watch("key", token, asyncio.Event()), EVENT_TIMEOUT_S)
         assert len(watches) == 0
 
-    try:
-        asyncio.run(run())
-    finally:
-        process.kill()
-        process.wait()
+    run_reaping(run, [process])
 
 
 def test_a_process_its_node_watch_cannot_see_is_refused_with_no_watch_started(ray_session):
@@ -143,8 +134,4 @@ def test_a_process_its_node_watch_cannot_see_is_refused_with_no_watch_started(ra
         assert len(watches) == 0  # refused at once: none started
         assert await watches.sees(token) and len(watches) == 1
 
-    try:
-        asyncio.run(run())
-    finally:
-        process.kill()
-        process.wait()
+    run_reaping(run, [process])
