@@ -72,6 +72,7 @@ def test_demand_scales_up_and_idle_nodes_scale_down(tmp_path):
     assert not os.path.exists(scaling["temp_dir"])
 
     events = result["events"]
+    print("events:", *events, "autoscaling:", scaling, sep="\n")  # shown if it fails
     at = {kind: [e for e in events if e["event"] == kind] for kind in {e["event"] for e in events}}
     # Scale-up on demand: three ranks demanded, three nodes added by the autoscaler, each
     # after the first demand; every rank started on one of them.
