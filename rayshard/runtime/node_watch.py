@@ -7,13 +7,14 @@ pinned to it, and owned by the coordinator (it ends with the coordinator; a rest
 coordinator makes them again as it watches the journal's ranks). That is one process
 per node, where each worker process used to start a `RankWatch` actor of its own.
 
-A watch ends when the process ends, when its node is gone (and its processes with it),
-or when the coordinator releases it (the iterator closed or was dropped). A `NodeWatch`
-left with no watch for `IDLE_RELEASE_S` is ended: Ray's autoscaler takes a node with a
-live actor for busy, and would never remove it. A `NodeWatch`
-that dies on a node that is still alive ends nothing: a live worker taken for dead would
-have its work served twice. A new `NodeWatch` takes the watch over; its first look at
-the process returns at once if the process ended meanwhile.
+A watch ends when the process ends, when Ray reports its node dead (its processes gone
+with it), or when the coordinator releases it (the iterator closed or was dropped).
+Nothing else ends it: a `NodeWatch` that dies, cannot be placed or does not answer while
+its node lives ends no watch, since a live worker taken for dead would have its work
+served twice. A new `NodeWatch` takes the watches over (after `RETRY_S`, doubling while
+they keep failing); its first look at a process returns at once if it ended meanwhile.
+A `NodeWatch` left with no watch for `IDLE_RELEASE_S` is ended: Ray's autoscaler takes a
+node with a live actor for busy, and would never remove it.
 """
 
 from __future__ import annotations
