@@ -150,6 +150,40 @@ def test_without_a_descriptor_exited_polls_and_never_takes_a_live_process_for_de
     run_reaping(run, [process])
 
 
+@pytest.mark.parametrize("failing", ["add_reader", "a bug in exited"])
+def test_a_loop_that_cannot_take_the_pidfd_polls_and_never_takes_a_live_process_for_dead(
+    monkeypatch, failing
+):
+    """The event loop refusing the pidfd (epoll full: `OSError`), or any error inside
+    `exited` (a bug), is the watcher's own: the process is watched by polling, and only
+    its real end ends the watch."""
+    import errno
+
+    process = sleeper()
+    token = token_of(process)
+
+    def refused(*args, **kwargs):
+        if failing == "add_reader":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        raise RuntimeError("a bug")
+
+    if failing == "add_reader":
+        monkeypatch.setattr(asyncio.selector_events.BaseSelectorEventLoop, "add_reader", refused)
+    else:
+        monkeypatch.setattr(pid_watch.os, "pidfd_open", refused)
+    monkeypatch.setattr(pid_watch, "POLL_S", 0.01)
+
+    async def run() -> None:
+        released = asyncio.Event()
+        ended = asyncio.ensure_future(pid_watch.exited_or_ended(token, released))
+        assert await still_waiting(ended)
+        process.kill()
+        await asyncio.wait_for(ended, EVENT_TIMEOUT_S)
+        assert not released.is_set()
+
+    run_reaping(run, [process])
+
+
 def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
     """The coordinator's side: each key watched by pid ends once, at its process's
     death or at `end(key)` (also one that came first), and ends no other key."""

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 RETRY_S = 1.0  # wait before a new `NodeWatch` takes over from one that died (doubling)
 MAX_RETRY_S = 30.0
 IDLE_RELEASE_S = 2.0  # a `NodeWatch` with no watch this long is ended
+SEES_TIMEOUT_S = 60.0  # a `NodeWatch` that does not answer `sees` by then: not seen
 NODE_POLL_S = 0.1  # how often Ray is asked whether a dead watch's node is gone
 MAX_WATCHES = 100_000  # concurrent watch calls of one `NodeWatch` (one per rank watched)
 
@@ -79,6 +80,7 @@ class NodeWatches:
         self._handles: dict[str, Any] = {}
         self._keys: dict[str, set[str]] = {}  # node -> the keys watched there now
         self._used: dict[str, float] = {}  # node -> when its watch was last asked (loop time)
+        self._seeing: dict[str, int] = {}  # node -> `sees` calls waiting on its watch
         self._releases: set[asyncio.Task] = set()  # pending `_release_later` (kept: not GC'd)
         self._alive_nodes: tuple[float, set[str]] | None = None  # (when, ids) Ray said alive
         self._asking: asyncio.Future | None = None  # the `ray.nodes()` call in flight
@@ -98,12 +100,13 @@ class NodeWatches:
         if self._namespaces.get(node, watched.namespace) != watched.namespace:
             return False  # a process its watch cannot see (a container of its own, say)
         self._used[node] = asyncio.get_running_loop().time()
+        self._seeing[node] = self._seeing.get(node, 0) + 1
         handle = None
         try:
             handle = await self._handle(node)
             if handle is None:
                 return False
-            if await handle.sees.remote(token):
+            if await asyncio.wait_for(handle.sees.remote(token), SEES_TIMEOUT_S):
                 return True
             self._namespaces[node] = await handle.pid_namespace.remote()
             return False
@@ -112,6 +115,7 @@ class NodeWatches:
             self._forget(handle)
             return False
         finally:
+            self._seeing[node] -= 1
             self._release_if_idle(node)  # no watch may follow (the attach failed)
 
     async def watch(self, key: str, token: str, ended: asyncio.Event) -> None:
@@ -133,30 +137,38 @@ class NodeWatches:
         (back to `RETRY_S` once a watch held that long)."""
         loop, retry_s = asyncio.get_running_loop(), RETRY_S
         while not ended.is_set():
-            handle = await self._handle(node)
-            if handle is None:
-                return  # its node is gone, and the process with it
-            began = loop.time()
-            call = asyncio.ensure_future(handle.watch.remote(key, token))
-            release = asyncio.ensure_future(ended.wait())
+            began, handle = loop.time(), None
             try:
-                await asyncio.wait([call, release], return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                release.cancel()
-            if not call.done():  # released: end the call there too
-                call.cancel()
-                handle.end_watch.remote(key)
-                return
-            error = call.exception()
-            if error is None:
-                return  # the process ended
-            log.info("the watch of node %s failed: %r (another takes over)", node, error)
-            self._forget(handle)  # its node may live on (see the module docstring)
+                handle = await self._handle(node)
+                if handle is None:
+                    return  # its node is gone, and the process with it
+                await self._watch_once(handle, key, token, ended)
+                return  # the process ended, or the watch was released
+            except Exception as error:  # noqa: BLE001 - the watch failed: another takes over
+                log.info("the watch of node %s failed: %r (another takes over)", node, error)
+                self._forget(handle)  # its node may live on (see the module docstring)
             if loop.time() - began >= MAX_RETRY_S:
                 retry_s = RETRY_S
             if await self._ends_within(node, retry_s, ended):
                 return
             retry_s = min(MAX_RETRY_S, retry_s * 2)
+
+    @staticmethod
+    async def _watch_once(handle: Any, key: str, token: str, ended: asyncio.Event) -> None:
+        """One `NodeWatch.watch` call: returns once the process ended or `ended` is set
+        (the call is then ended on the node too); raises if the call failed."""
+        call = asyncio.ensure_future(handle.watch.remote(key, token))
+        release = asyncio.ensure_future(ended.wait())
+        try:
+            await asyncio.wait([call, release], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            release.cancel()
+            if not call.done():  # released (or this task cancelled): end it there too
+                call.cancel()
+                with contextlib.suppress(Exception):
+                    handle.end_watch.remote(key)
+        if not call.cancelled():
+            call.result()  # raises if the call failed
 
     async def _handle(self, node: str) -> Any:
         """The `NodeWatch` of `node`, made if needed; None if the node is not alive."""
@@ -219,7 +231,8 @@ class NodeWatches:
     async def _release_later(self, node: str) -> None:
         await asyncio.sleep(IDLE_RELEASE_S)
         loop = asyncio.get_running_loop()
-        if self._keys.get(node) or loop.time() - self._used.get(node, 0.0) < IDLE_RELEASE_S:
+        recently = loop.time() - self._used.get(node, 0.0) < IDLE_RELEASE_S
+        if self._keys.get(node) or self._seeing.get(node) or recently:
             return  # in use again: its own end schedules the next release
         self._keys.pop(node, None)
         self._used.pop(node, None)
@@ -240,6 +253,7 @@ __all__ = [
     "MAX_RETRY_S",
     "NODE_POLL_S",
     "RETRY_S",
+    "SEES_TIMEOUT_S",
     "NodeWatch",
     "NodeWatches",
 ]

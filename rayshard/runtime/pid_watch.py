@@ -141,7 +141,11 @@ async def exited(token: str) -> None:
             return
         loop = asyncio.get_running_loop()
         ended = loop.create_future()
-        loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+        try:
+            loop.add_reader(fd, lambda: ended.done() or ended.set_result(None))
+        except OSError:  # the loop cannot take one more descriptor: the slow way
+            await _polled_exit(watched)
+            return
         try:
             await ended
         finally:
@@ -152,12 +156,15 @@ async def exited(token: str) -> None:
 
 async def exited_or_ended(token: str, ended: asyncio.Event) -> None:
     """Return once the process of `token` has ended or `ended` is set (its watch was
-    released): `exited` raced against the release; an error of the watch is logged."""
+    released): `exited` raced against the release. An error of the watch (a bug) is
+    logged, and the process is then watched by polling: it never passes for an end."""
     waits = [asyncio.ensure_future(exited(token)), asyncio.ensure_future(ended.wait())]
     try:
         done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
         if waits[0] in done and waits[0].exception() is not None:  # a bug: say so
             log.warning("watching process %s failed: %r", token, waits[0].exception())
+            waits[0] = asyncio.ensure_future(_polled_exit(parse(token)))
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for wait in waits:
             wait.cancel()
