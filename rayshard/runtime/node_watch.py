@@ -159,15 +159,17 @@ class NodeWatches:
         (the call is then ended on the node too); raises if the call failed."""
         call = asyncio.ensure_future(handle.watch.remote(key, token))
         release = asyncio.ensure_future(ended.wait())
+        answered = False
         try:
             await asyncio.wait([call, release], return_when=asyncio.FIRST_COMPLETED)
+            answered = call.done()
         finally:
             release.cancel()
-            if not call.done():  # released (or this task cancelled): end it there too
-                call.cancel()
+            if not answered:  # released (or this task cancelled): end it there too
+                call.cancel()  # (a request: the future is not done until the loop runs)
                 with contextlib.suppress(Exception):
                     handle.end_watch.remote(key)
-        if not call.cancelled():
+        if answered:
             call.result()  # raises if the call failed
 
     async def _handle(self, node: str) -> Any:

@@ -85,9 +85,16 @@ def test_a_node_watch_follows_its_processes_and_is_replaced_when_it_dies(ray_ses
         async def released() -> bool:
             return len(watches) == 0
 
-        await eventually(released, "the unused NodeWatch's end")
-        with pytest.raises(ray.exceptions.RayActorError):
-            await third.keys.remote()
+        await eventually(released, "the unused NodeWatch's release")
+
+        async def dead() -> bool:
+            try:
+                await third.keys.remote()
+            except ray.exceptions.RayActorError:
+                return True
+            return False
+
+        await eventually(dead, "the unused NodeWatch's end")  # `ray.kill` is asynchronous
 
     run_reaping(run, processes)
 
