@@ -79,6 +79,16 @@ def pss_bytes(pid: int) -> dict[str, int]:
     return out
 
 
+def wait_for_exit(names: tuple[str, ...], timeout_s: float) -> None:
+    """Wait until no process of this tree has one of these names (killed actors take a
+    few seconds to exit, and would count in the next measurement's memory)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if not any(process_name(pid) in names for pid in process_tree()):
+            return
+        time.sleep(0.2)
+
+
 # The harness's own Ray actor (`benchmarks.loaders.on_ray.EpochBarrier`), not a loader's:
 # its process name as /proc shows it (15 characters) starts so.
 HARNESS_PROCESS = "ray::EpochBarri"

@@ -70,9 +70,8 @@ from benchmarks._measure import (
     PeakPss,
     format_table,
     peak_between,
-    process_name,
-    process_tree,
     summarize_epoch,
+    wait_for_exit,
 )
 from benchmarks._report import ROOT, start_local_ray, write_json
 from benchmarks.loaders.data import (
@@ -143,16 +142,6 @@ def start_ray(num_cpus: int) -> None:
     start_local_ray(num_cpus, "rayshard-bench")
 
 
-def _wait_for_exit(names: tuple[str, ...], timeout_s: float) -> None:
-    """Wait until no process of this tree has one of these names (killed actors take a
-    few seconds to exit, and would count in the next measurement's memory)."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if not any(process_name(pid) in names for pid in process_tree()):
-            return
-        time.sleep(0.2)
-
-
 def measure(
     name: str, paths: list[str], num_rows: int, epochs: int, warmup: bool, world: int = WORLD
 ) -> dict:
@@ -162,7 +151,7 @@ def measure(
         run(paths, 1)
         gc.collect()
         time.sleep(1.0)  # let finished actors and processes exit before the baseline
-        _wait_for_exit(("ray::ShardReade", "ray::Coordinato"), timeout_s=30)
+        wait_for_exit(("ray::ShardReade", "ray::Coordinato"), timeout_s=30)
     begun = time.time()
     with PeakPss() as memory, TreeCpu(measuring=[memory.thread]) as cpu:
         records, started = run(paths, epochs)

@@ -32,7 +32,14 @@ import numpy as np
 import ray
 from ray.cluster_utils import Cluster
 
-from benchmarks._measure import MB, format_table, process_name, process_tree, pss_bytes
+from benchmarks._measure import (
+    MB,
+    format_table,
+    process_name,
+    process_tree,
+    pss_bytes,
+    wait_for_exit,
+)
 from benchmarks._report import ROOT, write_json
 from benchmarks.loaders.data import COLUMNS, make_dataset, parquet_files
 
@@ -103,18 +110,11 @@ def wait_for_started_watches(timeout_s: float = 60.0) -> dict[str, list[str]]:
         time.sleep(0.1)
 
 
-def wait_for_no_watches(timeout_s: float = 60.0) -> None:
-    """Until the watch processes of the way before have exited (they would be counted)."""
-    deadline = time.time() + timeout_s
-    while any(watch_processes().values()) and time.time() < deadline:
-        time.sleep(0.2)
-
-
 def measure(way: str, paths: list[str], rows: int, ranks: int) -> dict:
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
-    wait_for_no_watches()
+    wait_for_exit(WATCH_PROCESSES, timeout_s=60)  # the way before's: they would count
     loader = Loader(
         ParquetSource(paths, columns=COLUMNS),
         batch_size=1024,
