@@ -75,16 +75,23 @@ def test_demand_scales_up_and_idle_nodes_scale_down(tmp_path):
     print("events:", *events, "autoscaling:", scaling, sep="\n")  # shown if it fails
     at = {kind: [e for e in events if e["event"] == kind] for kind in {e["event"] for e in events}}
     # Scale-up on demand: three ranks demanded, three nodes added by the autoscaler, each
-    # after the first demand; every rank started on one of them.
+    # after the first demand; every rank started on one of them, one rank a node. On a
+    # loaded machine Ray's autoscaler may launch a node beyond the demand and end it at
+    # once (`max_workers`; seen in 2 of 7 full runs): such a spare node ran no rank, and
+    # is gone by the end.
     assert len(at["rank_demanded"]) == 3
-    assert len(at["node_added"]) == 3 == scaling["nodes_added"]
+    added = {e["node_id"] for e in at["node_added"]}
+    assert len(at["node_added"]) == len(added) == scaling["nodes_added"]
     assert min(e["t"] for e in at["node_added"]) > min(e["t"] for e in at["rank_demanded"])
     started = {e["node_id"] for e in at["rank_started"]}
-    assert len(started) == 3 and started == {e["node_id"] for e in at["node_added"]}
+    assert len(started) == 3 and started <= added
+    removed = {e["node_id"] for e in at["node_removed"]}
+    assert added - started <= removed, "a spare node was left"
     assert len(scaling["scale_up_s"]) == 3
     # Idle scale-down: the node of the rank that left goes first, while the others still
     # run; then the others after the ranks finished; each no sooner than the idle timeout.
-    assert scaling["nodes_removed"] == 3 and scaling["workers_left"] == 0
+    assert removed == added and scaling["nodes_removed"] == len(added)
+    assert scaling["workers_left"] == 0
     assert len(scaling["scale_down_s"]) == 3
     assert all(d >= IDLE_TIMEOUT_S - 1 for d in scaling["scale_down_s"]), scaling
     # Causal order only: the rank leaves once it started; the run holds the other ranks
@@ -94,7 +101,8 @@ def test_demand_scales_up_and_idle_nodes_scale_down(tmp_path):
     left = at["remove_node"][0]
     assert left["mode"] == "rank_leaves"
     assert scaling["not_scaled_down_in_run"] == []
-    first_removed = min(at["node_removed"], key=lambda e: e["t"])
+    ranks_nodes_removed = [e for e in at["node_removed"] if e["node_id"] in started]
+    first_removed = min(ranks_nodes_removed, key=lambda e: e["t"])
     leaver = next(e["node_id"] for e in at["rank_started"] if e["node"] == left["node"])
     assert first_removed["node_id"] == leaver
     released = at["ranks_released"][0]
