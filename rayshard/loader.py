@@ -99,7 +99,7 @@ class Loader:
         if journal_path is not None:
             Journal(self.journal_path, self.loader_id).check_reusable()
         warn_about_actor_resources(settings)
-        here = ray.get_runtime_context().get_node_id()
+        here = self._coordinator_node = ray.get_runtime_context().get_node_id()
         try:
             self._coordinator = (
                 remote_class(Coordinator)
@@ -238,10 +238,11 @@ class Loader:
         worker reads for itself, and what watches it under the reader's name
         (`registration["watch_key"]`, see `watch_rank`) stands in for the reader."""
         name, generation = registration["reader"], registration["generation"]
-        if watch_only:
-            registration["watch_key"] = name
-            return watch_rank(self._coordinator, self.namespace, generation, dp.dp_rank, name)
         node = ray.get_runtime_context().get_node_id()
+        if watch_only:  # on another node than the coordinator's, the attach is not waited for
+            registration["watch_key"] = name
+            parts = (self._coordinator, self.namespace, generation, dp.dp_rank, name)
+            return watch_rank(*parts, answer_now=node == self._coordinator_node)
         reader = remote_class(ShardReader).options(
             name=name,
             namespace=self.namespace,

@@ -63,12 +63,14 @@ def test_a_token_names_this_process_and_its_start():
     assert token_with(watched) == token
     assert pid_watch.is_token(token) and not pid_watch.is_token("rayshard-watch-1-0")
     assert not pid_watch.is_token("") and not pid_watch.is_token(None)
-    assert pid_watch.visible(token, NODE)
-    assert not pid_watch.visible(token, "b" * 56)  # another node's process
-    stale = token_with(watched, start=watched.start + 1)  # the pid given to another
-    assert not pid_watch.visible(stale, NODE)
+    assert pid_watch.watchable(token, NODE)
+    assert not pid_watch.watchable(token, "b" * 56)  # another node's process
+    # The pid given to another: the process ended, and watching it ends at once (its rank
+    # is lost: a dead worker cannot fall back to a `RankWatch`).
+    stale = token_with(watched, start=watched.start + 1)
+    assert pid_watch.watchable(stale, NODE)
     contained = token_with(watched, namespace=watched.namespace + 1)  # another pid namespace
-    assert not pid_watch.visible(contained, NODE)
+    assert not pid_watch.watchable(contained, NODE)
 
 
 @pytest.mark.parametrize("value", ["0", "false", "no"])

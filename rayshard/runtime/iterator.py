@@ -64,8 +64,7 @@ class ShardIterator:
                 self, abandon_rank, local_reads, self._reader, self._watch_key
             )
         self._local = local_reads  # a `LocalReads`: this worker reads for itself
-        self._depth = prefetch_depth
-        self._blocks_ahead = blocks_ahead
+        self._depth, self._blocks_ahead = prefetch_depth, blocks_ahead
         self._format = batch_format
         self._device = device
         self._collate_fn = collate_fn
@@ -242,9 +241,11 @@ class ShardIterator:
     def _leave(self) -> None:
         """Leave the coordinator and stop the reader (a watch's key: see `close`)."""
         placement = (self._generation, self._placement.dp_rank, self._reader_name)
-        ray.get(self._coordinator.leave.remote(*placement))
         if self._watch_key is None:
             self._reader.stop.remote()
+        else:  # its attach is answered first (see `watch_rank`): the leave comes after it
+            self._reader.settled(fall_back=False)
+        ray.get(self._coordinator.leave.remote(*placement))
 
     def _registered(self) -> tuple[str, int, int, str]:
         """What `rayshard.runtime.generations` knows this iterator's registration by."""
@@ -257,6 +258,7 @@ class ShardIterator:
         where = self._where()
         try:  # the coordinator plans the epoch here (under packing it reads token counts)
             if self._local is not None:
+                self._reader.settled()  # the attach was answered (see `watch_rank`)
                 started = self._local.start(
                     self._generation, self._epoch, arrow=self._format == "arrow"
                 )
@@ -273,7 +275,7 @@ class ShardIterator:
         self._received = 0
         # Under `dynamic` a waiting rank sends its acknowledgements at once (reading here:
         # once its leases ended): at an epoch's end the other ranks wait for exactly those.
-        flush = self._acks.flush if self._dynamic else _no_flush
+        flush = self._acks.flush if self._dynamic else (lambda: None)  # static: sends nothing
         if self._local is not None:
             flush = self._local.when_awaited(flush)
             raw = self._local.batches(self._epoch, flush=flush, where=where)
@@ -311,10 +313,6 @@ class ShardIterator:
         self.stall_seconds += stall
         received = (self._received, meta.runs, meta.real, meta.nbytes, stall, meta.partial)
         self._acks.add(epoch, *received)
-
-
-def _no_flush() -> None:
-    """A static rank's wait sends nothing early (see `ShardIterator._begin`)."""
 
 
 __all__ = ["FORMATS", "ShardIterator"]

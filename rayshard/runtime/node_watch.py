@@ -48,8 +48,8 @@ class NodeWatch:
         self._ended: dict[str, asyncio.Event] = {}  # key -> set by `end_watch`
 
     async def sees(self, token: str) -> bool:
-        """Whether the process of `token` is one this node's watch can keep (`visible`)."""
-        return pid_watch.visible(token, self._node)
+        """Whether the process of `token` is one this node's watch can keep (`watchable`)."""
+        return pid_watch.watchable(token, self._node)
 
     async def pid_namespace(self) -> int | None:
         """The pid namespace this watch sees processes in; None where it can watch none

@@ -109,17 +109,13 @@ def parse(token: str) -> Watched:
     return Watched(parts[0], *(int(part) for part in parts[1:]))
 
 
-def visible(token: str, node_id: str) -> bool:
+def watchable(token: str, node_id: str) -> bool:
     """Whether a process of node `node_id` can watch the process of `token`: it is of the
-    same node and pid namespace, alive, the same process (its start time), and pidfds
-    work here."""
+    same node and pid namespace, and pidfds work here. A process that has already ended
+    (or whose pid names another one now) is watchable: its watch ends at once, and its
+    rank is lost, since a dead worker cannot fall back to a `RankWatch`."""
     watched = parse(token)
-    if (watched.node, watched.namespace) != (node_id, pid_namespace()) or not pidfds_work():
-        return False
-    try:
-        return start_ticks(watched.pid) == watched.start
-    except OSError:
-        return False
+    return (watched.node, watched.namespace) == (node_id, pid_namespace()) and pidfds_work()
 
 
 async def exited(token: str) -> None:
@@ -203,5 +199,5 @@ __all__ = [
     "pidfds_work",
     "start_ticks",
     "token_here",
-    "visible",
+    "watchable",
 ]

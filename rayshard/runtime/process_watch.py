@@ -99,32 +99,89 @@ def process_watch(namespace: str, key: str) -> tuple[str, Any]:
         return use.name, use.handle
 
 
-def watch_rank(coordinator: Any, namespace: str, generation: int, dp_rank: int, key: str) -> Any:
+class PendingWatch:
+    """What watches a rank read for in this process, once the coordinator answered its
+    attach (`watch_rank`): the coordinator, which watches the process by its pid, or, where
+    it cannot see the process, this process's `RankWatch` (made then, and attached)."""
+
+    def __init__(self, coordinator: Any, answer: Any, by_rank_watch: Any) -> None:
+        self._coordinator = coordinator
+        self._answer = answer  # the attach's `ObjectRef`; None once answered
+        self._by_rank_watch = by_rank_watch  # makes and attaches this process's `RankWatch`
+        self._watch: Any = None
+        self._lock = threading.RLock()  # a finalizer may release on the settling thread
+
+    def answered(self) -> bool:
+        """Whether `settled()` would not wait for the coordinator (call under `ray_held`)."""
+        answer = self._answer
+        return answer is None or bool(ray.wait([answer], timeout=0)[0])
+
+    def settled(self, fall_back: bool = True) -> Any:
+        """The watch, whose `end_watch(key)` releases the rank, once the coordinator
+        answered the attach: a refused one makes the `RankWatch` now, or, with `fall_back`
+        False (the rank is being released), leaves None: nothing watches the rank."""
+        with self._lock:
+            if self._answer is not None:
+                try:
+                    attached = ray.get(self._answer)
+                except Exception:  # noqa: BLE001 - an attach that failed attached nothing
+                    if fall_back:
+                        raise
+                    attached = False
+                self._answer = None
+                self._watch = self._coordinator if attached else None
+            if self._watch is None and fall_back:
+                self._watch = self._by_rank_watch()
+            return self._watch
+
+
+def watch_rank(
+    coordinator: Any,
+    namespace: str,
+    generation: int,
+    dp_rank: int,
+    key: str,
+    answer_now: bool = True,
+) -> PendingWatch:
     """Have `dp_rank`, read for in this process, watched under `key` (and attached): by
     the coordinator through this process's pid where it can see this process (on its
     node, or through this node's `NodeWatch`: see `pid_watch`, `node_watch`), else by this
-    process's `RankWatch` in `namespace`. Returns what watches it, the coordinator or the
-    watch: its `end_watch(key)` releases the rank."""
-    attach = coordinator.attach_reader
+    process's `RankWatch` in `namespace`. Without `answer_now` (a process on another node
+    than the coordinator's) the attach by pid is not waited for: its answer may wait for
+    this node's `NodeWatch` to start, which the iterator's first reads wait for instead
+    (`PendingWatch.settled`), after what the loop does between making the iterator and
+    iterating it."""
+
+    def by_rank_watch() -> Any:
+        name, watch = process_watch(namespace, key)
+        try:
+            ray.get(coordinator.attach_reader.remote(generation, dp_rank, key, name))
+        except BaseException:
+            release(key)  # no iterator will hold the key: the watch may be released
+            raise
+        return watch
+
     token = pid_watch.token_here(ray.get_runtime_context().get_node_id())
-    if token is not None and ray.get(attach.remote(generation, dp_rank, key, token)):
-        return coordinator
-    name, watch = process_watch(namespace, key)
-    try:
-        ray.get(attach.remote(generation, dp_rank, key, name))
-    except BaseException:
-        release(key)  # no iterator will hold the key: the watch may be released
-        raise
-    return watch
+    answer = None
+    if token is not None:
+        answer = coordinator.attach_reader.remote(generation, dp_rank, key, token)
+    pending = PendingWatch(coordinator, answer, by_rank_watch)
+    if token is None or answer_now:
+        pending.settled()  # attached before the iterator is made; an error raised here
+    return pending
 
 
 def release(key: str, watch: Any = None, blocking: bool = True) -> Any:
     """The rank watched under `key` no longer reads in this process (its iterator was
     closed or dropped); a watch left without keys ends after `IDLE_RELEASE_S`. With
-    `watch` (a handle: call under `ray_held`), the key is ended there too (`watch` is the
-    coordinator for a rank watched by its process's pid). Returns None,
+    `watch` (a handle or a `PendingWatch`: call under `ray_held`), the key is ended there
+    too (`watch` is the coordinator for a rank watched by its process's pid). Returns None,
     for the caller's handle (a closed iterator holding it would keep the watch), or False
     when not `blocking` and the bookkeeping's lock was busy (nothing was released)."""
+    if isinstance(watch, PendingWatch):  # the attach's answer says what watches the rank
+        if not blocking and not watch.answered():
+            return False
+        watch = watch.settled(fall_back=False)
     if not _lock.acquire(blocking=blocking):
         return False
     try:
@@ -180,4 +237,4 @@ def _end_unused() -> None:
                 _lock.release()
 
 
-__all__ = ["IDLE_RELEASE_S", "WatchUse", "process_watch", "release", "watch_rank"]
+__all__ = ["IDLE_RELEASE_S", "PendingWatch", "WatchUse", "process_watch", "release", "watch_rank"]

@@ -46,7 +46,7 @@ class ReaderWatches:
         if not pid_watch.is_token(watch):
             return True
         if pid_watch.parse(watch).node == self._node:
-            return pid_watch.visible(watch, self._node)
+            return pid_watch.watchable(watch, self._node)
         return await self._nodes.sees(watch)
 
     def watch(self, dp_rank: int, name: str, shared: str | None) -> None:

@@ -72,7 +72,13 @@ def end_rank_watch(iterator) -> None:
     if iterator._watch_key is None:
         ray.kill(iterator._reader, no_restart=True)
     else:
-        ray.get(iterator._reader.end_watch.remote(iterator._watch_key))
+        ray.get(watch_of(iterator).end_watch.remote(iterator._watch_key))
+
+
+def watch_of(iterator):
+    """What watches a rank that reads in its consumer, once the coordinator answered its
+    attach (`process_watch.watch_rank`): the coordinator, or its process's `RankWatch`."""
+    return iterator._reader.settled()
 
 
 def watches_in_task(loaders) -> tuple[str, list[str]]:
@@ -83,7 +89,7 @@ def watches_in_task(loaders) -> tuple[str, list[str]]:
         for loader in loaders
         for r in range(2)
     ]
-    ids = [it._reader._actor_id.hex() for it in its]
+    ids = [watch_of(it)._actor_id.hex() for it in its]
     for it in its:
         it.close()
     import ray
@@ -118,7 +124,7 @@ def released_watch_in_task(loaders: list, idle_s: float) -> dict:
         for number, loader in enumerate(loaders):
             it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
             use = watches._watches[namespace]
-            assert it._reader._actor_id == use.handle._actor_id and use.keys == {it._watch_key}
+            assert watch_of(it)._actor_id == use.handle._actor_id and use.keys == {it._watch_key}
             watch_name = use.name
             found["ids"].append(sorted(real_ids(it)))
             found["names"].append(watch_name)

@@ -47,7 +47,11 @@ def test_a_node_watch_follows_its_processes_and_is_replaced_when_it_dies(ray_ses
         watches = NodeWatches()
         assert await watches.sees(tokens[0]) and len(watches) == 1
         watched = pid_watch.parse(tokens[0])
-        assert not await watches.sees(token_with(watched, start=watched.start + 1))  # reused pid
+        # Its pid given to another process: the process ended; it is seen, and its watch
+        # ends at once (its rank is then lost: its worker cannot fall back to a RankWatch).
+        reused = token_with(watched, start=watched.start + 1)
+        assert await watches.sees(reused)
+        await asyncio.wait_for(watches.watch("key-r", reused, asyncio.Event()), EVENT_TIMEOUT_S)
         ended = [asyncio.Event(), asyncio.Event()]
         waits = [
             asyncio.ensure_future(watches.watch(f"key-{i}", tokens[i], ended[i])) for i in (0, 1)

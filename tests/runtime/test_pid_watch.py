@@ -16,7 +16,7 @@ import ray
 from rayshard.loader import Loader
 from rayshard.runtime import pid_watch
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import real_ids, unique_name, write_parquet
+from tests.runtime.helpers import real_ids, unique_name, watch_of, write_parquet
 from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 pytestmark = [
@@ -59,7 +59,7 @@ class RankProcess:
         """`count` batches' real ids, acknowledged; this process's pid and what watches it."""
         ids = real_ids([next(self.batches) for _ in range(count)])
         self.it._acks.flush(wait=True)
-        return {"ids": ids, "pid": os.getpid(), "watch": self.it._reader._actor_id.hex()}
+        return {"ids": ids, "pid": os.getpid(), "watch": watch_of(self.it)._actor_id.hex()}
 
 
 def test_ranks_of_the_coordinators_node_are_watched_by_pid_with_no_watch_actor(
@@ -71,7 +71,7 @@ def test_ranks_of_the_coordinators_node_are_watched_by_pid_with_no_watch_actor(
         its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
         assert all(it._local is not None for it in its)  # each reads in this process
         coordinator = loader._coordinator._actor_id
-        assert all(it._reader._actor_id == coordinator for it in its)
+        assert all(watch_of(it)._actor_id == coordinator for it in its)
         stats = loader.stats()
         assert (stats["readers"], stats["watched_by_pid"]) == (2, 2)
         assert stats["node_watches"] == 0  # this node's processes: the coordinator's own
@@ -172,29 +172,84 @@ def test_a_restarted_coordinator_watches_the_processes_again(ray_session, tmp_pa
         loader.shutdown()
 
 
+@pytest.mark.parametrize("coordinator_elsewhere", [False, True])
 def test_a_process_the_coordinator_cannot_see_gets_a_watch_actor(
-    ray_session, tmp_path, monkeypatch
+    ray_session, tmp_path, monkeypatch, coordinator_elsewhere
 ):
     """A token naming another node (as a process there would send) is refused, nothing
-    attached; the iterator then starts its process's `RankWatch`, and reads as before."""
+    attached; the iterator then starts its process's `RankWatch`, and reads as before:
+    when it is made, or (`coordinator_elsewhere`: a worker on another node than the
+    coordinator's does not wait for its attach's answer) at its first reads."""
     loader = make_loader(write_parquet(tmp_path, ROWS))
     elsewhere = pid_watch.token_here("b" * 56)
-    watched = pid_watch.parse(elsewhere)
-    here = ray.get_runtime_context().get_node_id()
-    stale = f"pid:{here}:{watched.namespace}:{watched.pid}:{watched.start + 1}"
     try:
-        for token in (elsewhere, stale):
-            attach = loader._coordinator.attach_reader.remote(0, 0, "reader-x", token)
-            assert ray.get(attach) is False
+        attach = loader._coordinator.attach_reader.remote(0, 0, "reader-x", elsewhere)
+        assert ray.get(attach) is False
         assert loader.stats()["readers"] == 0
         monkeypatch.setattr(pid_watch, "token_here", lambda node: elsewhere)
+        if coordinator_elsewhere:
+            loader._coordinator_node = "c" * 56
         it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-        assert it._reader._actor_id != loader._coordinator._actor_id
-        kind = ray.get(it._reader.__ray_call__.remote(lambda self: type(self).__name__))
+        assert (it._reader._watch is None) == coordinator_elsewhere  # no RankWatch yet
+        assert sorted(real_ids(it)) == list(range(101))
+        assert watch_of(it)._actor_id != loader._coordinator._actor_id
+        kind = ray.get(watch_of(it).__ray_call__.remote(lambda self: type(self).__name__))
         assert kind == "RankWatch"
         stats = loader.stats()
         assert (stats["readers"], stats["watched_by_pid"]) == (1, 0)
-        assert sorted(real_ids(it)) == list(range(101))
         it.close()
+    finally:
+        loader.shutdown()
+
+
+def test_away_from_the_coordinator_the_first_reads_wait_for_the_attach(ray_session, tmp_path):
+    """A worker on another node than the coordinator's does not wait in `iterator()` for
+    its attach's answer (its node's `NodeWatch` may be starting); its first reads do. Here
+    the workers only look like such (the loader's coordinator node is made another's):
+    a rank is watched by its pid all the same, and an iterator dropped before its first
+    reads, its attach perhaps still unanswered, releases its rank to the others."""
+    import gc
+
+    loader = make_loader(
+        write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
+    )
+    loader._coordinator_node = "c" * 56
+    try:
+        survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+        dropped = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
+        assert survivor._reader._watch is None and dropped._reader._watch is None
+        del dropped
+        gc.collect()
+        wait_until(lambda: lost_ranks(loader), "the dropped rank's release")
+        assert lost_ranks(loader) == [(1, "reader died")]
+        assert Counter(real_ids(survivor)) == Counter(range(101))
+        assert survivor._reader._watch._actor_id == loader._coordinator._actor_id
+        assert loader.stats()["watched_by_pid"] == 1
+        survivor.close()
+    finally:
+        loader.shutdown()
+
+
+def test_a_rank_whose_process_ended_before_its_attach_was_answered_is_lost(
+    ray_session, tmp_path, monkeypatch
+):
+    """The attach by pid is not waited for (`process_watch.watch_rank`): a process may end
+    before the coordinator answers, and can then never fall back to a `RankWatch`. Its
+    token (here: this pid with another start, as once the pid is given again) is watched
+    all the same, the watch ends at once, and the rank's work goes to the others."""
+    loader = make_loader(
+        write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
+    )
+    try:
+        survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+        watched = pid_watch.parse(pid_watch.token_here(ray.get_runtime_context().get_node_id()))
+        ended = f"pid:{watched.node}:{watched.namespace}:{watched.pid}:{watched.start + 1}"
+        monkeypatch.setattr(pid_watch, "token_here", lambda node: ended)
+        gone = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
+        wait_until(lambda: lost_ranks(loader), "the ended process's rank to be lost")
+        assert lost_ranks(loader) == [(1, "reader died")]
+        assert watch_of(gone)._actor_id == loader._coordinator._actor_id  # attached by pid
+        assert Counter(real_ids(survivor)) == Counter(range(101))
+        gone.close()
     finally:
         loader.shutdown()

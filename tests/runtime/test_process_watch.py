@@ -21,6 +21,7 @@ from tests.runtime.helpers import (
     real_ids,
     released_watch_in_task,
     unique_name,
+    watch_of,
     watches_in_task,
     write_parquet,
 )
@@ -43,7 +44,7 @@ def make_loader(path: str, **options) -> Loader:
 
 
 def watched_keys(watch) -> list[str]:
-    """The keys a watch (an iterator's `_reader` while it is open) watches now."""
+    """The keys a watch (`watch_of` an open iterator) watches now."""
     return ray.get(watch.keys.remote())
 
 
@@ -67,10 +68,10 @@ def test_ranks_and_loaders_of_one_process_share_its_watch(ray_session, tmp_path)
             for r in range(2)
         ]
         assert all(it._local is not None for it in its)  # each reads in this process
-        assert len({it._reader._actor_id for it in its}) == 1
+        assert len({watch_of(it)._actor_id for it in its}) == 1
         keys = [it._watch_key for it in its]
         assert len(set(keys)) == 4
-        watch = its[0]._reader  # closing an iterator drops its handle to the watch
+        watch = watch_of(its[0])  # closing an iterator drops its handle to the watch
         wait_until(lambda: set(keys) <= set(watched_keys(watch)), "the coordinators' watches")
         assert all(loader.stats()["readers"] == 2 for loader in loaders)
         # Another process's ranks (of two other loaders) have that process's own watch.
@@ -79,7 +80,7 @@ def test_ranks_and_loaders_of_one_process_share_its_watch(ray_session, tmp_path)
         task = ray.remote(num_cpus=0, runtime_env=NO_PID_WATCH)(watches_in_task)
         worker, ids = ray.get(task.remote(others))
         assert worker != ray.get_runtime_context().get_worker_id()
-        assert len(set(ids)) == 1 and ids[0] != its[0]._reader._actor_id.hex()
+        assert len(set(ids)) == 1 and ids[0] != watch_of(its[0])._actor_id.hex()
         for it in its:
             it.close()
         wait_until(lambda: not set(keys) & set(watched_keys(watch)), "`close()`'s releases")
@@ -95,10 +96,10 @@ def test_one_ranks_end_releases_only_that_rank(ray_session, tmp_path):
     loader = make_loader(write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False)
     try:
         its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-        ray.get(its[1]._reader.end_watch.remote(its[1]._watch_key))  # as if rank 1's process died
+        ray.get(watch_of(its[1]).end_watch.remote(its[1]._watch_key))  # as if rank 1's process died
         (lost,) = wait_for_lost_ranks(loader, 1)
         assert (lost["dp_rank"], lost["reason"]) == (1, "reader died")
-        wait_until(lambda: its[0]._watch_key in watched_keys(its[0]._reader), "rank 0's watch")
+        wait_until(lambda: its[0]._watch_key in watched_keys(watch_of(its[0])), "rank 0's watch")
         assert sorted(real_ids(its[0])) == list(range(101))  # rank 0 reads on, alone
         assert len(wait_for_lost_ranks(loader, 1)) == 1
     finally:
@@ -125,7 +126,7 @@ def test_an_earlier_loaders_iterator_dropped_late_leaves_a_new_loader_of_its_nam
         assert new._watch_key != old._watch_key
         del old
         gc.collect()  # its finalizer releases its key in the shared watch
-        watched_keys(new._reader)  # answered after that release (one caller: in order)
+        watched_keys(watch_of(new))  # answered after that release (one caller: in order)
         assert sorted(real_ids(new)) == list(range(101))
         assert second.stats()["ranks"] == [0]
         assert not [e for e in second.stats()["events"] if e["event"] == "rank_lost"]
