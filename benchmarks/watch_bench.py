@@ -11,10 +11,11 @@ Parquet. Two ways in the same run, each with fresh rank processes:
                where pidfds are missing)
 
 For each: the watch actors once every rank has its first batch and they have started
-(count, and their processes' summed PSS, `benchmarks/_measure.py`), `iterator()` to the
-first batch over the ranks (median and slowest; a rank does not wait for its `RankWatch`
-to start, but waits for its node's `NodeWatch` if it is the node's first rank), and the
-epoch's coverage. Prints a table; writes
+(count, and their processes' summed PSS, `benchmarks/_measure.py`); over the ranks
+(median and slowest), how long `iterator()` takes and, after `--setup-s` (a model's
+set-up), `iter()` to the first batch: a rank does not wait for its `RankWatch` to start;
+the first reads of a node's first rank wait for its node's `NodeWatch`, which starts
+during the set-up; and the epoch's coverage. Prints a table; writes
 `benchmarks/results/watch_bench.json`.
 """
 
@@ -65,16 +66,21 @@ class Gate:
         self.opened.set()
 
 
-def read_rank(loader, rank: int, world: int, gate) -> dict:
-    """One rank: its iterator's time to the first batch, then (past the gate) the epoch."""
+def read_rank(loader, rank: int, world: int, gate, setup_s: float) -> dict:
+    """One rank: how long `iterator()` takes, then, after `setup_s` (a model's set-up),
+    `iter()` to the first batch; then (past the gate) the epoch."""
     began = time.perf_counter()
-    batches = iter(loader.iterator(world_rank=rank, world_size=world, batch_format="numpy"))
+    iterator = loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
+    made_s = time.perf_counter() - began
+    time.sleep(setup_s)
+    began = time.perf_counter()
+    batches = iter(iterator)
     first = next(batches)
     first_s = time.perf_counter() - began
     ray.get(gate.arrive.remote())
     ids = [first["id"][~first["_padded"]]]
     ids += [batch["id"][~batch["_padded"]] for batch in batches]
-    return {"first_batch_s": first_s, "ids": np.concatenate(ids)}
+    return {"iterator_s": made_s, "first_batch_s": first_s, "ids": np.concatenate(ids)}
 
 
 def watch_processes() -> dict[str, list[int]]:
@@ -110,7 +116,7 @@ def wait_for_started_watches(timeout_s: float = 60.0) -> dict[str, list[str]]:
         time.sleep(0.1)
 
 
-def measure(way: str, paths: list[str], rows: int, ranks: int) -> dict:
+def measure(way: str, paths: list[str], rows: int, ranks: int, setup_s: float) -> dict:
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
@@ -126,7 +132,7 @@ def measure(way: str, paths: list[str], rows: int, ranks: int) -> dict:
         gate = ray.remote(num_cpus=0)(Gate).options(resources={"head": 1}).remote()
         env = {"env_vars": {"RAYSHARD_WATCH_BY_PID": WAYS[way]}}
         task = ray.remote(num_cpus=1)(read_rank).options(resources={"n1": 1}, runtime_env=env)
-        refs = [task.remote(loader, rank, ranks, gate) for rank in range(ranks)]
+        refs = [task.remote(loader, rank, ranks, gate, setup_s) for rank in range(ranks)]
         while ray.get(gate.count.remote()) < ranks:
             time.sleep(0.1)
         actors = wait_for_started_watches()
@@ -138,6 +144,7 @@ def measure(way: str, paths: list[str], rows: int, ranks: int) -> dict:
         loader.shutdown()
     ids = np.sort(np.concatenate([r["ids"] for r in results]))
     first = sorted(r["first_batch_s"] for r in results)
+    made = sorted(r["iterator_s"] for r in results)
     return {
         "way": way,
         "ranks": ranks,
@@ -146,6 +153,9 @@ def measure(way: str, paths: list[str], rows: int, ranks: int) -> dict:
         "watch_processes": sum(len(p) for p in processes.values()),
         "watch_pss_mb": sum(sum(p) for p in processes.values()) / MB,
         "watched_by_pid": stats["watched_by_pid"],
+        "setup_s": setup_s,
+        "iterator_median_s": statistics.median(made),
+        "iterator_max_s": made[-1],
         "first_batch_median_s": statistics.median(first),
         "first_batch_max_s": first[-1],
         "coverage_ok": bool(len(ids) == rows and np.array_equal(ids, np.arange(rows))),
@@ -159,8 +169,11 @@ TABLE = [
     ("RankWatch", "rank_watches", "d"),
     ("watch PSS MB", "watch_pss_mb", ",.1f"),
     ("by pid", "watched_by_pid", "d"),
-    ("first batch median s", "first_batch_median_s", ".3f"),
-    ("first batch max s", "first_batch_max_s", ".3f"),
+    ("iterator() median s", "iterator_median_s", ".3f"),
+    ("iterator() max s", "iterator_max_s", ".3f"),
+    ("set-up s", "setup_s", ".1f"),
+    ("iter() to 1st batch median s", "first_batch_median_s", ".3f"),
+    ("iter() to 1st batch max s", "first_batch_max_s", ".3f"),
     ("coverage", "coverage", "s"),
 ]
 
@@ -169,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=4, help="rank processes on the node")
     parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument(
+        "--setup-s", type=float, default=0.0, help="a rank's wait between iterator() and iter()"
+    )
     parser.add_argument("--data", type=Path, help="folder for the generated Parquet")
     parser.add_argument("--json", type=Path, default=ROOT / "benchmarks/results/watch_bench.json")
     args = parser.parse_args(argv)
@@ -183,13 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         cluster.add_node(num_cpus=args.ranks, resources={"n1": 100})
         ray.init(address=cluster.address, log_to_driver=False, namespace="rayshard-watch-bench")
         cluster.wait_for_nodes()
-        results = [measure(way, paths, args.rows, args.ranks) for way in WAYS]
+        results = [measure(way, paths, args.rows, args.ranks, args.setup_s) for way in WAYS]
     finally:
         ray.shutdown()
         cluster.shutdown()
     rows = [{**r, "coverage": "ok" if r["coverage_ok"] else "FAILED"} for r in results]
     print(format_table(rows, TABLE))
-    write_json(args.json, {"config": {"ranks": args.ranks, "rows": args.rows}, "results": results})
+    config = {"ranks": args.ranks, "rows": args.rows, "setup_s": args.setup_s}
+    write_json(args.json, {"config": config, "results": results})
     return 0 if all(r["coverage_ok"] for r in results) else 1
 
 
