@@ -241,11 +241,11 @@ class ShardIterator:
     def _leave(self) -> None:
         """Leave the coordinator and stop the reader (a watch's key: see `close`)."""
         placement = (self._generation, self._placement.dp_rank, self._reader_name)
+        if self._watch_key is not None and self._reader is not None:  # not closed before:
+            self._reader.settled(fall_back=False)  # its attach answered first (`watch_rank`)
+        ray.get(self._coordinator.leave.remote(*placement))
         if self._watch_key is None:
             self._reader.stop.remote()
-        else:  # its attach is answered first (see `watch_rank`): the leave comes after it
-            self._reader.settled(fall_back=False)
-        ray.get(self._coordinator.leave.remote(*placement))
 
     def _registered(self) -> tuple[str, int, int, str]:
         """What `rayshard.runtime.generations` knows this iterator's registration by."""

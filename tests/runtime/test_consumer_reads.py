@@ -25,6 +25,7 @@ from tests.runtime.helpers import (
     as_seen,
     run_lockstep,
     unique_name,
+    watch_of,
     write_parquet,
 )
 from tests.timeouts import EVENT_TIMEOUT_S, wait_until
@@ -92,7 +93,7 @@ def test_a_watch_stands_in_for_the_reader_and_small_batches_are_slices_of_one_co
         it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
         assert it._local is not None
         batches = list(it)
-        kind = ray.get(it._reader.__ray_call__.remote(lambda self: type(self).__name__))
+        kind = ray.get(watch_of(it).__ray_call__.remote(lambda self: type(self).__name__))
         assert kind == "Coordinator"
         stats = loader.stats()  # attached: its death releases the rank
         assert (stats["readers"], stats["watched_by_pid"]) == (1, 1)

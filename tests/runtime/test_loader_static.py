@@ -15,7 +15,7 @@ from rayshard.errors import ConfigError, RayshardError, StaleClientError
 from rayshard.loader import Loader
 from rayshard.plan import intervals as iv
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import real_ids, run_lockstep, unique_name, write_parquet
+from tests.runtime.helpers import real_ids, run_lockstep, unique_name, watch_of, write_parquet
 from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 pytestmark = pytest.mark.ray
@@ -258,7 +258,7 @@ def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads, mo
     run_lockstep(its, steps=1)
     threads = [it._acks._thread for it in its]  # their acknowledgement threads
     assert all(thread.is_alive() for thread in threads)
-    watches = [it._reader for it in its]  # a closed iterator lets go of its watch's handle
+    watches = [watch_of(it) if consumer_reads else it._reader for it in its]  # handles kept
     loader.shutdown()  # the iterators (and so the readers' handles) are still alive here
     # It closed this process's iterators first (joining their threads, which would
     # otherwise wake every `ack_interval_s` for the life of the process).
