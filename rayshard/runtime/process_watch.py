@@ -109,6 +109,7 @@ class PendingWatch:
         self._answer = answer  # the attach's `ObjectRef`; None once answered
         self._by_rank_watch = by_rank_watch  # makes and attaches this process's `RankWatch`
         self._watch: Any = None
+        self._released = False  # `settled(fall_back=False)` was called: never fall back
         self._lock = threading.RLock()  # a finalizer may release on the settling thread
 
     def answered(self) -> bool:
@@ -121,6 +122,7 @@ class PendingWatch:
         answered the attach: a refused one makes the `RankWatch` now, or, with `fall_back`
         False (the rank is being released), leaves None: nothing watches the rank."""
         with self._lock:
+            self._released = self._released or not fall_back
             if self._answer is not None:
                 try:
                     attached = ray.get(self._answer)
@@ -130,9 +132,25 @@ class PendingWatch:
                     attached = False
                 self._answer = None
                 self._watch = self._coordinator if attached else None
-            if self._watch is None and fall_back:
+            if self._watch is None and not self._released:
                 self._watch = self._by_rank_watch()
             return self._watch
+
+    def settle_when_answered(self) -> None:
+        """Settle on a thread of its own once the attach is answered: a refused one falls
+        back to the `RankWatch` then, not at the first reads, so that a process that ends
+        before those (while it builds its model, say) still releases its rank. An error is
+        left for the first reads to raise."""
+
+        def settle() -> None:
+            with ray_held() as up, contextlib.suppress(Exception):
+                if up:
+                    self.settled()
+
+        def answered(_: Any) -> None:  # on Ray's thread: no Ray call there
+            threading.Thread(target=settle, daemon=True, name="rayshard-attach").start()
+
+        self._answer.future().add_done_callback(answered)
 
 
 def watch_rank(
@@ -150,7 +168,7 @@ def watch_rank(
     than the coordinator's) the attach by pid is not waited for: its answer may wait for
     this node's `NodeWatch` to start, which the iterator's first reads wait for instead
     (`PendingWatch.settled`), after what the loop does between making the iterator and
-    iterating it."""
+    iterating it; a refusal makes the `RankWatch` as soon as it comes."""
 
     def by_rank_watch() -> Any:
         name, watch = process_watch(namespace, key)
@@ -168,6 +186,8 @@ def watch_rank(
     pending = PendingWatch(coordinator, answer, by_rank_watch)
     if token is None or answer_now:
         pending.settled()  # attached before the iterator is made; an error raised here
+    else:
+        pending.settle_when_answered()
     return pending
 
 

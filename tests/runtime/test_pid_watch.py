@@ -179,7 +179,7 @@ def test_a_process_the_coordinator_cannot_see_gets_a_watch_actor(
     """A token naming another node (as a process there would send) is refused, nothing
     attached; the iterator then starts its process's `RankWatch`, and reads as before:
     when it is made, or (`coordinator_elsewhere`: a worker on another node than the
-    coordinator's does not wait for its attach's answer) at its first reads."""
+    coordinator's does not wait for its attach's answer) once the refusal comes."""
     loader = make_loader(write_parquet(tmp_path, ROWS))
     elsewhere = pid_watch.token_here("b" * 56)
     try:
@@ -190,7 +190,7 @@ def test_a_process_the_coordinator_cannot_see_gets_a_watch_actor(
         if coordinator_elsewhere:
             loader._coordinator_node = "c" * 56
         it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-        assert (it._reader._watch is None) == coordinator_elsewhere  # no RankWatch yet
+        wait_until(lambda: it._reader._watch is not None, "the RankWatch, before any read")
         assert sorted(real_ids(it)) == list(range(101))
         assert watch_of(it)._actor_id != loader._coordinator._actor_id
         kind = ray.get(watch_of(it).__ray_call__.remote(lambda self: type(self).__name__))
@@ -207,7 +207,8 @@ def test_away_from_the_coordinator_the_first_reads_wait_for_the_attach(ray_sessi
     its attach's answer (its node's `NodeWatch` may be starting); its first reads do. Here
     the workers only look like such (the loader's coordinator node is made another's):
     a rank is watched by its pid all the same, and an iterator dropped before its first
-    reads, its attach perhaps still unanswered, releases its rank to the others."""
+    reads, its attach perhaps still unanswered, releases its rank to the others. (A
+    process that ends before its first reads: the next test.)"""
     import gc
 
     loader = make_loader(
@@ -217,13 +218,12 @@ def test_away_from_the_coordinator_the_first_reads_wait_for_the_attach(ray_sessi
     try:
         survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
         dropped = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
-        assert survivor._reader._watch is None and dropped._reader._watch is None
         del dropped
         gc.collect()
         wait_until(lambda: lost_ranks(loader), "the dropped rank's release")
         assert lost_ranks(loader) == [(1, "reader died")]
         assert Counter(real_ids(survivor)) == Counter(range(101))
-        assert survivor._reader._watch._actor_id == loader._coordinator._actor_id
+        assert watch_of(survivor)._actor_id == loader._coordinator._actor_id
         assert loader.stats()["watched_by_pid"] == 1
         survivor.close()
     finally:
@@ -251,5 +251,44 @@ def test_a_rank_whose_process_ended_before_its_attach_was_answered_is_lost(
         assert watch_of(gone)._actor_id == loader._coordinator._actor_id  # attached by pid
         assert Counter(real_ids(survivor)) == Counter(range(101))
         gone.close()
+    finally:
+        loader.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class RefusedProcess:
+    """A consumer process on what looks like another node than the coordinator's, whose
+    attach by pid the coordinator refuses (its token names a node that is not there)."""
+
+    def __init__(self, loader: Loader, rank: int, world: int) -> None:
+        elsewhere = pid_watch.token_here("b" * 56)
+        pid_watch.token_here = lambda node: elsewhere
+        loader._coordinator_node = "c" * 56
+        self.it = loader.iterator(world_rank=rank, world_size=world, batch_format="numpy")
+
+    def pid(self) -> int:
+        return os.getpid()
+
+
+def test_a_refused_process_that_dies_before_its_first_reads_releases_its_rank(
+    ray_session, tmp_path
+):
+    """The refusal of an attach not waited for makes the process's `RankWatch` as soon as
+    it comes, not at the first reads: a process that dies before those (building its
+    model, say) still releases its rank, and the others read its share."""
+    loader = make_loader(
+        write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
+    )
+    try:
+        survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+        victim = RefusedProcess.remote(loader, 1, 2)
+        pid = ray.get(victim.pid.remote(), timeout=EVENT_TIMEOUT_S)
+        shared = loader._coordinator.shared_watches
+        wait_until(lambda: ray.get(shared.remote()), "the RankWatch's attach, with no read")
+        assert loader.stats()["watched_by_pid"] == 1  # the survivor only
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: lost_ranks(loader), "the killed process's rank to be lost")
+        assert lost_ranks(loader) == [(1, "reader died")]
+        assert Counter(real_ids(survivor)) == Counter(range(101))
     finally:
         loader.shutdown()
