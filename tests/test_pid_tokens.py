@@ -115,6 +115,8 @@ def test_exited_returns_at_once_for_a_reaped_pid_or_a_pid_of_another_process():
     stale = token_with(watched, start=watched.start + 1)  # this pid, another start
     process.kill()
     process.wait()
+    # Watchable (its watch then ends at once): the worker behind it cannot fall back.
+    assert pid_watch.watchable(token, NODE) and pid_watch.watchable(stale, NODE)
 
     async def run() -> None:
         await asyncio.wait_for(pid_watch.exited(token), EVENT_TIMEOUT_S)

@@ -242,7 +242,7 @@ class ShardIterator:
         """Leave the coordinator and stop the reader (a watch's key: see `close`)."""
         placement = (self._generation, self._placement.dp_rank, self._reader_name)
         if self._watch_key is not None and self._reader is not None:  # not closed before:
-            self._reader.settled(fall_back=False)  # its attach answered first (`watch_rank`)
+            self._reader.closing()  # its attach answered first (`watch_rank`)
         ray.get(self._coordinator.leave.remote(*placement))
         if self._watch_key is None:
             self._reader.stop.remote()
@@ -258,7 +258,8 @@ class ShardIterator:
         where = self._where()
         try:  # the coordinator plans the epoch here (under packing it reads token counts)
             if self._local is not None:
-                self._reader.settled()  # the attach was answered (see `watch_rank`)
+                if self._reader is not None:  # not closed: its attach was answered
+                    self._reader.settled()  # (see `watch_rank`)
                 started = self._local.start(
                     self._generation, self._epoch, arrow=self._format == "arrow"
                 )

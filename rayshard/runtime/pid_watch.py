@@ -111,11 +111,27 @@ def parse(token: str) -> Watched:
 
 def watchable(token: str, node_id: str) -> bool:
     """Whether a process of node `node_id` can watch the process of `token`: it is of the
-    same node and pid namespace, and pidfds work here. A process that has already ended
-    (or whose pid names another one now) is watchable: its watch ends at once, and its
-    rank is lost, since a dead worker cannot fall back to a `RankWatch`."""
+    same node and pid namespace, pidfds work here, and this `/proc` shows that namespace's
+    processes. A process that has already ended (or whose pid names another one now) is
+    watchable: its watch ends at once, and its rank is lost, since a dead worker cannot
+    fall back to a `RankWatch`. A live pid `/proc` does not show (`hidepid`) is not."""
     watched = parse(token)
-    return (watched.node, watched.namespace) == (node_id, pid_namespace()) and pidfds_work()
+    if (watched.node, watched.namespace) != (node_id, pid_namespace()) or not pidfds_work():
+        return False
+    try:
+        if os.readlink("/proc/self") != str(os.getpid()):  # a `/proc` of another namespace
+            return False
+        fd = os.pidfd_open(watched.pid)
+    except ProcessLookupError:  # no such process: it ended, and its parent reaped it
+        return True
+    except OSError:
+        return False
+    try:
+        return start_ticks(watched.pid) is not None  # its pid alive, and shown in `/proc`
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 async def exited(token: str) -> None:

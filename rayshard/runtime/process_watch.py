@@ -104,53 +104,99 @@ class PendingWatch:
     attach (`watch_rank`): the coordinator, which watches the process by its pid, or, where
     it cannot see the process, this process's `RankWatch` (made then, and attached)."""
 
-    def __init__(self, coordinator: Any, answer: Any, by_rank_watch: Any) -> None:
+    def __init__(
+        self, coordinator: Any, placement: tuple[int, int, str], answer: Any, by_rank_watch: Any
+    ) -> None:
         self._coordinator = coordinator
+        self._key = placement[2]  # (generation, dp rank, key) of the rank's registration
         self._answer = answer  # the attach's `ObjectRef`; None once answered
         self._by_rank_watch = by_rank_watch  # makes and attaches this process's `RankWatch`
+        self._ray = _connection()  # the Ray the attach was sent to
         self._watch: Any = None
-        self._released = False  # `settled(fall_back=False)` was called: never fall back
+        self._released = False  # its iterator closed or was dropped
+        self._closing = False  # it closed: its leave releases the rank if nothing watches it
+        self._ended: Any = None  # the watch whose `end_watch(key)` was sent
         self._lock = threading.RLock()  # a finalizer may release on the settling thread
 
-    def answered(self) -> bool:
-        """Whether `settled()` would not wait for the coordinator (call under `ray_held`)."""
-        answer = self._answer
-        return answer is None or bool(ray.wait([answer], timeout=0)[0])
-
-    def settled(self, fall_back: bool = True) -> Any:
+    def settled(self) -> Any:
         """The watch, whose `end_watch(key)` releases the rank, once the coordinator
-        answered the attach: a refused one makes the `RankWatch` now, or, with `fall_back`
-        False (the rank is being released), leaves None: nothing watches the rank."""
+        answered the attach (waits for it): a refused one makes the `RankWatch` now. A
+        released one is ended instead (`release`), raising no error of the attach."""
         with self._lock:
-            self._released = self._released or not fall_back
-            if self._answer is not None:
-                try:
-                    attached = ray.get(self._answer)
-                except Exception:  # noqa: BLE001 - an attach that failed attached nothing
-                    if fall_back:
-                        raise
-                    attached = False
-                self._answer = None
-                self._watch = self._coordinator if attached else None
-            if self._watch is None and not self._released:
+            self._take_answer(raise_error=not self._released)
+            if self._released:  # before the answer, or meanwhile (a finalizer, this thread)
+                if not self._closing:  # (a closing iterator ends it after its leave)
+                    self._end()
+            elif self._watch is None:
                 self._watch = self._by_rank_watch()
             return self._watch
+
+    def closing(self) -> None:
+        """The iterator closes: wait for the attach's answer, so that its leave comes
+        after the attach; a refused one makes no `RankWatch` (the leave releases the rank)."""
+        with self._lock:
+            self._released = self._closing = True
+            self._take_answer(raise_error=False)
+
+    def release(self, blocking: bool = True) -> bool:
+        """The rank no longer reads in this process (its iterator closed or was dropped):
+        end its watch's key; where nothing watches a dropped one's rank (its attach was
+        refused before the `RankWatch` was made), make it and end its key, as its death
+        would. Never waits for the attach's answer: the thread that waits for it ends the
+        rank (`settle_when_answered`). False (nothing done) if not `blocking` and that
+        would wait for this watch or a Ray call. Call under `ray_held`."""
+        if not self._lock.acquire(blocking=blocking):
+            return False
+        try:
+            self._released = True
+            if self._answer is not None and not ray.wait([self._answer], timeout=0)[0]:
+                return True
+            self._take_answer(raise_error=False)  # answered: no wait
+            if not blocking and self._watch is None and not self._closing:
+                return False  # a `RankWatch` to make: not in a finalizer
+            self._end()
+            return True
+        finally:
+            self._lock.release()
 
     def settle_when_answered(self) -> None:
         """Settle on a thread of its own once the attach is answered: a refused one falls
         back to the `RankWatch` then, not at the first reads, so that a process that ends
-        before those (while it builds its model, say) still releases its rank. An error is
-        left for the first reads to raise."""
+        before those (while it builds its model, say) still releases its rank; a released
+        one is ended then. An error is left for the first reads to raise."""
 
         def settle() -> None:
             with ray_held() as up, contextlib.suppress(Exception):
-                if up:
+                if up and _connection() == self._ray:  # not a Ray started since
                     self.settled()
 
         def answered(_: Any) -> None:  # on Ray's thread: no Ray call there
             threading.Thread(target=settle, daemon=True, name="rayshard-attach").start()
 
         self._answer.future().add_done_callback(answered)
+
+    def _take_answer(self, raise_error: bool) -> None:
+        if self._answer is None:
+            return
+        try:
+            attached = ray.get(self._answer)
+        except Exception:  # noqa: BLE001 - an attach that failed attached nothing
+            if raise_error:
+                raise
+            attached = False
+        self._answer = None
+        self._watch = self._coordinator if attached else None
+
+    def _end(self) -> None:
+        """End the rank's key in its watch (once a watch); a dropped rank nothing watches
+        gets its `RankWatch` first (the process's bookkeeping lets the key go at once)."""
+        if self._watch is None and not self._closing:
+            self._watch = self._by_rank_watch()
+            release(self._key)
+        if self._watch is not None and self._ended is not self._watch:
+            self._ended = self._watch
+            with contextlib.suppress(Exception):  # the watch is gone: nothing to stop
+                self._watch.end_watch.remote(self._key)
 
 
 def watch_rank(
@@ -183,7 +229,7 @@ def watch_rank(
     answer = None
     if token is not None:
         answer = coordinator.attach_reader.remote(generation, dp_rank, key, token)
-    pending = PendingWatch(coordinator, answer, by_rank_watch)
+    pending = PendingWatch(coordinator, (generation, dp_rank, key), answer, by_rank_watch)
     if token is None or answer_now:
         pending.settled()  # attached before the iterator is made; an error raised here
     else:
@@ -198,10 +244,10 @@ def release(key: str, watch: Any = None, blocking: bool = True) -> Any:
     too (`watch` is the coordinator for a rank watched by its process's pid). Returns None,
     for the caller's handle (a closed iterator holding it would keep the watch), or False
     when not `blocking` and the bookkeeping's lock was busy (nothing was released)."""
-    if isinstance(watch, PendingWatch):  # the attach's answer says what watches the rank
-        if not blocking and not watch.answered():
+    if isinstance(watch, PendingWatch):  # it ends its watch (see `PendingWatch.release`)
+        if not watch.release(blocking=blocking):
             return False
-        watch = watch.settled(fall_back=False)
+        watch = None
     if not _lock.acquire(blocking=blocking):
         return False
     try:

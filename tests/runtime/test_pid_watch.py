@@ -245,6 +245,7 @@ def test_a_rank_whose_process_ended_before_its_attach_was_answered_is_lost(
         watched = pid_watch.parse(pid_watch.token_here(ray.get_runtime_context().get_node_id()))
         ended = f"pid:{watched.node}:{watched.namespace}:{watched.pid}:{watched.start + 1}"
         monkeypatch.setattr(pid_watch, "token_here", lambda node: ended)
+        loader._coordinator_node = "c" * 56  # as on another node: the attach not waited for
         gone = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
         wait_until(lambda: lost_ranks(loader), "the ended process's rank to be lost")
         assert lost_ranks(loader) == [(1, "reader died")]
@@ -288,6 +289,30 @@ def test_a_refused_process_that_dies_before_its_first_reads_releases_its_rank(
         assert loader.stats()["watched_by_pid"] == 1  # the survivor only
         os.kill(pid, signal.SIGKILL)
         wait_until(lambda: lost_ranks(loader), "the killed process's rank to be lost")
+        assert lost_ranks(loader) == [(1, "reader died")]
+        assert Counter(real_ids(survivor)) == Counter(range(101))
+    finally:
+        loader.shutdown()
+
+
+def test_a_refused_iterator_dropped_unread_releases_its_rank(ray_session, tmp_path, monkeypatch):
+    """An iterator whose attach not waited for is refused, dropped before any read (the
+    `RankWatch` made or not yet): its rank is released as at its process's death, and
+    the others read its share."""
+    import gc
+
+    loader = make_loader(
+        write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
+    )
+    try:
+        survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
+        elsewhere = pid_watch.token_here("b" * 56)
+        monkeypatch.setattr(pid_watch, "token_here", lambda node: elsewhere)
+        loader._coordinator_node = "c" * 56
+        dropped = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
+        del dropped
+        gc.collect()
+        wait_until(lambda: lost_ranks(loader), "the dropped rank's release")
         assert lost_ranks(loader) == [(1, "reader died")]
         assert Counter(real_ids(survivor)) == Counter(range(101))
     finally:
