@@ -104,11 +104,9 @@ class PendingWatch:
     attach (`watch_rank`): the coordinator, which watches the process by its pid, or, where
     it cannot see the process, this process's `RankWatch` (made then, and attached)."""
 
-    def __init__(
-        self, coordinator: Any, placement: tuple[int, int, str], answer: Any, by_rank_watch: Any
-    ) -> None:
+    def __init__(self, coordinator: Any, key: str, answer: Any, by_rank_watch: Any) -> None:
         self._coordinator = coordinator
-        self._key = placement[2]  # (generation, dp rank, key) of the rank's registration
+        self._key = key  # the rank's key in its watch (its reader's name)
         self._answer = answer  # the attach's `ObjectRef`; None once answered
         self._by_rank_watch = by_rank_watch  # makes and attaches this process's `RankWatch`
         self._ray = _connection()  # the Ray the attach was sent to
@@ -229,7 +227,7 @@ def watch_rank(
     answer = None
     if token is not None:
         answer = coordinator.attach_reader.remote(generation, dp_rank, key, token)
-    pending = PendingWatch(coordinator, (generation, dp_rank, key), answer, by_rank_watch)
+    pending = PendingWatch(coordinator, key, answer, by_rank_watch)
     if token is None or answer_now:
         pending.settled()  # attached before the iterator is made; an error raised here
     else:
