@@ -47,6 +47,19 @@ def watch_actors(namespace: str) -> set[str]:
     }
 
 
+def rank_1_dropped_unread(loader: Loader, survivor) -> None:
+    """Rank 1's iterator, made here and dropped unread: its rank is lost as at its
+    process's death, and rank 0 (`survivor`) reads every row."""
+    import gc
+
+    dropped = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
+    del dropped
+    gc.collect()
+    wait_until(lambda: lost_ranks(loader), "the dropped rank's release")
+    assert lost_ranks(loader) == [(1, "reader died")]
+    assert Counter(real_ids(survivor)) == Counter(range(101))
+
+
 @ray.remote(num_cpus=0)
 class RankProcess:
     """A consumer process of its own, reading for one rank."""
@@ -209,20 +222,13 @@ def test_away_from_the_coordinator_the_first_reads_wait_for_the_attach(ray_sessi
     a rank is watched by its pid all the same, and an iterator dropped before its first
     reads, its attach perhaps still unanswered, releases its rank to the others. (A
     process that ends before its first reads: the next test.)"""
-    import gc
-
     loader = make_loader(
         write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
     )
     loader._coordinator_node = "c" * 56
     try:
         survivor = loader.iterator(world_rank=0, world_size=2, batch_format="numpy")
-        dropped = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
-        del dropped
-        gc.collect()
-        wait_until(lambda: lost_ranks(loader), "the dropped rank's release")
-        assert lost_ranks(loader) == [(1, "reader died")]
-        assert Counter(real_ids(survivor)) == Counter(range(101))
+        rank_1_dropped_unread(loader, survivor)
         assert watch_of(survivor)._actor_id == loader._coordinator._actor_id
         assert loader.stats()["watched_by_pid"] == 1
         survivor.close()
@@ -299,8 +305,6 @@ def test_a_refused_iterator_dropped_unread_releases_its_rank(ray_session, tmp_pa
     """An iterator whose attach not waited for is refused, dropped before any read (the
     `RankWatch` made or not yet): its rank is released as at its process's death, and
     the others read its share."""
-    import gc
-
     loader = make_loader(
         write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False, batches_per_object=1
     )
@@ -309,11 +313,6 @@ def test_a_refused_iterator_dropped_unread_releases_its_rank(ray_session, tmp_pa
         elsewhere = pid_watch.token_here("b" * 56)
         monkeypatch.setattr(pid_watch, "token_here", lambda node: elsewhere)
         loader._coordinator_node = "c" * 56
-        dropped = loader.iterator(world_rank=1, world_size=2, batch_format="numpy")
-        del dropped
-        gc.collect()
-        wait_until(lambda: lost_ranks(loader), "the dropped rank's release")
-        assert lost_ranks(loader) == [(1, "reader died")]
-        assert Counter(real_ids(survivor)) == Counter(range(101))
+        rank_1_dropped_unread(loader, survivor)
     finally:
         loader.shutdown()
