@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import logging
 import os
+import select
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,9 @@ def watchable(token: str, node_id: str) -> bool:
     except OSError:
         return False
     try:
-        return start_ticks(watched.pid) is not None  # its pid alive, and shown in `/proc`
+        if start_ticks(watched.pid) is not None:  # shown in `/proc` (it, or its pid's heir)
+            return True
+        return bool(select.select([fd], [], [], 0)[0])  # readable: it ended meanwhile
     except OSError:
         return False
     finally:
