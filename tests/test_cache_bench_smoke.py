@@ -6,27 +6,21 @@ the store, and the epoch read with the server stopped completes."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.timeouts import EVENT_TIMEOUT_S, SCENARIO_TIMEOUT_S
+from tests.benchmark_runs import run_benchmark
+from tests.timeouts import EVENT_TIMEOUT_S
 
 pytest.importorskip("moto.server", reason="the cache benchmark needs moto[server]")
 
-ROOT = Path(__file__).resolve().parent.parent
 ROWS = 16_000
 
 
 @pytest.mark.slow
 def test_cache_bench_tiny_run(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    env.pop("RAY_ADDRESS", None)
     command = [
-        sys.executable,
         "-m",
         "benchmarks.cache_bench",
         f"--rows={ROWS}",
@@ -34,10 +28,7 @@ def test_cache_bench_tiny_run(tmp_path: Path) -> None:
         f"--out={tmp_path}",
         f"--epoch-timeout={EVENT_TIMEOUT_S:g}",
     ]
-    done = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_benchmark(*command)
     report = json.loads((tmp_path / "cache_bench.json").read_text())
     assert report["config"]["rows"] == ROWS
     assert all(report["checks"].values()), report["checks"]

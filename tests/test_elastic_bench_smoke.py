@@ -9,25 +9,17 @@ watch actor instead of two)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.timeouts import SCENARIO_TIMEOUT_S
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.benchmark_runs import run_benchmark
 
 
 @pytest.mark.slow
 def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     out = tmp_path / "elastic_bench.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    env.pop("RAY_ADDRESS", None)
     command = [
-        sys.executable,
         "benchmarks/elastic_bench.py",
         "--quick",
         "--recovery-ranks=2",
@@ -36,10 +28,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
         "--ranks=100",
         f"--json={out}",
     ]
-    done = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_benchmark(*command)
     report = json.loads(out.read_text())
     results = report["results"]
     assert set(results) == {"recovery", "throughput", "acks", "core", "busy", "epoch"}

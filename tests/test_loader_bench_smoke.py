@@ -6,27 +6,20 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks._measure import HARNESS_PROCESS
-from tests.timeouts import SCENARIO_TIMEOUT_S
+from tests.benchmark_runs import run_benchmark
 
-ROOT = Path(__file__).resolve().parent.parent
 LOADERS = ("rayshard", "rayshard_cpus", "rayshard_dynamic", "raw")
 
 
 @pytest.mark.slow
 def test_loader_bench_tiny_run(tmp_path: Path) -> None:
     out = tmp_path / "loader_bench.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    env.pop("RAY_ADDRESS", None)
     command = [
-        sys.executable,
         "-m",
         "benchmarks",
         "--rows=20000",
@@ -38,10 +31,7 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         f"--data={tmp_path / 'data'}",
         f"--json={out}",
     ]
-    done = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    done = run_benchmark(*command)
     report = json.loads(out.read_text())
     assert report["config"]["rows"] == 20000 and report["config"]["world_size"] == 1
     assert set(report["results"]) == set(LOADERS)

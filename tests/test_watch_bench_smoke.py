@@ -6,29 +6,19 @@ by default, one `RankWatch` per rank process with `RAYSHARD_WATCH_BY_PID=0`."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.timeouts import SCENARIO_TIMEOUT_S
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.benchmark_runs import run_benchmark
 
 
 @pytest.mark.slow
 def test_watch_bench_tiny_run(tmp_path: Path) -> None:
     out = tmp_path / "watch_bench.json"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
-    env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, "-m", "benchmarks.watch_bench", "--ranks=2", "--rows=20000"]
+    command = ["-m", "benchmarks.watch_bench", "--ranks=2", "--rows=20000"]
     command += [f"--data={tmp_path / 'data'}", f"--json={out}"]
-    done = subprocess.run(
-        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_benchmark(*command)
     results = {r["way"]: r for r in json.loads(out.read_text())["results"]}
     by_node, by_rank = results["node_watch"], results["rank_watch"]
     assert by_node["coverage_ok"] and by_rank["coverage_ok"]
