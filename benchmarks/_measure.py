@@ -111,15 +111,24 @@ def tree_pss() -> tuple[int, dict[str, int], dict[str, int]]:
     return total, by_name, by_kind
 
 
+MEMORY_DUTY = 0.03
+"""The share of one core the PSS sampler may use. A sample of a Ray loader's tree (a
+dozen processes and more) costs 20-50 ms, of the raw scan's (3 processes) a few: at 20%
+of a core, the sampler took about 5% of the Ray loaders' rows/s on 2 cores and little of
+the raw scan's, an unfair handicap in a comparison of the two."""
+
+
 class PeakPss:
     """Samples the tree's PSS on a background thread; `peak` is the largest sum seen.
 
-    with PeakPss() as memory: ...; memory.baseline, memory.peak, memory.top, memory.kinds
+    with PeakPss() as memory: ...; memory.baseline, memory.peak, memory.top, memory.kinds,
+    memory.cpu_s (the sampler's own CPU-seconds)
     """
 
-    def __init__(self, interval_s: float = 0.1, max_duty: float = 0.2) -> None:
+    def __init__(self, interval_s: float = 0.1, max_duty: float = MEMORY_DUTY) -> None:
         self.interval_s = interval_s
         self.max_duty = max_duty  # at most this share of one core goes to sampling
+        self.cpu_s = 0.0
         self.baseline = 0
         self.peak = 0
         self.top: dict[str, int] = {}  # PSS by process name at the peak
@@ -143,11 +152,13 @@ class PeakPss:
         # Reading smaps_rollup walks page tables: 2-10 ms per process, so with dozens of
         # Ray processes a sample costs 0.1 s or more. Space samples so the sampler uses
         # at most `max_duty` of one core (it shares the machine with what it measures).
+        began_cpu = time.thread_time()
         while not self._stop.is_set():
             began = time.perf_counter()
             self._sample()
             cost = time.perf_counter() - began
-            self._stop.wait(max(self.interval_s, cost / self.max_duty - cost))
+            self.cpu_s = time.thread_time() - began_cpu
+            self._stop.wait(pause_after(cost, self.interval_s, self.max_duty))
 
     def _sample(self) -> None:
         total, by_name, by_kind = tree_pss()
@@ -268,9 +279,22 @@ def summarize_epoch(records: Sequence[EpochRecord], num_rows: int, row_bytes: in
     }
 
 
-def peak_between(series: Sequence[tuple[float, int]], start: float, end: float) -> int:
-    """The largest sample of `series` taken between `start` and `end` (0 if none)."""
-    return max((total for t, total in series if start <= t <= end), default=0)
+def pause_after(cost_s: float, interval_s: float, max_duty: float) -> float:
+    """The wait after a sample that took `cost_s`: at least `interval_s`, and long enough
+    that sampling takes at most `max_duty` of the time."""
+    return max(interval_s, cost_s / max_duty - cost_s)
+
+
+def peak_between(series: Sequence[tuple[float, int]], start: float, end: float) -> int | None:
+    """The largest sample of `series` taken between `start` and `end` (None if none: a
+    sparse sampler may miss a short epoch)."""
+    return max((total for t, total in series if start <= t <= end), default=None)
+
+
+def growth(peaks: Sequence[float | None]) -> float | None:
+    """The last sampled peak minus the first one (None with fewer than two sampled)."""
+    sampled = [peak for peak in peaks if peak is not None]
+    return sampled[-1] - sampled[0] if len(sampled) > 1 else None
 
 
 def format_table(rows: Sequence[dict], columns: Sequence[tuple[str, str, str]]) -> str:

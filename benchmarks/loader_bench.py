@@ -40,13 +40,18 @@ the measured run's start (for the Train loaders, `fit()`) to the last rank's fir
 Coverage is checked on every measured epoch.
 
 Memory: peak PSS summed over the benchmark process and all its descendants, sampled
-every 0.1 s, or less often when a sample is costly so that sampling takes at most 20%
-of one core (`benchmarks/_measure.py`). torch and raw run before Ray starts, so their
+every 0.1 s, or less often when a sample is costly so that sampling takes at most 3% of
+one core (`--memory-duty`, `benchmarks/_measure.py`): a sample of a Ray loader's tree
+costs 20-50 ms here, and at the 20% of a core allowed before, the sampler took about 5%
+of the Ray loaders' rows/s on 2 cores and little of the raw scan's (its tree is three
+processes). Sparser samples may miss a short epoch (its peak is then `null`) and the
+briefest peaks. torch and raw run before Ray starts, so their
 tree is the driver and its 2 child processes; for the Ray loaders it is the driver plus
 everything the local Ray cluster runs (gcs_server, raylet, Ray's agents, every worker
 process: idle pool workers, tasks, actors, Ray Data and Train actors). `pss_delta` is
 the peak minus the tree's PSS just before the measured run; `pss_by_epoch_mb` the peak
-within each epoch, and `PSS growth` the last epoch's peak minus the first warm one's.
+within each epoch, and `PSS growth` the last sampled epoch's peak minus the first
+sampled warm one's; `pss_sampler_cpu_s` is the sampler's own CPU time.
 """
 
 from __future__ import annotations
@@ -67,8 +72,10 @@ from tqdm import tqdm
 from benchmarks._cpu import TreeCpu, cpu_between
 from benchmarks._measure import (
     MB,
+    MEMORY_DUTY,
     PeakPss,
     format_table,
+    growth,
     peak_between,
     summarize_epoch,
     wait_for_exit,
@@ -143,9 +150,16 @@ def start_ray(num_cpus: int) -> None:
 
 
 def measure(
-    name: str, paths: list[str], num_rows: int, epochs: int, warmup: bool, world: int = WORLD
+    name: str,
+    paths: list[str],
+    num_rows: int,
+    epochs: int,
+    warmup: bool,
+    world: int = WORLD,
+    memory_duty: float = MEMORY_DUTY,
 ) -> dict:
-    """Warm up once, then measure a fresh loader over `epochs` epochs."""
+    """Warm up once, then measure a fresh loader over `epochs` epochs, sampling memory
+    with at most `memory_duty` of one core."""
     run = functools.partial(RUNNERS[name], world=world)
     if warmup:
         run(paths, 1)
@@ -153,7 +167,7 @@ def measure(
         time.sleep(1.0)  # let finished actors and processes exit before the baseline
         wait_for_exit(("ray::ShardReade", "ray::Coordinato"), timeout_s=30)
     begun = time.time()
-    with PeakPss() as memory, TreeCpu(measuring=[memory.thread]) as cpu:
+    with PeakPss(max_duty=memory_duty) as memory, TreeCpu(measuring=[memory.thread]) as cpu:
         records, started = run(paths, epochs)
     finished = time.time()
     warm_rows = sum(r.rows for r in records if r.epoch > 0)
@@ -170,7 +184,8 @@ def measure(
     warm_epochs = sorted(epochs_out[1:], key=lambda e: e["rows_per_s"])
     warm = warm_epochs[len(warm_epochs) // 2]  # the median warm epoch (the upper one of two)
     steady = sorted(e["steady_rows_per_s"] for e in epochs_out[1:])
-    pss_by_epoch = [peak_between(memory.series, e["start"], e["end"]) / MB for e in epochs_out]
+    pss_by_epoch = [peak_between(memory.series, e["start"], e["end"]) for e in epochs_out]
+    pss_by_epoch = [None if peak is None else peak / MB for peak in pss_by_epoch]
     return {
         "loader": name,
         "rows_per_s": warm["rows_per_s"],
@@ -178,9 +193,9 @@ def measure(
         "slowest_rank_rows_per_s": sorted(e["slowest_rank_rows_per_s"] for e in epochs_out[1:])[
             (len(epochs_out) - 1) // 2
         ],
-        "pss_by_epoch_mb": [round(p, 1) for p in pss_by_epoch],
-        # growth of the epochs' peaks from the first warm epoch to the last one
-        "pss_growth_mb": pss_by_epoch[-1] - pss_by_epoch[1],
+        "pss_by_epoch_mb": [None if p is None else round(p, 1) for p in pss_by_epoch],
+        # growth of the epochs' peaks from the first sampled warm epoch to the last one
+        "pss_growth_mb": growth(pss_by_epoch[1:]),
         "mb_per_s": warm["mb_per_s"],
         "epoch_s": warm["seconds"],
         "time_to_first_batch_s": warm["time_to_first_batch_s"],
@@ -203,6 +218,7 @@ def measure(
         },
         "pss_by_kind_mb": {k: round(v / MB, 1) for k, v in memory.kinds.items()},
         "pss_samples": memory.samples,
+        "pss_sampler_cpu_s": memory.cpu_s,
         "coverage_ok": all(e["coverage"]["ok"] for e in epochs_out),
         "epochs": epochs_out,
     }
@@ -293,7 +309,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ray-cpus", type=int, default=4, help="logical CPUs for ray.init")
     parser.add_argument("--data", type=Path, help="dataset folder (default: a temp folder)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write JSON")
+    parser.add_argument(
+        "--memory-duty",
+        type=float,
+        default=MEMORY_DUTY,
+        help="share of one core the PSS sampler may use (more: finer memory figures, "
+        "and fewer rows/s for the loaders of many processes)",
+    )
     args = parser.parse_args(argv)
+    if not 0 < args.memory_duty <= 1:
+        parser.error(f"--memory-duty {args.memory_duty}: give a share of one core in (0, 1]")
     if args.quick:
         args.rows = min(args.rows, 100_000)
     names = [n.strip() for n in args.loaders.split(",") if n.strip()]
@@ -349,7 +374,9 @@ def main(argv: list[str] | None = None) -> int:
         bar.set_postfix_str(name)
         if name in RAY_LOADERS:
             start_ray(args.ray_cpus)
-        results[name] = measure(name, paths, num_rows, args.epochs, not args.no_warmup, args.ranks)
+        results[name] = measure(
+            name, paths, num_rows, args.epochs, not args.no_warmup, args.ranks, args.memory_duty
+        )
         gc.collect()
     bar.close()
     checks = add_ratios(results)
@@ -372,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             "epochs": args.epochs,
             "warmup": not args.no_warmup,
             "ray_cpus": args.ray_cpus,
+            "memory_duty": args.memory_duty,
             "data": str(folder),
         },
         "results": results,
