@@ -90,6 +90,12 @@ def test_bad_packing_options_are_config_errors(options, message):
         ),
         (
             table([3]),
+            {"packing": Packing(column="tokens", seq_len=8), "shuffle_blocks": 4},
+            ConfigError,
+            r"packing with shuffle_blocks=4 is not supported.*use shuffle=True",
+        ),
+        (
+            table([3]),
             {"packing": Packing(column="tokens", seq_len=8), "last_batch": "drop"},
             ConfigError,
             r"packing with last_batch='drop' would drop documents",

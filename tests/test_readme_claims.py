@@ -380,3 +380,24 @@ def test_readme_described_defaults_resolve_as_described():
     assert LoaderConfig().block_batches == 16
     assert LoaderConfig(policy="file").block_batches == 16
     assert LoaderConfig(policy="dynamic").block_batches == 4
+
+
+@pytest.mark.parametrize(
+    ("claim", "constant"),
+    [
+        (r"Only footers are read up front, (\d+) files at a time", "FOOTER_THREADS"),
+        (r"keeps the Parquet files it read open \(up to (\d+)\)", "OPEN_FILES_CACHE"),
+        (r"takes its watches over after (\d+) s \(doubling", "RETRY_S"),
+        (r"\(doubling, up to (\d+) s,", "MAX_RETRY_S"),
+        (r"does not answer within (\d+) s", "SEES_TIMEOUT_S"),
+    ],
+)
+def test_readme_numbers_are_the_constants_the_code_uses(claim, constant):
+    from rayshard.runtime import node_watch
+    from rayshard.sources import _catalog, _open_files
+
+    found = re.search(claim, " ".join(README.read_text().split()))
+    assert found, f"README no longer says {claim!r}"
+    modules = (_catalog, _open_files, node_watch)
+    value = next(getattr(m, constant) for m in modules if hasattr(m, constant))
+    assert float(found.group(1)) == value, (constant, value)
