@@ -173,7 +173,9 @@ class LeaseStream:
     ) -> None:
         self._first, self._ask, self._answer, self._ready = first, ask, answer, ready
         self._boundaries, self._stopped, self._clock = boundaries, stopped, clock
-        self._pacing = pacing or LeasePacing(base=1, piece_rows=1, min_round_trip_s=math.inf)
+        self._pacing = pacing or LeasePacing(
+            base=1, piece_rows=1, min_round_trip_s=math.inf, min_lease_s=0.0
+        )
         self._taken = 1
         self._asked_out = False  # an answer without pieces came: ask nothing more
         self.ended_by: Any = None

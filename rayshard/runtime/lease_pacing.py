@@ -16,6 +16,11 @@ coordinator stops granting it pieces once they hold `1 / (2 x members)` of the r
 holds (guided self-scheduling), so one rank cannot take an epoch's tail from the others, nor
 the epoch from a rank that joins, and offers it no straggler's work; the count asked is
 sized from the last answer's figures to the same bound.
+
+A lease call costs the coordinator and the reader about a millisecond of CPU each (a Ray
+call), whatever it grants: once the pace is measured, a lease asks for at least
+`min_lease_s` of reading (more than the base when pieces read fast), sized to the same
+bound.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ class LeasePacing:
     min_round_trip_s: float = 0.01  # round trips below this never move the ask earlier
     headroom: float = 1.5  # round trips of reading held in hand when the ask goes out
     max_pieces: int = 256
+    min_lease_s: float = 0.05  # reading time a lease asks for at least, once paced
     window_s: float = 0.1  # reading time per pace measurement, or `first_pieces` pieces
     first_pieces: int = 16  # pieces the first measurement needs (more than a read-ahead)
     round_trip_s: float = 0.0  # the last measured round trip (0 until one is)
@@ -99,14 +105,19 @@ class LeasePacing:
         ahead = self.headroom * self.round_trip_s / self.seconds_per_row
         return min(ahead, self.max_pieces * max(1, self.piece_rows))
 
+    def lease_rows(self) -> float:
+        """Rows that take `min_lease_s` to read at the measured pace (0 until measured)."""
+        return self.min_lease_s / self.seconds_per_row if self.seconds_per_row > 0.0 else 0.0
+
     def should_ask(self, rows_in_hand: int) -> bool:
         """Whether to ask now, with `rows_in_hand` leased rows not yet taken by the reading."""
         return rows_in_hand <= self.ahead_rows()
 
     def count(self) -> int:
         """Pieces to ask for: the base, or enough to stay `ahead_rows` ahead until the
-        answer after this one, within the guided self-scheduling share and `max_pieces`."""
-        wanted = 2.0 * self.ahead_rows()
+        answer after this one and to read for `min_lease_s`, within the guided
+        self-scheduling share and `max_pieces`."""
+        wanted = max(2.0 * self.ahead_rows(), self.lease_rows())
         if self.unleased is not None:
             wanted = min(wanted, self.unleased / (2 * self.ranks))
         pieces = math.ceil(wanted / max(1, self.piece_rows) - 1e-9)
