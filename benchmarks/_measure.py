@@ -113,7 +113,7 @@ def tree_pss() -> tuple[int, dict[str, int], dict[str, int]]:
 
 MEMORY_DUTY = 0.03
 """The share of one core the PSS sampler may use. A sample of a Ray loader's tree (a
-dozen processes and more) costs 20-50 ms, of the raw scan's (3 processes) a few: at 20%
+dozen processes and more) costs 20-100 ms, of the raw scan's (3 processes) about 10: at 20%
 of a core, the sampler took about 5% of the Ray loaders' rows/s on 2 cores and little of
 the raw scan's, an unfair handicap in a comparison of the two."""
 

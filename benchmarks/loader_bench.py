@@ -42,10 +42,10 @@ Coverage is checked on every measured epoch.
 Memory: peak PSS summed over the benchmark process and all its descendants, sampled
 every 0.1 s, or less often when a sample is costly so that sampling takes at most 3% of
 one core (`--memory-duty`, `benchmarks/_measure.py`): a sample of a Ray loader's tree
-costs 20-50 ms here, and at the 20% of a core allowed before, the sampler took about 5%
-of the Ray loaders' rows/s on 2 cores and little of the raw scan's (its tree is three
-processes). Sparser samples may miss a short epoch (its peak is then `null`) and the
-briefest peaks. torch and raw run before Ray starts, so their
+costs 20-100 ms here (the raw scan's about 10), and at the 20% of a core allowed before,
+the sampler took about 5% of the Ray loaders' rows/s on 2 cores and little of the raw
+scan's (its tree is three processes). Sparser samples may miss a short epoch (its peak
+is then `null`) and the briefest peaks. torch and raw run before Ray starts, so their
 tree is the driver and its 2 child processes; for the Ray loaders it is the driver plus
 everything the local Ray cluster runs (gcs_server, raylet, Ray's agents, every worker
 process: idle pool workers, tasks, actors, Ray Data and Train actors). `pss_delta` is
