@@ -42,6 +42,8 @@ def test_a_lease_asks_for_min_lease_s_of_reading_within_its_share():
     assert pacing.count() == 5
     pacing.answered(0.0, 0.005, unleased=100, ranks=2)
     assert pacing.count() == 1  # never below the base
+    pacing.answered(0.0, 0.005, unleased=-1, ranks=2)  # no share known (an old journal)
+    assert pacing.count() == 1  # then no lease grows for its call's cost
 
 
 def test_late_answers_ask_earlier_and_for_more():

@@ -115,10 +115,11 @@ class LeasePacing:
 
     def count(self) -> int:
         """Pieces to ask for: the base, or enough to stay `ahead_rows` ahead until the
-        answer after this one and to read for `min_lease_s`, within the guided
-        self-scheduling share and `max_pieces`."""
-        wanted = max(2.0 * self.ahead_rows(), self.lease_rows())
-        if self.unleased is not None:
+        answer after this one and (with the share known) to read for `min_lease_s`, within
+        the guided self-scheduling share and `max_pieces`."""
+        wanted = 2.0 * self.ahead_rows()
+        if self.unleased is not None:  # (a share unknown: no lease grows for its cost)
+            wanted = max(wanted, self.lease_rows())
             wanted = min(wanted, self.unleased / (2 * self.ranks))
         pieces = math.ceil(wanted / max(1, self.piece_rows) - 1e-9)
         return max(self.base, min(pieces, self.max_pieces))
