@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks._measure import HARNESS_PROCESS
+from benchmarks._measure import HARNESS_PROCESS, MEMORY_DUTY
 from tests.benchmark_runs import run_benchmark
 
 LOADERS = ("rayshard", "rayshard_cpus", "rayshard_dynamic", "raw")
@@ -34,6 +34,7 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
     done = run_benchmark(*command)
     report = json.loads(out.read_text())
     assert report["config"]["rows"] == 20000 and report["config"]["world_size"] == 1
+    assert report["config"]["memory_duty"] == MEMORY_DUTY  # the sampler's default share
     assert set(report["results"]) == set(LOADERS)
     for name, result in report["results"].items():
         assert result["rows_per_s"] > 0, name
@@ -42,7 +43,8 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         assert result["peak_pss_mb"] > 0, name
         assert not any(p.startswith(HARNESS_PROCESS) for p in result["pss_by_process_mb"])
         assert result["steady_rows_per_s"] > 0, name
-        assert len(result["pss_by_epoch_mb"]) == 2, name
+        assert len(result["pss_by_epoch_mb"]) == 2, name  # a peak, or None: not sampled
+        assert result["pss_sampler_cpu_s"] >= 0, name
         assert result["cpu_s_per_mrow"] > 0 and result["cpu_s"] > 0, name
         assert result["cpu_vs_raw"] > 0, name
         by_process = result["cpu_by_process_s"]  # the driver at least; none negative

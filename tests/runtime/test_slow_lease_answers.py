@@ -18,7 +18,8 @@ from rayshard.data.batching import FLUSH, INDEX_KEY, iter_rows
 from rayshard.loader import Loader
 from rayshard.runtime.dynamic_rows import dynamic_rows
 from rayshard.sources.base import TableSource
-from tests.runtime.helpers import unique_name
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import real_ids, unique_name, write_parquet
 
 pytestmark = [pytest.mark.ray]
 
@@ -93,5 +94,34 @@ def test_a_rank_with_late_lease_answers_asks_ahead_and_reads_every_row_once(ray_
         assert leasing["calls"] == calls and leasing["rows"] == ROWS, leasing
         assert 0 < leasing["paced"] < calls, leasing
         assert leasing["waited_s"] >= DELAY_S, leasing
+    finally:
+        loader.shutdown()
+
+
+def test_quick_lease_answers_lease_more_than_a_piece_per_call_once_paced(ray_session, tmp_path):
+    """Answers come at once (no relay), pieces read in well under `min_lease_s`: once the
+    reading pace is measured (after `first_pieces` pieces), a lease asks for 50 ms of
+    reading, not one piece per call (a Ray call's CPU on both sides each time). Real
+    Parquet files, the rank reading in its consumer; every row once in every epoch."""
+    # Row groups of 40 rows; batches of 8, 4 to an object's worth: a base of one piece a
+    # call. Unpaced, one lease call per piece: 50 an epoch.
+    pieces = 50
+    dataset = write_parquet(tmp_path / "small_groups", [500] * 4, row_group_size=40)
+    loader = Loader(
+        ParquetSource(dataset), batch_size=8, policy="dynamic", name=unique_name("quick")
+    )
+    try:
+        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        calls = []  # lease calls answered by the end of each epoch
+        for _ in range(2):
+            assert Counter(real_ids(it)) == Counter(range(2_000))
+            calls.append(loader.stats()["lease_calls"][0]["calls"])
+        it.state_dict()  # every acknowledgement recorded
+        assert loader.stats()["lease_calls"][0]["rows"] == 2 * 2_000
+        # Unpaced: 50 calls and more in each epoch. Paced through the second: even were
+        # a piece of 40 rows read in 20 ms (2.5 pieces a call), under half as many calls
+        # as pieces.
+        assert calls[1] - calls[0] < pieces / 2, calls
+        it.close()
     finally:
         loader.shutdown()
