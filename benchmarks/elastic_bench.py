@@ -193,6 +193,7 @@ ACK_TABLE = (
     ("max s", "queue_wait_s_max", ".3f"),
     ("final stop() s", "stop_s_max", ".2f"),
     ("coordinator CPU", "coordinator_cpu_share", ".0%"),
+    ("asked interval s", "ack_interval_asked_s", ".2f"),
 )
 CORE_TABLE = (
     ("ranks", "ranks", "d"),

@@ -262,8 +262,9 @@ class Loader:
         paced calls, rows, seconds its reading waited for answers), the waits held at an
         epoch's end (`waits_held`), the ranks watched by their process's pid
         (`watched_by_pid`), the `NodeWatch` actors doing it on other nodes than the
-        coordinator's (`node_watches`) and events (ranks lost or joined, coordinator
-        restarts), as the coordinator sees them."""
+        coordinator's (`node_watches`), the acknowledgement interval it asks for now
+        (`ack_interval_asked_s`) and events (ranks lost or joined, coordinator restarts), as
+        the coordinator sees them."""
         return ray.get(self._coordinator.describe.remote())
 
     def shutdown(self) -> None:

@@ -401,3 +401,16 @@ def test_readme_numbers_are_the_constants_the_code_uses(claim, constant):
     modules = (_catalog, _open_files, node_watch)
     value = next(getattr(m, constant) for m in modules if hasattr(m, constant))
     assert float(found.group(1)) == value, (constant, value)
+
+
+def test_readme_states_the_acknowledgement_pacing_the_coordinator_uses():
+    from rayshard.core.ack_pacing import AckPacing
+
+    text = " ".join(README.read_text().split())
+    pacing = AckPacing(0.1)
+    found = re.search(r"`consumers x CPU per call / ([\d.]+)`", text)
+    assert found and float(found.group(1)) == pacing.utilization
+    assert f"more than {pacing.utilization:.0%} of its CPU" in text
+    found = re.search(r"its first window \((\d+) s and (\d+) calls\)", text)
+    assert found, "README no longer states the first measurement window"
+    assert (float(found.group(1)), int(found.group(2))) == (pacing.window_s, pacing.min_calls)

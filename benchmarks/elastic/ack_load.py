@@ -93,7 +93,8 @@ def run_ack_load(
         loads = ray.get(running)
         wall = time.time() - began
         cpu = process_cpu_s(pid) - cpu_before
-        consumers = ray.get(coordinator.describe.remote())["consumers"]
+        described = ray.get(coordinator.describe.remote())
+        consumers = described["consumers"]
         # every batch each rank received, recorded once its senders stopped
         recorded_all = all(
             consumers.get(rank, {}).get("batches") == load["steps"]
@@ -122,4 +123,6 @@ def run_ack_load(
         "queue_wait_over_time": [(round(t, 1), round(w, 3)) for t, w in waits],
         "stop_s_max": max(load["stop_s"] for load in loads),
         "coordinator_cpu_share": cpu / wall,
+        # the interval the coordinator asked its consumers for at the end (None: older code)
+        "ack_interval_asked_s": described.get("ack_interval_asked_s"),
     }

@@ -149,7 +149,8 @@ class RuntimeConfig:
     - `prefetch_depth`: batches kept ready ahead of the training loop.
     - `batches_per_object` (None: 16 for static policies, 4 for `dynamic`) and
       `object_bytes`: how batches are grouped into object-store blocks.
-    - `ack_interval_s`, `lease_poll_s`, `state_timeout_s`: acknowledgement period; how
+    - `ack_interval_s`, `lease_poll_s`, `state_timeout_s`: acknowledgement period (the
+      shortest: a busy coordinator asks for longer, `rayshard.core.ack_pacing`); how
       long a `dynamic` rank told to wait waits for the coordinator's wake-up before it asks
       again anyway (at least 1 s without `straggler_timeout_s`; see
       `rayshard.runtime.epoch_waits.quiet_wait_s`); how long a state request waits.

@@ -82,6 +82,10 @@ class CoreQueries:
             return False
         return not reader or members.readers.get(dp_rank) == reader
 
+    def consumers(self) -> int:
+        """Consumers (world ranks) registered in the current membership: each acknowledges."""
+        return len(self.members.world) if self.members is not None else 0
+
     def summary(self) -> dict[str, Any]:
         """Membership, plans, lease books and events: the core's part of `stats()`."""
         members, books = self.members, self.books

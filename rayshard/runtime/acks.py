@@ -27,7 +27,11 @@ class AckSender:
     far. The end of an epoch and `close()` wait: a worker that finishes an epoch and exits
     takes its reader with it, and the coordinator must not see that death before the
     acknowledgements (an async actor does not run one caller's calls in order), or it
-    would serve the last rows again to the other ranks."""
+    would serve the last rows again to the other ranks.
+
+    The coordinator answers each group with the interval it asks for (`AckPacing`: longer
+    than `interval_s` when so many consumers acknowledge that their calls would outrun it);
+    the background thread waits the longer of the two between groups."""
 
     def __init__(
         self,
@@ -46,6 +50,7 @@ class AckSender:
         self._sent: list[Any] = []  # ObjectRefs of acknowledgements not known to be recorded
         self._wake = threading.Event()
         self._interval = interval_s
+        self.asked_s = 0.0  # the interval the coordinator asked for in its last answer
         self._thread: threading.Thread | None = None
         if interval_s > 0:
             self._thread = threading.Thread(target=self._run, daemon=True, name="rayshard-acks")
@@ -82,7 +87,8 @@ class AckSender:
         of ranks each rank's acknowledgements space out) instead of its queue growing."""
         if not wait:
             with self._lock:
-                self._sent = _not_recorded(self._sent)
+                self._sent, answers = _not_recorded(self._sent)
+                self._take_asked(answers)
                 if self._interval > 0 and self._sent:
                     return
                 self._send_pending()
@@ -90,7 +96,14 @@ class AckSender:
         with self._lock:
             self._send_pending()
             sent, self._sent = self._sent, []
-        ray.get(sent)
+        self._take_asked(ray.get(sent))
+
+    def _take_asked(self, answers: list) -> None:
+        """Keep the interval the newest of `answers` asked for (None: an answer without one,
+        as from a coordinator that does not pace, or a call that failed)."""
+        asked = [a for a in answers if isinstance(a, (int, float))]
+        if asked:
+            self.asked_s = float(asked[-1])
 
     def _send_pending(self) -> None:
         """Send what is pending, one call per epoch, adding the calls to `_sent` (under
@@ -131,7 +144,7 @@ class AckSender:
     def _run(self) -> None:
         """Flush every `interval_s` until `stop()`, or until Ray is shut down under it
         (a `ray.shutdown()` with the iterator still open)."""
-        while not self._wake.wait(self._interval):
+        while not self._wake.wait(max(self._interval, self.asked_s)):
             with ray_held() as up:
                 if not up:
                     self._forget()
@@ -145,12 +158,19 @@ class AckSender:
             self._pending, self._sent = {}, []
 
 
-def _not_recorded(refs: list) -> list:
-    """The calls of `refs` that have not returned yet (neither recorded nor failed)."""
+def _not_recorded(refs: list) -> tuple[list, list]:
+    """The calls of `refs` that have not returned yet (neither recorded nor failed), and
+    the answers of those that returned, in call order (None for a failed one)."""
     if not refs:
-        return refs
-    _, busy = ray.wait(refs, num_returns=len(refs), timeout=0)
-    return busy
+        return refs, []
+    done, busy = ray.wait(refs, num_returns=len(refs), timeout=0)
+    answers = []
+    for ref in done:  # returned already: no wait
+        try:
+            answers.append(ray.get(ref))
+        except Exception:  # noqa: BLE001 - a lost call's group is served again, as before
+            answers.append(None)
+    return busy, answers
 
 
 def sample_runs(sorted_ids: np.ndarray) -> np.ndarray:

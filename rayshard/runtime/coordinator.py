@@ -4,12 +4,10 @@ One actor per loader. A request is checked (stale generation or epoch), turned i
 command, applied to the core, journaled and answered. A restarted coordinator (Ray
 `max_restarts`) loads the journal's latest snapshot and replays the commands after it; the
 journal is compacted at each epoch's end, each restore and every `COMPACT_EVERY` commands.
-
 An async actor: one event loop, so no locks, and `state()` waits for other ranks' acks
-without blocking them. A client of an older membership `generation`, of an epoch its rank
-left, or (leases) of a registration of its rank a newer one replaced, is refused as stale.
-Readers (one per data-parallel rank) are created by the workers they feed, sharing their
-fate; the coordinator watches each one and, under `dynamic`, puts a dead reader's
+without blocking them. Clients of an older `generation`, of an epoch their rank left, or
+(leases) of a replaced registration are refused as stale. Readers are created by the
+workers they feed; the coordinator watches each, and under `dynamic` puts a dead reader's
 unacknowledged leases back into the queue.
 """
 
@@ -21,6 +19,7 @@ from typing import Any
 
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
+from rayshard.core.ack_pacing import AckPacing
 from rayshard.core.coordination import CoordinatorCore
 from rayshard.core.state import LoaderState
 from rayshard.errors import RayshardError
@@ -51,6 +50,7 @@ class Coordinator:
         self._settings = settings
         self._core = CoordinatorCore(loader_id, source, settings, instance)
         self._usage = RankUsage()  # per rank: what its consumers got, how it leased
+        self._ack_pacing = AckPacing.for_settings(settings)  # how often consumers acknowledge
         self._acked = asyncio.Condition()
         self._waits = EpochWaits()  # ranks waiting at an epoch's end (`await_change`)
         self._watches = ReaderWatches(namespace, self._reader_ended)
@@ -75,10 +75,8 @@ class Coordinator:
     # -- membership ------------------------------------------------------------------------
     async def register(self, world_rank: int, world_size: int, dp: dict) -> dict:
         """Join the loader; returns the generation and the name of this rank's reader.
-
         Static policies: a different data-parallel size starts a new generation, with the
-        progress so far as the resume point. Dynamic: ranks join the running epoch.
-        """
+        progress so far as the resume point. Dynamic: ranks join the running epoch."""
         decision = self._do(
             cmd.Register(world_rank, world_size, dp["dp_rank"], dp["dp_size"], time.time())
         )
@@ -177,12 +175,14 @@ class Coordinator:
         ids: list,
         usage: dict | None = None,
         partial: list | None = None,
-    ) -> None:
+    ) -> float | None:
         """A consumer of `dp_rank` received batches up to its `batches`-th, holding samples
         `ids` (`usage`: their real samples, bytes and the consumer's stall seconds; `partial`:
-        packed documents split across rows, as (sample index, tokens delivered))."""
+        packed documents split across rows, as (sample index, tokens delivered)). Returns the
+        interval the consumer should acknowledge at (`AckPacing`)."""
+        self._ack_pacing.called(time.time(), time.process_time())
         if not self._core.serves(generation, dp_rank):
-            return  # late acknowledgement of a previous generation: already accounted
+            return None  # late acknowledgement of a previous generation: already accounted
         pairs = tuple(tuple(int(x) for x in pair) for pair in partial or ())
         ids = as_runs(ids)  # (n, 2) int64: no Python object per pair
         self._do(cmd.Ack(dp_rank, epoch, batches, ids, time.time(), pairs))
@@ -196,6 +196,7 @@ class Coordinator:
             self._waits.signal()
         async with self._acked:
             self._acked.notify_all()
+        return self._ack_pacing.interval_s(self._core.consumers())
 
     async def state(self, generation: int, epoch: int, received: int) -> dict:
         """The loader-wide state once every rank acknowledged `received` batches of `epoch`
@@ -217,9 +218,8 @@ class Coordinator:
         return self._core.state_at(epoch, received)
 
     async def restore(self, state: dict) -> tuple[int, int]:
-        """Resume from a saved state; idempotent, so every rank may call it. A new state
-        starts a new generation (same members), so readers drop what they read ahead.
-        Returns (epoch, generation)."""
+        """Resume from a saved state (idempotent: every rank may call it); a new state starts
+        a new generation, so readers drop what they read ahead. Returns (epoch, generation)."""
         loaded = LoaderState.from_dict(
             state,
             expect_loader=self._loader_id,
@@ -237,6 +237,7 @@ class Coordinator:
         """Membership, progress and events, for `stats()`, experiments and debugging."""
         since = {"journal_commands_since_snapshot": self._since_snapshot}
         since.update(waits_held=self._waits.held, **self._watches.counts())
+        since["ack_interval_asked_s"] = self._ack_pacing.interval_s(self._core.consumers())
         return {**self._core.summary(), **self._usage.summary(), **since}
 
     async def reader_names(self) -> list[str]:
@@ -254,8 +255,7 @@ class Coordinator:
 
     async def trace(self, enable: bool = True) -> list:
         """Record leases and rank losses from now on (`enable`), or stop; returns those so far."""
-        recorded = list(self._trace or [])
-        self._trace = [] if enable else None
+        recorded, self._trace = list(self._trace or []), ([] if enable else None)
         return recorded
 
     # -- load, step, journal ---------------------------------------------------------------

@@ -197,6 +197,7 @@ class ShardIterator:
             "batches_received": self._received,
             "samples_received": self.samples_received,
             "stall_seconds": self.stall_seconds,
+            "ack_interval_asked_s": self._acks.asked_s,  # 0 until the coordinator answered
         }
         if self._feed is not None:
             out["feed"] = self._feed.stats().as_dict()

@@ -1,0 +1,89 @@
+"""The real coordinator asks its consumers to acknowledge less often when their calls would
+outrun it, and an `AckSender` takes the interval it asks for (real Ray, real Parquet)."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from rayshard.loader import Loader
+from rayshard.runtime.acks import AckSender
+from rayshard.sources.parquet import ParquetSource
+from tests.timeouts import wait_until
+
+pytestmark = [pytest.mark.ray]
+
+CONSUMERS = 16
+CONFIGURED_S = 0.001  # below what 16 consumers' calls allow: a measured cost lifts it
+
+
+def test_the_coordinator_paces_many_consumers_and_a_sender_follows(ray_session, tmp_path):
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"id": np.arange(CONSUMERS * 64)}), path, row_group_size=64)
+    loader = Loader(
+        ParquetSource([str(path)]),
+        batch_size=4,
+        name=f"pacing-{uuid.uuid4().hex[:8]}",
+        policy="data",
+        ack_interval_s=CONFIGURED_S,
+    )
+    coordinator = loader._coordinator
+    try:
+        dp = lambda r: {"dp_rank": r, "dp_size": CONSUMERS, "group": [r]}  # noqa: E731
+        registered = ray.get(
+            [coordinator.register.remote(r, CONSUMERS, dp(r)) for r in range(CONSUMERS)]
+        )
+        generation = registered[-1]["generation"]
+        plans = ray.get(
+            [coordinator.start_epoch.remote(generation, r, 0) for r in range(CONSUMERS)]
+        )
+        firsts = [plan["plan"].ranges[0][0] for plan in plans]
+        usage = {"batches": 1, "samples": 1, "bytes": 8, "stall_s": 0.0}
+        rounds = iter(range(1, 64))
+
+        def a_round_of_acks() -> float:
+            """Each consumer acknowledges one more row; the interval asked of the last."""
+            step = next(rounds)
+            calls = [
+                coordinator.ack.remote(
+                    generation, r, 0, step, np.array([[first, first + step]]), usage
+                )
+                for r, first in enumerate(firsts)
+            ]
+            return ray.get(calls)[-1]
+
+        # Until the coordinator measured its cost per call (a window of 1 s and 20 calls),
+        # it asks for the configured interval; then for as long as 16 consumers need.
+        asked = wait_until(
+            lambda: (answer := a_round_of_acks()) > CONFIGURED_S and answer,
+            "the coordinator to ask for a longer interval than the configured one",
+        )
+        described = ray.get(coordinator.describe.remote())["ack_interval_asked_s"]
+        assert described == pytest.approx(asked)
+        # a sender takes the interval the coordinator asks for
+        sender = AckSender(coordinator, generation, 0, interval_s=CONFIGURED_S)
+        sender.add(0, 64, np.array([[firsts[0], firsts[0] + 64]]), 1, 8, 0.0)
+        sender.flush(wait=True)
+        assert sender.asked_s > CONFIGURED_S
+        sender.stop()
+    finally:
+        loader.shutdown()
+
+
+def test_a_few_consumers_are_asked_for_the_configured_interval(ray_session, tmp_path):
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"id": np.arange(200)}), path, row_group_size=50)
+    loader = Loader(ParquetSource([str(path)]), batch_size=8, name=f"pacing-{uuid.uuid4().hex[:8]}")
+    try:
+        iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        assert sum(len(batch["id"]) for batch in iterator) == 200
+        # the epoch's end waited for the last group: its answer was taken
+        assert iterator.stats()["ack_interval_asked_s"] == loader.settings.ack_interval_s
+        assert loader.stats()["ack_interval_asked_s"] == loader.settings.ack_interval_s
+    finally:
+        loader.shutdown()
