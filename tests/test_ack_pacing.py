@@ -60,16 +60,18 @@ def test_many_consumers_are_asked_to_space_out_within_the_utilization():
     assert 10_000 / pacing.interval_s(10_000) * 0.001 == pytest.approx(0.8)
 
 
-def test_with_stragglers_on_no_interval_reaches_half_the_timeout():
+def test_with_stragglers_on_no_interval_passes_a_quarter_of_the_timeout():
+    # one group in flight: a rank may skip a round while its last group is queued, and
+    # must still be heard from within the timeout
     settings = SimpleNamespace(ack_interval_s=0.1, straggler_timeout_s=6.0)
     pacing = AckPacing.for_settings(settings)
-    assert pacing.most_s == 3.0
+    assert pacing.max_interval_s == 1.5
     for n in range(41):
         pacing.called(now=n / 20, cpu_s=0.001 * n)
     assert pacing.interval_s(1_000) == pytest.approx(1.25)
-    assert pacing.interval_s(10_000) == 3.0  # a healthy rank never looks silent
+    assert pacing.interval_s(10_000) == 1.5  # a healthy rank never looks silent
     off = AckPacing.for_settings(SimpleNamespace(ack_interval_s=0.1, straggler_timeout_s=None))
-    assert off.most_s == math.inf
+    assert off.max_interval_s == math.inf
 
 
 def test_acknowledging_every_batch_is_never_paced():
@@ -90,7 +92,7 @@ def test_acknowledging_every_batch_is_never_paced():
 def test_the_interval_stays_within_its_bounds_and_grows_with_the_consumers(
     interval, most, cost, consumers, more
 ):
-    pacing = AckPacing(interval, most_s=most, cost_s=cost)
+    pacing = AckPacing(interval, max_interval_s=most, cost_s=cost)
     asked = pacing.interval_s(consumers)
     assert interval <= asked <= max(interval, most)
     assert pacing.interval_s(consumers + more) >= asked

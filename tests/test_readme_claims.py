@@ -410,7 +410,14 @@ def test_readme_states_the_acknowledgement_pacing_the_coordinator_uses():
     pacing = AckPacing(0.1)
     found = re.search(r"`consumers x CPU per call / ([\d.]+)`", text)
     assert found and float(found.group(1)) == pacing.utilization
-    assert f"more than {pacing.utilization:.0%} of its CPU" in text
+    assert f"more than {pacing.utilization:.0%} of a core" in text
     found = re.search(r"its first window \((\d+) s and (\d+) calls\)", text)
     assert found, "README no longer states the first measurement window"
     assert (float(found.group(1)), int(found.group(2))) == (pacing.window_s, pacing.min_calls)
+    # the straggler cap: "never more than a quarter of it", "never exceeds a quarter"
+    capped = AckPacing.for_settings(
+        types.SimpleNamespace(ack_interval_s=0.1, straggler_timeout_s=8)
+    )
+    assert capped.max_interval_s == 8 / 4
+    assert "never more than a quarter of it" in text and "never exceeds a quarter" in text
+    assert "`iterator.stats()` shows the interval" in text and "`ack_interval_asked_s`" in text

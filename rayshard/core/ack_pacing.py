@@ -1,47 +1,55 @@
 """How often the coordinator asks each consumer to acknowledge, so that acknowledgements
-take at most a share of its time.
+alone would take at most a share of one core.
 
-Every acknowledgement group is a Ray call to one actor, about a millisecond of its CPU
-whatever it carries. With thousands of consumers each sending a group every
-`ack_interval_s`, the calls outrun it: before, each consumer's one group in flight set
-the pace, the actor's queue held about one call per consumer, and every other call (a
-lease, a `state()`) waited behind them: 1.8 s with 1,000 ranks. Instead the coordinator
-measures its CPU per call and answers each group with the interval that keeps all
-consumers' groups within `utilization` of one core, never below `ack_interval_s` (and,
-with stragglers on, never past half of `straggler_timeout_s`, so a healthy rank never
-looks silent). Its queue then stays short.
+Every acknowledgement group is a Ray call to one actor, about half a millisecond of its
+CPU or more whatever it carries. With thousands of consumers each sending a group every
+`ack_interval_s`, the calls outrun it: before, each consumer's one group in flight set the
+pace, the actor's queue held about one call per consumer, and every other call (a lease,
+a `state()`) waited behind them (0.55 s at 1,000 ranks here). Instead the coordinator
+measures its CPU per call (every journaled command: acknowledgements, leases,
+registrations) and answers each group with the interval at which its consumers' groups
+would take `utilization` of one core at that cost, never below `ack_interval_s`. With
+stragglers on it never passes a quarter of `straggler_timeout_s`: a healthy rank with one
+group in flight may skip a round while the last is queued, and must still acknowledge
+within the timeout. Its queue then stays short.
 
-Pure: times and CPU seconds come in as arguments."""
+The cost is per call of any kind, so the coordinator's other work does not feed back into
+the acknowledgement interval (CPU divided by acknowledgements only would grow as they
+space out). Pure: times and CPU seconds come in as arguments."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+
+from rayshard.config.loader_config import LoaderConfig
 
 
 @dataclasses.dataclass
 class AckPacing:
-    """Measures the coordinator's CPU per acknowledgement call over windows of `window_s`
-    and says how often each consumer should send one."""
+    """Measures the coordinator's CPU per call over windows of `window_s` and says how
+    often each consumer should send an acknowledgement group."""
 
     ack_interval_s: float  # the configured interval: the shortest ever asked
-    most_s: float = math.inf  # the longest ever asked (half the straggler timeout, if on)
+    max_interval_s: float = math.inf  # the longest ever asked (a quarter of the straggler timeout)
     utilization: float = 0.8  # share of one core the acknowledgements may take
     window_s: float = 1.0  # measurement window (wall seconds)
     min_calls: int = 20  # calls a window needs to give a measurement
     cost_s: float = 0.0  # CPU seconds per call, smoothed (0 until measured)
-    _window: tuple[float, float, int] | None = None  # start time, start CPU, calls since
+    # start time, start CPU and calls of the window being measured
+    _window: tuple[float, float, int] | None = dataclasses.field(
+        default=None, init=False, repr=False
+    )
 
     @classmethod
-    def for_settings(cls, settings: Any) -> AckPacing:
+    def for_settings(cls, settings: LoaderConfig) -> AckPacing:
         """Pacing within a loader's settings (`ack_interval_s`, `straggler_timeout_s`)."""
         timeout = settings.straggler_timeout_s
-        return cls(settings.ack_interval_s, math.inf if timeout is None else timeout / 2)
+        return cls(settings.ack_interval_s, math.inf if timeout is None else timeout / 4)
 
     def called(self, now: float, cpu_s: float) -> None:
-        """One acknowledgement call was handled at wall time `now`, with the process at
-        `cpu_s` CPU seconds."""
+        """One call was handled at wall time `now`, with the process at `cpu_s` CPU
+        seconds."""
         if self._window is None:
             self._window = (now, cpu_s, 0)
             return
@@ -60,7 +68,8 @@ class AckPacing:
         if self.ack_interval_s <= 0:  # every batch acknowledged: exactness asked for
             return self.ack_interval_s
         needed = max(0, consumers) * self.cost_s / self.utilization
-        return min(max(self.ack_interval_s, needed), max(self.ack_interval_s, self.most_s))
+        longest = max(self.ack_interval_s, self.max_interval_s)
+        return min(max(self.ack_interval_s, needed), longest)
 
 
 __all__ = ["AckPacing"]

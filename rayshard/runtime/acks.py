@@ -3,6 +3,7 @@ in groups from a background thread (`AckSender`), as runs of sample ids (`sample
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
@@ -12,6 +13,8 @@ import ray
 from rayshard.plan.id_runs import as_runs, union
 from rayshard.runtime.metrics import record_batches
 from rayshard.runtime.ray_held import ray_held
+
+log = logging.getLogger(__name__)
 
 
 class AckSender:
@@ -31,7 +34,7 @@ class AckSender:
 
     The coordinator answers each group with the interval it asks for (`AckPacing`: longer
     than `interval_s` when so many consumers acknowledge that their calls would outrun it);
-    the background thread waits the longer of the two between groups."""
+    the background thread waits the longer of the two between groups (`pause_s`)."""
 
     def __init__(
         self,
@@ -50,7 +53,7 @@ class AckSender:
         self._sent: list[Any] = []  # ObjectRefs of acknowledgements not known to be recorded
         self._wake = threading.Event()
         self._interval = interval_s
-        self.asked_s = 0.0  # the interval the coordinator asked for in its last answer
+        self._asked_s = 0.0  # the interval the coordinator asked for in its last answer
         self._thread: threading.Thread | None = None
         if interval_s > 0:
             self._thread = threading.Thread(target=self._run, daemon=True, name="rayshard-acks")
@@ -83,8 +86,8 @@ class AckSender:
         """Send what is pending; with `wait`, block until everything added so far was
         recorded. Without `wait`, and with an `interval_s` above 0, nothing is sent while
         the group sent last is not recorded yet: what is pending goes with a later flush.
-        One group in flight per rank lets a busy coordinator set the pace (with thousands
-        of ranks each rank's acknowledgements space out) instead of its queue growing."""
+        One group in flight per rank bounds the coordinator's queue to a group per rank;
+        the interval it asks for (`asked_s`) keeps the queue short."""
         if not wait:
             with self._lock:
                 self._sent, answers = _not_recorded(self._sent)
@@ -96,14 +99,27 @@ class AckSender:
         with self._lock:
             self._send_pending()
             sent, self._sent = self._sent, []
-        self._take_asked(ray.get(sent))
+        answers = ray.get(sent)
+        with self._lock:
+            self._take_asked(answers)
+
+    @property
+    def asked_s(self) -> float:
+        """The interval the coordinator asked for in the last answer taken (0: none yet)."""
+        return self._asked_s
+
+    @property
+    def pause_s(self) -> float:
+        """How long the background thread waits between groups: `interval_s`, or the
+        longer interval the coordinator asked for."""
+        return max(self._interval, self._asked_s)
 
     def _take_asked(self, answers: list) -> None:
         """Keep the interval the newest of `answers` asked for (None: an answer without one,
-        as from a coordinator that does not pace, or a call that failed)."""
+        as from a coordinator that does not pace, or a call that failed; under `_lock`)."""
         asked = [a for a in answers if isinstance(a, (int, float))]
         if asked:
-            self.asked_s = float(asked[-1])
+            self._asked_s = float(asked[-1])
 
     def _send_pending(self) -> None:
         """Send what is pending, one call per epoch, adding the calls to `_sent` (under
@@ -144,7 +160,7 @@ class AckSender:
     def _run(self) -> None:
         """Flush every `interval_s` until `stop()`, or until Ray is shut down under it
         (a `ray.shutdown()` with the iterator still open)."""
-        while not self._wake.wait(max(self._interval, self.asked_s)):
+        while not self._wake.wait(self.pause_s):
             with ray_held() as up:
                 if not up:
                     self._forget()
@@ -168,7 +184,8 @@ def _not_recorded(refs: list) -> tuple[list, list]:
     for ref in done:  # returned already: no wait
         try:
             answers.append(ray.get(ref))
-        except Exception:  # noqa: BLE001 - a lost call's group is served again, as before
+        except Exception as error:  # noqa: BLE001 - its rows are served again, as before
+            log.warning("an acknowledgement call failed (its rows may be served again): %s", error)
             answers.append(None)
     return busy, answers
 

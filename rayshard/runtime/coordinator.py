@@ -180,7 +180,6 @@ class Coordinator:
         `ids` (`usage`: their real samples, bytes and the consumer's stall seconds; `partial`:
         packed documents split across rows, as (sample index, tokens delivered)). Returns the
         interval the consumer should acknowledge at (`AckPacing`)."""
-        self._ack_pacing.called(time.time(), time.process_time())
         if not self._core.serves(generation, dp_rank):
             return None  # late acknowledgement of a previous generation: already accounted
         pairs = tuple(tuple(int(x) for x in pair) for pair in partial or ())
@@ -260,6 +259,7 @@ class Coordinator:
 
     # -- load, step, journal ---------------------------------------------------------------
     def _do(self, command: cmd.Command) -> Any:
+        self._ack_pacing.called(time.monotonic(), time.process_time())  # its CPU per call
         self._rewatch()
         decision = self._core.apply(command)
         self._journal.append(command.to_entry())

@@ -44,7 +44,7 @@ def test_the_coordinator_paces_many_consumers_and_a_sender_follows(ray_session, 
         )
         firsts = [plan["plan"].ranges[0][0] for plan in plans]
         usage = {"batches": 1, "samples": 1, "bytes": 8, "stall_s": 0.0}
-        rounds = iter(range(1, 64))
+        rounds = iter(range(1, 64))  # (each consumer's 64 rows: ample for a 1 s window)
 
         def a_round_of_acks() -> float:
             """Each consumer acknowledges one more row; the interval asked of the last."""
@@ -70,6 +70,7 @@ def test_the_coordinator_paces_many_consumers_and_a_sender_follows(ray_session, 
         sender.add(0, 64, np.array([[firsts[0], firsts[0] + 64]]), 1, 8, 0.0)
         sender.flush(wait=True)
         assert sender.asked_s > CONFIGURED_S
+        assert sender.pause_s == sender.asked_s  # its thread now waits that long
         sender.stop()
     finally:
         loader.shutdown()

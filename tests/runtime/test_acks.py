@@ -121,3 +121,38 @@ def test_acknowledging_every_batch_sends_each_at_once(ray_session):
     assert sorted(calls) == [(0, 1, [[0, 8]], 1), (0, 2, [[8, 16]], 1)]
     assert most_at_once == 2
     sender.stop()
+
+
+@ray.remote(num_cpus=0)
+class PacingRecorder:
+    """A coordinator stand-in that asks for `asked` seconds between groups."""
+
+    def __init__(self, asked) -> None:
+        self.asked, self.calls = asked, 0
+
+    async def ack(self, generation, dp_rank, epoch, batches, ids, usage=None):
+        self.calls += 1
+        return self.asked
+
+
+def test_the_sender_waits_the_interval_the_coordinator_asks_for(ray_session):
+    recorder = PacingRecorder.remote(2.5)
+    sender = AckSender(recorder, generation=1, dp_rank=0, interval_s=0.5)
+    assert (sender.asked_s, sender.pause_s) == (0.0, 0.5)  # no answer yet: its own
+    sender.add(0, 1, [[0, 8]], 8, 64, 0.0)
+    sender.flush()  # without waiting: the answer is taken by a later flush
+    wait_until(lambda: sender.flush() or sender.asked_s == 2.5, "the answer to be taken")
+    assert sender.pause_s == 2.5
+    sender.stop()
+    # a shorter interval asked than its own: it keeps its own
+    shorter = AckSender(PacingRecorder.remote(0.1), generation=1, dp_rank=0, interval_s=0.5)
+    shorter.add(0, 1, [[0, 8]], 8, 64, 0.0)
+    shorter.flush(wait=True)
+    assert (shorter.asked_s, shorter.pause_s) == (0.1, 0.5)
+    shorter.stop()
+    # an answer without an interval (a coordinator that does not pace) changes nothing
+    silent = AckSender(PacingRecorder.remote(None), generation=1, dp_rank=0, interval_s=0.5)
+    silent.add(0, 1, [[0, 8]], 8, 64, 0.0)
+    silent.flush(wait=True)
+    assert (silent.asked_s, silent.pause_s) == (0.0, 0.5)
+    silent.stop()
