@@ -37,8 +37,10 @@ acks        `--ack-ranks` ranks (policy `data`), each a real `AckSender` (the
             iterators' default `ack_interval_s`, 0.1 s) receiving a batch every
             `--step-s`, for `--ack-seconds`, in 2 processes, against one coordinator:
             more acknowledgements offered than it records on this machine. A probe
-            `ping` every 0.25 s measures how long a call waits in its queue; the
-            senders' final `stop()` waits for what is still queued.
+            `ping` every 0.25 s measures how long a call waits in its queue (its
+            median over the run, and over the second half: once the senders took
+            the interval the coordinator asks for); the senders' final `stop()`
+            waits for what is still queued.
 core        the coordinator's pure core (no Ray) through one `dynamic` epoch at
             `--core-ranks` ranks (default 1,000, 3,000 and 10,000; 4 row groups of
             32,768 rows per rank, one per lease, acknowledged 4 batches at a time):
@@ -191,6 +193,7 @@ ACK_TABLE = (
     ("queue wait med s", "queue_wait_s_median", ".3f"),
     ("p90 s", "queue_wait_s_p90", ".3f"),
     ("max s", "queue_wait_s_max", ".3f"),
+    ("late median s", "queue_wait_s_late_median", ".3f"),
     ("final stop() s", "stop_s_max", ".2f"),
     ("coordinator CPU", "coordinator_cpu_share", ".0%"),
     ("asked interval s", "ack_interval_asked_s", ".2f"),

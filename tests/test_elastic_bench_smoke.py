@@ -64,6 +64,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert min(acks["steps_per_rank"]) >= 1
     assert acks["recorded_all"]  # every received batch recorded once the senders stopped
     assert acks["queue_wait_s_max"] > 0
+    assert 0 < acks["queue_wait_s_late_median"] <= acks["queue_wait_s_max"]
     assert acks["ack_interval_asked_s"] >= acks["config"]["ack_interval_s"]  # never shorter
 
     core = {run["case"]: run for run in results["core"]["runs"]}

@@ -106,6 +106,8 @@ def run_ack_load(
     finally:
         loader.shutdown()
     during = [w for t, w in waits if t < seconds] or [w for _, w in waits]
+    # the second half of the load: the queue once the senders took the coordinator's pace
+    late = [w for t, w in waits if seconds / 2 <= t < seconds] or during
     return {
         "config": {
             "ranks": ranks,
@@ -120,6 +122,7 @@ def run_ack_load(
         "queue_wait_s_median": float(np.median(during)),
         "queue_wait_s_p90": float(np.percentile(during, 90)),
         "queue_wait_s_max": float(max(during)),
+        "queue_wait_s_late_median": float(np.median(late)),
         "queue_wait_over_time": [(round(t, 1), round(w, 3)) for t, w in waits],
         "stop_s_max": max(load["stop_s"] for load in loads),
         "coordinator_cpu_share": cpu / wall,
