@@ -118,8 +118,19 @@ class AckSender:
         """Keep the interval the newest of `answers` asked for (None: an answer without one,
         as from a coordinator that does not pace, or a call that failed; under `_lock`)."""
         asked = [a for a in answers if isinstance(a, (int, float))]
-        if asked:
-            self._asked_s = float(asked[-1])
+        if not asked:
+            return
+        paced = self._interval > 0 and asked[-1] > self._interval
+        if paced and self._asked_s <= self._interval:  # the first time: say why
+            log.info(
+                "the coordinator asks rank %d for acknowledgements every %.3g s instead of "
+                "ack_interval_s=%g: it serves so many consumers that their calls would "
+                "outrun it; a lost rank repeats up to that interval's batches",
+                self._rank,
+                asked[-1],
+                self._interval,
+            )
+        self._asked_s = float(asked[-1])
 
     def _send_pending(self) -> None:
         """Send what is pending, one call per epoch, adding the calls to `_sent` (under

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import numpy as np
 import pytest
@@ -135,7 +136,8 @@ class PacingRecorder:
         return self.asked
 
 
-def test_the_sender_waits_the_interval_the_coordinator_asks_for(ray_session):
+def test_the_sender_waits_the_interval_the_coordinator_asks_for(ray_session, caplog):
+    caplog.set_level(logging.INFO, logger="rayshard.runtime.acks")
     recorder = PacingRecorder.remote(2.5)
     sender = AckSender(recorder, generation=1, dp_rank=0, interval_s=0.5)
     assert (sender.asked_s, sender.pause_s) == (0.0, 0.5)  # no answer yet: its own
@@ -143,6 +145,8 @@ def test_the_sender_waits_the_interval_the_coordinator_asks_for(ray_session):
     sender.flush()  # without waiting: the answer is taken by a later flush
     wait_until(lambda: sender.flush() or sender.asked_s == 2.5, "the answer to be taken")
     assert sender.pause_s == 2.5
+    told = [r.getMessage() for r in caplog.records if "asks rank 0" in r.getMessage()]
+    assert len(told) == 1 and "every 2.5 s instead of ack_interval_s=0.5" in told[0]
     sender.stop()
     # a shorter interval asked than its own: it keeps its own
     shorter = AckSender(PacingRecorder.remote(0.1), generation=1, dp_rank=0, interval_s=0.5)
