@@ -414,10 +414,11 @@ def test_readme_states_the_acknowledgement_pacing_the_coordinator_uses():
     found = re.search(r"its first window \((\d+) s and (\d+) calls\)", text)
     assert found, "README no longer states the first measurement window"
     assert (float(found.group(1)), int(found.group(2))) == (pacing.window_s, pacing.min_calls)
-    # the straggler cap: "never more than a quarter of it", "never exceeds a quarter"
+    # the straggler cap: "never more than a quarter of that timeout", "never exceeds a quarter"
     capped = AckPacing.for_settings(
         types.SimpleNamespace(ack_interval_s=0.1, straggler_timeout_s=8)
     )
     assert capped.max_interval_s == 8 / 4
-    assert "never more than a quarter of it" in text and "never exceeds a quarter" in text
+    assert "never more than a quarter of that timeout" in text
+    assert "never exceeds a quarter of the timeout" in text
     assert "`iterator.stats()` shows the interval" in text and "`ack_interval_asked_s`" in text
