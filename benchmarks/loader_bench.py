@@ -81,6 +81,7 @@ from benchmarks._measure import (
     wait_for_exit,
 )
 from benchmarks._report import ROOT, start_local_ray, write_json
+from benchmarks.loaders import on_ray
 from benchmarks.loaders.data import (
     BATCH_SIZE,
     COLUMNS,
@@ -316,7 +317,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="share of one core the PSS sampler may use (more: finer memory figures, "
         "and fewer rows/s for the loaders of many processes)",
     )
+    parser.add_argument(
+        "--ack-interval",
+        type=float,
+        help="the rayshard loaders' ack_interval_s (default: the loader's, 0.1 s): longer "
+        "is fewer coordinator calls, and more samples repeated after a lost rank",
+    )
     args = parser.parse_args(argv)
+    if args.ack_interval is not None and args.ack_interval < 0:
+        parser.error(f"--ack-interval {args.ack_interval}: give seconds, 0 or more")
     if not 0 < args.memory_duty <= 1:
         parser.error(f"--memory-duty {args.memory_duty}: give a share of one core in (0, 1]")
     if args.quick:
@@ -368,6 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         f"loaders {', '.join(args.names)}",
         flush=True,
     )
+    if args.ack_interval is not None:
+        on_ray.LOADER_OPTIONS["ack_interval_s"] = args.ack_interval
     results: dict[str, dict] = {}
     bar = tqdm(args.names, desc="loaders", unit="loader", disable=None, file=sys.stderr)
     for name in bar:
@@ -400,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             "warmup": not args.no_warmup,
             "ray_cpus": args.ray_cpus,
             "memory_duty": args.memory_duty,
+            "ack_interval_s": args.ack_interval,  # None: the loader's default
             "data": str(folder),
         },
         "results": results,

@@ -28,6 +28,7 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         "--no-warmup",
         "--ray-cpus=2",
         "--ranks=1",
+        "--ack-interval=0.5",
         f"--data={tmp_path / 'data'}",
         f"--json={out}",
     ]
@@ -35,6 +36,7 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
     report = json.loads(out.read_text())
     assert report["config"]["rows"] == 20000 and report["config"]["world_size"] == 1
     assert report["config"]["memory_duty"] == MEMORY_DUTY  # the sampler's default share
+    assert report["config"]["ack_interval_s"] == 0.5
     assert set(report["results"]) == set(LOADERS)
     for name, result in report["results"].items():
         assert result["rows_per_s"] > 0, name
@@ -81,3 +83,12 @@ def test_the_loader_bench_refuses_too_few_cpus_for_its_train_loaders(capsys, arg
     assert exited.value.code == 2
     stderr = capsys.readouterr().err
     assert "--ray-cpus" in stderr and needed in stderr
+
+
+def test_the_loader_bench_refuses_a_negative_ack_interval(capsys):
+    from benchmarks.loader_bench import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--ack-interval=-1"])
+    assert exited.value.code == 2
+    assert "--ack-interval -1" in capsys.readouterr().err

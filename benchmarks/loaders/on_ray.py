@@ -114,6 +114,10 @@ def _train_loop(config: dict) -> None:
         pickle.dump(records, handle)
 
 
+# `Loader` options every rayshard loader of the run gets (the benchmark's `--ack-interval`)
+LOADER_OPTIONS: dict = {}
+
+
 def _rayshard_loader(paths: list[str], **options):
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
@@ -125,7 +129,7 @@ def _rayshard_loader(paths: list[str], **options):
         shuffle=False,
         prefetch_depth=2,
         columns=COLUMNS,
-        **{"policy": "data", **options},
+        **{"policy": "data", **LOADER_OPTIONS, **options},
     )
 
 
