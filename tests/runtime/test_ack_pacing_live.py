@@ -88,3 +88,22 @@ def test_a_few_consumers_are_asked_for_the_configured_interval(ray_session, tmp_
         assert loader.stats()["ack_interval_asked_s"] == loader.settings.ack_interval_s
     finally:
         loader.shutdown()
+
+
+def test_the_loader_benchmark_gives_its_ack_interval_to_every_rayshard_loader(
+    ray_session, tmp_path
+):
+    from benchmarks.loaders import on_ray
+
+    path = tmp_path / "ids.parquet"
+    x = pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(100 * 128, np.float32)), 128)
+    pq.write_table(pa.table({"x": x, "label": np.zeros(100), "id": np.arange(100)}), path)
+    on_ray.LOADER_OPTIONS["ack_interval_s"] = 0.5  # what `--ack-interval 0.5` sets
+    try:
+        loader = on_ray._rayshard_loader([str(path)])
+        dynamic = on_ray._rayshard_loader([str(path)], policy="dynamic")
+        assert loader.settings.ack_interval_s == dynamic.settings.ack_interval_s == 0.5
+        loader.shutdown()
+        dynamic.shutdown()
+    finally:
+        on_ray.LOADER_OPTIONS.clear()

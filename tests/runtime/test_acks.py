@@ -160,3 +160,36 @@ def test_the_sender_waits_the_interval_the_coordinator_asks_for(ray_session, cap
     silent.flush(wait=True)
     assert (silent.asked_s, silent.pause_s) == (0.0, 0.5)
     silent.stop()
+
+
+@ray.remote(num_cpus=0)
+class FailingRecorder:
+    """A coordinator stand-in whose `ack` raises."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def ack(self, generation, dp_rank, epoch, batches, ids, usage=None):
+        self.calls += 1
+        raise RuntimeError("the coordinator refused it")
+
+    async def count(self) -> int:
+        return self.calls
+
+
+def test_a_failed_acknowledgement_is_logged_and_asks_for_nothing(ray_session, caplog):
+    caplog.set_level(logging.WARNING, logger="rayshard.runtime.acks")
+    recorder = FailingRecorder.remote()
+    sender = AckSender(recorder, generation=1, dp_rank=0, interval_s=60)
+    sender.add(0, 1, [[0, 8]], 8, 64, 0.0)
+    sender.flush()
+    wait_until(lambda: ray.get(recorder.count.remote()) == 1, "the call")
+
+    def warned() -> bool:
+        sender.flush()  # takes the answers of the calls that returned
+        return any("acknowledgement call failed" in r.getMessage() for r in caplog.records)
+
+    wait_until(warned, "the failure to be logged")
+    assert "the coordinator refused it" in caplog.text
+    assert (sender.asked_s, sender.pause_s) == (0.0, 60)
+    sender.stop()  # the failed group was taken (logged): nothing left to wait for
