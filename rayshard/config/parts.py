@@ -26,6 +26,8 @@ from rayshard.data.columns import Padding
 from rayshard.data.packing import Packing
 from rayshard.errors import ConfigError
 
+RELAY_MODES = ("auto", "node", "off")  # `RuntimeConfig.ack_relay`
+
 FORMATS = ("auto", "parquet", "arrow")
 
 
@@ -154,6 +156,10 @@ class RuntimeConfig:
       long a `dynamic` rank told to wait waits for the coordinator's wake-up before it asks
       again anyway (at least 1 s without `straggler_timeout_s`; see
       `rayshard.runtime.epoch_waits.quiet_wait_s`); how long a state request waits.
+    - `ack_relay`: how consumers reach the coordinator with acknowledgements: `auto`
+      (straight, until it asks for a longer interval than `ack_interval_s`, then through
+      their node's relay, one call per node's gathered groups), `node` (always through
+      the relay) or `off` (always straight); see `rayshard.runtime.ack_relay`.
     - `straggler_timeout_s`: `dynamic` only: silence before a rank's work is reoffered.
     - `model_parallel_size`, `dp_groups`: ranks sharing one data-parallel shard.
     - `reader_workers`: processes reading a rank's pieces and running its transform (1:
@@ -176,6 +182,7 @@ class RuntimeConfig:
     ack_interval_s: float = 0.1
     lease_poll_s: float = 0.05
     state_timeout_s: float = 60.0
+    ack_relay: str = "auto"
     straggler_timeout_s: float | None = None
     model_parallel_size: int = 1
     dp_groups: tuple[tuple[int, ...], ...] | None = None
@@ -212,6 +219,11 @@ class RuntimeConfig:
         check_number(self.ack_interval_s, "ack_interval_s", positive=False, fix="seconds")
         check_number(self.lease_poll_s, "lease_poll_s", positive=False, fix="seconds")
         check_number(self.state_timeout_s, "state_timeout_s", fix="seconds")
+        if self.ack_relay not in RELAY_MODES:
+            raise ConfigError(
+                f"ack_relay={self.ack_relay!r} must be one of {', '.join(RELAY_MODES)}: 'auto' "
+                "(the default) relays through each node once the coordinator is busy"
+            )
         check_number(self.reader_num_cpus, "reader_num_cpus", positive=False)
         check_int(self.model_parallel_size, "model_parallel_size", minimum=1)
         set_(self, "dp_groups", as_tuple_groups(self.dp_groups))

@@ -15,7 +15,9 @@ within the timeout. Its queue then stays short.
 
 The cost is per call of any kind, so the coordinator's other work does not feed back into
 the acknowledgement interval (CPU divided by acknowledgements only would grow as they
-space out). Pure: times and CPU seconds come in as arguments."""
+space out). Past what one actor's calls can carry, the answer also tells the consumers to
+send through their node's relay (`AckAnswer.relay`, `rayshard.runtime.ack_relay`), which
+gathers a node's groups into one call. Pure: times and CPU seconds come in as arguments."""
 
 from __future__ import annotations
 
@@ -23,6 +25,15 @@ import dataclasses
 import math
 
 from rayshard.config.loader_config import LoaderConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class AckAnswer:
+    """The coordinator's answer to an acknowledgement group: the interval it asks for, and
+    whether the consumer should send its groups through its node's relay."""
+
+    interval_s: float
+    relay: bool = False
 
 
 @dataclasses.dataclass
@@ -71,5 +82,12 @@ class AckPacing:
         longest = max(self.ack_interval_s, self.max_interval_s)
         return min(max(self.ack_interval_s, needed), longest)
 
+    def answer(self, consumers: int, relay_mode: str = "off") -> AckAnswer:
+        """The answer to a group: `interval_s`, and relaying asked for always (`node`),
+        never (`off`), or (`auto`) once the calls outrun this actor at `ack_interval_s`."""
+        interval = self.interval_s(consumers)
+        paced = interval > self.ack_interval_s
+        return AckAnswer(interval, relay_mode == "node" or (relay_mode == "auto" and paced))
 
-__all__ = ["AckPacing"]
+
+__all__ = ["AckAnswer", "AckPacing"]

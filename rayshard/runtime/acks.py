@@ -3,13 +3,16 @@ in groups from a background thread (`AckSender`), as runs of sample ids (`sample
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
+import uuid
 from typing import Any
 
 import numpy as np
 import ray
 
+from rayshard.core.ack_pacing import AckAnswer
 from rayshard.plan.id_runs import as_runs, union
 from rayshard.runtime.metrics import record_batches
 from rayshard.runtime.ray_held import ray_held
@@ -34,7 +37,11 @@ class AckSender:
 
     The coordinator answers each group with the interval it asks for (`AckPacing`: longer
     than `interval_s` when so many consumers acknowledge that their calls would outrun it);
-    the background thread waits the longer of the two between groups (`pause_s`)."""
+    the background thread waits the longer of the two between groups (`pause_s`). An answer
+    may also ask for the node's relay (`rayshard.runtime.ack_relay`): the sender then asks
+    the coordinator for it and sends its groups there from then on. A group whose relay
+    failed is sent again straight to the coordinator, and the next relay asked for replaces
+    the failed one."""
 
     def __init__(
         self,
@@ -50,10 +57,14 @@ class AckSender:
         # epoch -> [last batch count, run arrays, samples, bytes, stall seconds, batches in
         #           group, packing's split documents {sample index: tokens delivered}]
         self._pending: dict[int, list] = {}
-        self._sent: list[Any] = []  # ObjectRefs of acknowledgements not known to be recorded
+        self._sent: list[_Sent] = []  # acknowledgement calls not known to be recorded
         self._wake = threading.Event()
         self._interval = interval_s
         self._asked_s = 0.0  # the interval the coordinator asked for in its last answer
+        self._relay: tuple[str, Any] | None = None  # (token, handle) of the node's relay
+        self._relay_asked: Any = None  # the `Coordinator.relay` call in flight
+        self._relay_failed = ""  # token of the relay that failed last (to be replaced)
+        self._sender_id = f"{dp_rank}-{uuid.uuid4().hex[:8]}"  # for the relay's pacing
         self._thread: threading.Thread | None = None
         if interval_s > 0:
             self._thread = threading.Thread(target=self._run, daemon=True, name="rayshard-acks")
@@ -90,7 +101,7 @@ class AckSender:
         the interval it asks for (`asked_s`) keeps the queue short."""
         if not wait:
             with self._lock:
-                self._sent, answers = _not_recorded(self._sent)
+                self._sent, answers = self._settle(self._sent)
                 self._take_asked(answers)
                 if self._interval > 0 and self._sent:
                     return
@@ -99,7 +110,7 @@ class AckSender:
         with self._lock:
             self._send_pending()
             sent, self._sent = self._sent, []
-        answers = ray.get(sent)
+        answers = [self._recorded(entry) for entry in sent]
         with self._lock:
             self._take_asked(answers)
 
@@ -114,10 +125,21 @@ class AckSender:
         longer interval the coordinator asked for."""
         return max(self._interval, self._asked_s)
 
+    @property
+    def relay_token(self) -> str:
+        """The token of the relay this sender sends through ("": straight)."""
+        return self._relay[0] if self._relay is not None else ""
+
     def _take_asked(self, answers: list) -> None:
         """Keep the interval the newest of `answers` asked for (None: an answer without one,
-        as from a coordinator that does not pace, or a call that failed; under `_lock`)."""
-        asked = [a for a in answers if isinstance(a, (int, float))]
+        as from a coordinator that does not pace, or a call that failed; under `_lock`), and
+        ask for the node's relay if it says so."""
+        wants_relay = any(isinstance(a, AckAnswer) and a.relay for a in answers)
+        if wants_relay and self._relay is None and self._relay_asked is None:
+            node = ray.get_runtime_context().get_node_id()
+            self._relay_asked = self._coordinator.relay.remote(node, self._relay_failed)
+        asked = [a.interval_s if isinstance(a, AckAnswer) else a for a in answers]
+        asked = [a for a in asked if isinstance(a, (int, float))]
         if not asked:
             return
         paced = self._interval > 0 and asked[-1] > self._interval
@@ -135,6 +157,7 @@ class AckSender:
     def _send_pending(self) -> None:
         """Send what is pending, one call per epoch, adding the calls to `_sent` (under
         `_lock`)."""
+        self._take_relay()
         pending, self._pending = self._pending, {}
         for epoch, entry in sorted(pending.items()):
             batches, held, samples, nbytes, stall, count, partial = entry
@@ -142,18 +165,81 @@ class AckSender:
             runs = union(np.concatenate([as_runs(r) for r in held]))
             usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
             record_batches(self._loader_name, self._rank, count, nbytes, stall)
-            self._sent.append(
-                self._coordinator.ack.remote(
-                    self.generation,
-                    self._rank,
-                    epoch,
-                    batches,
-                    runs,
-                    usage,
-                    # only under packing: split documents' progress
-                    **({"partial": sorted(partial.items())} if partial else {}),
-                )
+            args = (self.generation, self._rank, epoch, batches, runs, usage)
+            # only under packing: split documents' progress
+            options = {"partial": sorted(partial.items())} if partial else {}
+            self._sent.append(self._send((args, options), self._relay))
+
+    def _send(self, group: tuple, relay: tuple[str, Any] | None) -> _Sent:
+        """One call carrying `group` (the arguments of `Coordinator.ack`): through `relay`
+        (token, handle), or straight to the coordinator."""
+        if relay is not None:
+            return _Sent(relay[1].ack.remote(self._sender_id, group), group, relay[0])
+        args, options = group
+        return _Sent(self._coordinator.ack.remote(*args, **options), group, "")
+
+    def _take_relay(self) -> None:
+        """Take the relay the coordinator answered with, once its call returned (under
+        `_lock`; a failed call is logged, and the next answer that asks for a relay asks
+        again)."""
+        if self._relay_asked is None or ray.wait([self._relay_asked], timeout=0)[1]:
+            return
+        try:
+            self._relay = tuple(ray.get(self._relay_asked))
+        except Exception as error:  # noqa: BLE001 - straight to the coordinator meanwhile
+            log.warning("could not get this node's acknowledgement relay: %r", error)
+        self._relay_asked = None
+
+    def _relay_lost(self, token: str, error: Exception) -> None:
+        """The relay `token` failed: send straight until a new one is taken (under `_lock`)."""
+        if self._relay is not None and self._relay[0] == token:
+            log.warning(
+                "the acknowledgement relay of this node failed (%r): rank %d sends its "
+                "groups straight to the coordinator until it gets a new one",
+                error,
+                self._rank,
             )
+            self._relay, self._relay_failed = None, token
+
+    def _settle(self, entries: list[_Sent]) -> tuple[list[_Sent], list]:
+        """The calls of `entries` that have not returned yet (a group whose relay failed
+        is sent again, straight), and the answers of those that returned, in call order
+        (None for a failed straight call; under `_lock`)."""
+        if not entries:
+            return entries, []
+        refs = [entry.ref for entry in entries]
+        done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
+        busy, answers = [], []
+        for entry in entries:
+            if entry.ref not in done:
+                busy.append(entry)
+                continue
+            try:  # returned already: no wait
+                answers.append(ray.get(entry.ref))
+            except Exception as error:  # noqa: BLE001 - its rows are served again, as before
+                if entry.relay:
+                    self._relay_lost(entry.relay, error)
+                    busy.append(self._send(entry.group, None))
+                    continue
+                log.warning(
+                    "an acknowledgement call failed (its rows may be served again): %r", error
+                )
+                answers.append(None)
+        return busy, answers
+
+    def _recorded(self, entry: _Sent) -> Any:
+        """Wait until `entry` is recorded and return its answer; a group whose relay failed
+        is sent again straight to the coordinator, and waited for. Raises if a straight
+        call failed."""
+        try:
+            return ray.get(entry.ref)
+        except Exception as error:
+            if not entry.relay:
+                raise
+            with self._lock:
+                self._relay_lost(entry.relay, error)
+                again = self._send(entry.group, None)
+            return ray.get(again.ref)
 
     def stop(self) -> None:
         """End the background thread, then send what is pending and wait until it is
@@ -183,22 +269,17 @@ class AckSender:
         under `ray_held()`, since a dropped `ObjectRef` calls into Ray's core worker)."""
         with self._lock:
             self._pending, self._sent = {}, []
+            self._relay, self._relay_asked = None, None
 
 
-def _not_recorded(refs: list) -> tuple[list, list]:
-    """The calls of `refs` that have not returned yet (neither recorded nor failed), and
-    the answers of those that returned, in call order (None for a failed one)."""
-    if not refs:
-        return refs, []
-    done, busy = ray.wait(refs, num_returns=len(refs), timeout=0)
-    answers = []
-    for ref in done:  # returned already: no wait
-        try:
-            answers.append(ray.get(ref))
-        except Exception as error:  # noqa: BLE001 - its rows are served again, as before
-            log.warning("an acknowledgement call failed (its rows may be served again): %s", error)
-            answers.append(None)
-    return busy, answers
+@dataclasses.dataclass(frozen=True)
+class _Sent:
+    """An acknowledgement call in flight: its reference, the group it carries (to send it
+    again if its relay fails) and the relay's token ("": straight to the coordinator)."""
+
+    ref: Any
+    group: tuple
+    relay: str
 
 
 def sample_runs(sorted_ids: np.ndarray) -> np.ndarray:

@@ -4,11 +4,10 @@ One actor per loader. A request is checked (stale generation or epoch), turned i
 command, applied to the core, journaled and answered. A restarted coordinator (Ray
 `max_restarts`) loads the journal's latest snapshot and replays the commands after it; the
 journal is compacted at each epoch's end, each restore and every `COMPACT_EVERY` commands.
-An async actor: one event loop, so no locks, and `state()` waits for other ranks' acks
-without blocking them. Clients of an older `generation`, of an epoch their rank left, or
-(leases) of a replaced registration are refused as stale. Readers are created by the
-workers they feed; the coordinator watches each, and under `dynamic` puts a dead reader's
-unacknowledged leases back into the queue.
+An async actor: one event loop, no locks; `state()` waits for other ranks' acks without
+blocking them. Clients of an older `generation`, of an epoch their rank left, or (leases)
+of a replaced registration are refused as stale. It watches each rank's reader, and under
+`dynamic` puts a dead reader's unacknowledged leases back; it owns the nodes' ack relays.
 """
 
 from __future__ import annotations
@@ -17,14 +16,18 @@ import asyncio
 import time
 from typing import Any
 
+import ray
+
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
-from rayshard.core.ack_pacing import AckPacing
+from rayshard.core.ack_pacing import AckAnswer, AckPacing
 from rayshard.core.coordination import CoordinatorCore
 from rayshard.core.state import LoaderState
 from rayshard.errors import RayshardError
 from rayshard.plan.id_runs import as_runs
 from rayshard.runtime import journal, metrics
+from rayshard.runtime.ack_relay import AckRelays
+from rayshard.runtime.epoch_ends import EpochEnds
 from rayshard.runtime.epoch_waits import EpochWaits, changes_answers
 from rayshard.runtime.rank_usage import RankUsage
 from rayshard.runtime.reader_watches import ReaderWatches
@@ -56,9 +59,8 @@ class Coordinator:
         self._watches = ReaderWatches(namespace, self._reader_ended)
         self._rewatch_pending = False
         self._since_snapshot = 0
-        # (generation, epoch) -> ranks that received all of it; epochs whose end was compacted
-        self._finished: dict[tuple[int, int], set[int]] = {}
-        self._compacted: set[tuple[int, int]] = set()
+        self._ends = EpochEnds()  # epochs every rank received (their end compacted)
+        self._relays = AckRelays(ray.get_runtime_context().current_actor, self._ack_pacing)
         self._trace: list | None = None  # (time, kind, dp rank, pieces), when tracing
         self._journal = journal.Journal(journal_path, loader_id)
         if journal.actor_was_restarted():
@@ -153,7 +155,7 @@ class Coordinator:
     ) -> tuple[str, str]:
         """Where a `dynamic` rank told to wait for the others' leases waits: until `epoch`
         ended or something changed since token `seen` (see `EpochWaits.wait`)."""
-        return await self._waits.wait(seen, timeout_s, (generation, epoch) in self._compacted)
+        return await self._waits.wait(seen, timeout_s, self._ends.ended(generation, epoch))
 
     async def held(self, generation: int, dp_rank: int, epoch: int) -> list:
         """Rows of `epoch` still leased to `dp_rank` (a straggler's reader drops the rest)."""
@@ -175,27 +177,28 @@ class Coordinator:
         ids: list,
         usage: dict | None = None,
         partial: list | None = None,
-    ) -> float | None:
+    ) -> AckAnswer | None:
         """A consumer of `dp_rank` received batches up to its `batches`-th, holding samples
-        `ids` (`usage`: their real samples, bytes and the consumer's stall seconds; `partial`:
-        packed documents split across rows, as (sample index, tokens delivered)). Returns the
-        interval the consumer should acknowledge at (`AckPacing`)."""
-        if not self._core.serves(generation, dp_rank):
-            return None  # late acknowledgement of a previous generation: already accounted
-        pairs = tuple(tuple(int(x) for x in pair) for pair in partial or ())
-        ids = as_runs(ids)  # (n, 2) int64: no Python object per pair
-        self._do(cmd.Ack(dp_rank, epoch, batches, ids, time.time(), pairs))
-        self._usage.acked(dp_rank, usage)
-        key = (generation, epoch)
-        if key not in self._compacted and self._epoch_over(epoch, dp_rank, batches):
-            # what marks an epoch's end is kept for the epochs still in play only
-            self._compacted = {k for k in self._compacted if k[1] >= epoch - 1} | {key}
-            self._finished.pop(key, None)
-            self._compact()
-            self._waits.signal()
+        `ids` (`usage`: their real samples, bytes and its stall seconds; `partial`: packed
+        documents split across rows, as (sample index, tokens delivered)). Returns the
+        interval to acknowledge at and whether through a relay (`AckPacing.answer`)."""
+        answer = self._record_ack(generation, dp_rank, epoch, batches, ids, usage, partial)
         async with self._acked:
             self._acked.notify_all()
-        return self._ack_pacing.interval_s(self._core.consumers())
+        return answer
+
+    async def ack_many(self, node: str, token: str, groups: list) -> list:
+        """Relay `token` of `node` forwards its consumers' `groups`, each the (args, kwargs)
+        of `ack`, in one call; returns their answers in order."""
+        self._relays.forwarded(node, token, len(groups))
+        answers = [self._record_ack(*args, **kwargs) for args, kwargs in groups]
+        async with self._acked:
+            self._acked.notify_all()
+        return answers
+
+    async def relay(self, node: str, failed: str = "") -> tuple[str, Any]:
+        """(token, handle) of the acknowledgement relay of `node` (`AckRelays.relay`)."""
+        return self._relays.relay(node, failed)
 
     async def state(self, generation: int, epoch: int, received: int) -> dict:
         """The loader-wide state once every rank acknowledged `received` batches of `epoch`
@@ -237,6 +240,7 @@ class Coordinator:
         since = {"journal_commands_since_snapshot": self._since_snapshot}
         since.update(waits_held=self._waits.held, **self._watches.counts())
         since["ack_interval_asked_s"] = self._ack_pacing.interval_s(self._core.consumers())
+        since.update(ack_relays=len(self._relays), acks_relayed=self._relays.groups)
         return {**self._core.summary(), **self._usage.summary(), **since}
 
     async def reader_names(self) -> list[str]:
@@ -277,22 +281,18 @@ class Coordinator:
             self._waits.signal()
         return decision
 
-    def _epoch_over(self, epoch: int, dp_rank: int, batches: int) -> bool:
-        """Whether this acknowledgement ended the epoch (cheap until near its end)."""
-        core = self._core
-        if core.dynamic:
-            book = core.books.get(epoch)
-            return (
-                book is not None
-                and book.exhausted()
-                and core.epoch_may_be_complete(epoch)
-                and core.epoch_complete(epoch)
-            )
-        if batches < core.total(epoch, dp_rank):
-            return False
-        finished = self._finished.setdefault((core.members.generation, epoch), set())
-        finished.add(dp_rank)
-        return len(finished) >= len(core.members.ranks)
+    def _record_ack(self, generation, dp_rank, epoch, batches, ids, usage=None, partial=None):
+        """`ack`, short of waking `state()`: None for a previous generation's late group."""
+        if not self._core.serves(generation, dp_rank):
+            return None
+        pairs = tuple(tuple(int(x) for x in pair) for pair in partial or ())
+        ids = as_runs(ids)  # (n, 2) int64: no Python object per pair
+        self._do(cmd.Ack(dp_rank, epoch, batches, ids, time.time(), pairs))
+        self._usage.acked(dp_rank, usage)
+        if self._ends.acked(self._core, generation, epoch, dp_rank, batches):
+            self._compact()
+            self._waits.signal()
+        return self._ack_pacing.answer(self._core.consumers(), self._settings.ack_relay)
 
     def _compact(self) -> None:
         """Replace the journal by one snapshot of the core's state (without the progress of

@@ -1,0 +1,158 @@
+"""Acknowledgements gathered per node: one `AckRelay` actor per node and loader.
+
+Every acknowledgement group is a Ray call, and a call costs its actor about half a
+millisecond of CPU whatever it carries: with thousands of ranks the coordinator spends its
+core on calls, and asks for ever longer intervals (`rayshard.core.ack_pacing`), which is
+what a lost rank repeats. A relay on each node takes its consumers' groups and forwards
+those that arrived meanwhile in one `ack_many` call, one call in flight: the coordinator's
+calls shrink by the consumers per node, their per-call cost is paid on their own node.
+
+A relay answers a group only once the coordinator recorded it (with its answer), so a
+consumer's waiting flushes keep their meaning. A group whose relay failed (it died, its
+node's call failed) is sent again straight to the coordinator by its consumer: recording a
+group twice changes no progress (acknowledged runs are a union, batch counts a maximum).
+The relay measures its own CPU per call like the coordinator and answers with the longer
+of the two intervals. Relays are made by the coordinator (`AckRelays`), pinned to their
+node and owned by it: they end with it, and one unused for `IDLE_RELEASE_S` is ended (Ray's
+autoscaler takes a node with a live actor for busy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import uuid
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from rayshard.core.ack_pacing import AckAnswer, AckPacing
+from rayshard.runtime.remote import remote_class
+
+IDLE_RELEASE_S = 30.0  # a relay that forwarded nothing this long is ended
+SENDERS_SEEN_S = 30.0  # a consumer silent this long no longer counts for the relay's pacing
+MAX_CALLS = 100_000  # concurrent `ack` calls one relay takes (one per consumer)
+
+
+class AckRelay:
+    """Forwards its node's acknowledgement groups to the coordinator in batches (an async
+    actor; see the module docstring)."""
+
+    def __init__(self, coordinator: Any, node_id: str, token: str, pacing: AckPacing) -> None:
+        self._coordinator, self._node, self._token = coordinator, node_id, token
+        self._pacing = pacing  # this relay's own CPU per call
+        self._pending: list[tuple[tuple, asyncio.Future]] = []
+        self._forwarding: asyncio.Task | None = None
+        self._senders: dict[str, float] = {}  # consumer -> when last heard (monotonic)
+        self.forwarded = [0, 0]  # calls to the coordinator, groups they carried
+
+    async def ack(self, sender: str, group: tuple) -> AckAnswer | None:
+        """Record `group` (the arguments of `Coordinator.ack`) through the coordinator;
+        returns its answer, with this relay's own interval if longer (None: the coordinator
+        took the group as stale). Raises if the coordinator could not be reached."""
+        now = time.monotonic()
+        self._pacing.called(now, time.process_time())
+        self._senders[sender] = now
+        answer = asyncio.get_running_loop().create_future()
+        self._pending.append((group, answer))
+        if self._forwarding is None or self._forwarding.done():
+            self._forwarding = asyncio.ensure_future(self._forward())
+        recorded = await answer
+        if not isinstance(recorded, AckAnswer):
+            return recorded
+        own = self._pacing.interval_s(self._consumers(now))
+        return dataclasses.replace(recorded, interval_s=max(recorded.interval_s, own))
+
+    async def _forward(self) -> None:
+        """Send what is pending in one call, then what arrived meanwhile, until none is."""
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                answers = await self._coordinator.ack_many.remote(
+                    self._node, self._token, [group for group, _ in batch]
+                )
+            except Exception as error:  # noqa: BLE001 - each consumer sends its group again
+                for _, waiting in batch:
+                    waiting.set_exception(RuntimeError(f"relay could not forward: {error!r}"))
+                continue
+            self.forwarded[0] += 1
+            self.forwarded[1] += len(batch)
+            for (_, waiting), recorded in zip(batch, answers):
+                waiting.set_result(recorded)
+
+    def _consumers(self, now: float) -> int:
+        """Consumers heard from within `SENDERS_SEEN_S` (forgetting the others)."""
+        if len(self._senders) > 1 and min(self._senders.values()) < now - SENDERS_SEEN_S:
+            self._senders = {s: t for s, t in self._senders.items() if t >= now - SENDERS_SEEN_S}
+        return len(self._senders)
+
+    async def counts(self) -> dict:
+        """Calls forwarded and the groups they carried (for tests and benchmarks)."""
+        return {"calls": self.forwarded[0], "groups": self.forwarded[1], "node": self._node}
+
+
+class AckRelays:
+    """The coordinator's relays, by node (made on first ask, ended when unused)."""
+
+    def __init__(self, coordinator: Any, pacing: AckPacing) -> None:
+        self._coordinator, self._pacing = coordinator, pacing
+        self._relays: dict[str, tuple[str, Any]] = {}  # node -> (token, handle)
+        self._used: dict[str, float] = {}  # node -> when its relay last forwarded (loop time)
+        self._releases: set[asyncio.Task] = set()  # `_release_when_idle` tasks (kept: not GC'd)
+        self.groups = 0  # groups recorded through relays, for `stats()`
+
+    def relay(self, node: str, failed: str = "") -> tuple[str, Any]:
+        """(token, handle) of the relay of `node`, made if needed; `failed`: the token of a
+        relay its consumer saw fail, replaced by a new one (if not already)."""
+        known = self._relays.get(node)
+        if known is not None and known[0] == failed:
+            self._end(node)
+            known = None
+        if known is None:
+            token = uuid.uuid4().hex[:12]
+            options = {"num_cpus": 0, "max_concurrency": MAX_CALLS}
+            pinned = NodeAffinitySchedulingStrategy(node, soft=False)
+            made = remote_class(AckRelay).options(**options, scheduling_strategy=pinned)
+            handle = made.remote(self._coordinator, node, token, self._pacing)
+            known = self._relays[node] = (token, handle)
+            loop = asyncio.get_running_loop()
+            self._used[node] = loop.time()
+            task = loop.create_task(self._release_when_idle(node, token))
+            self._releases.add(task)
+            task.add_done_callback(self._releases.discard)
+        return known
+
+    def forwarded(self, node: str, token: str, groups: int) -> None:
+        """Relay `token` of `node` forwarded `groups` groups (keeps it from being ended)."""
+        self.groups += groups
+        if self._token(node) == token:
+            self._used[node] = asyncio.get_running_loop().time()
+
+    def __len__(self) -> int:
+        return len(self._relays)
+
+    def _token(self, node: str) -> str:
+        return self._relays[node][0] if node in self._relays else ""
+
+    async def _release_when_idle(self, node: str, token: str) -> None:
+        """End relay `token` of `node` once it forwarded nothing for `IDLE_RELEASE_S`."""
+        loop = asyncio.get_running_loop()
+        while self._token(node) == token:
+            idle = loop.time() - self._used[node]
+            if idle >= IDLE_RELEASE_S:
+                self._end(node)
+                return
+            await asyncio.sleep(IDLE_RELEASE_S - idle)
+
+    def _end(self, node: str) -> None:
+        self._used.pop(node, None)
+        known = self._relays.pop(node, None)
+        if known is not None:
+            with contextlib.suppress(Exception):  # already gone
+                ray.kill(known[1])
+
+
+__all__ = ["IDLE_RELEASE_S", "AckRelay", "AckRelays"]
