@@ -98,3 +98,27 @@ def test_the_interval_stays_within_its_bounds_and_grows_with_the_consumers(
     assert pacing.interval_s(consumers + more) >= asked
     if asked < max(interval, most):  # not at its cap: the calls fit the utilization
         assert consumers * cost / asked <= pacing.utilization * (1 + 1e-9)
+
+
+@pytest.mark.parametrize(
+    ("mode", "cost_s", "relay"),
+    [
+        ("off", 0.001, False),  # never, however busy
+        ("node", 0.0, False),  # always (below: True)
+        ("auto", 0.0, False),  # not measured yet: the configured interval, straight
+        ("auto", 0.00001, False),  # 100 consumers at 10 µs: 1.25 ms, under 0.1 s
+        ("auto", 0.001, True),  # 100 consumers at 1 ms: 0.125 s, paced: relayed
+    ],
+)
+def test_the_answer_asks_for_the_relay_by_mode_and_load(mode, cost_s, relay):
+    pacing = measured(cost_s) if cost_s else AckPacing(0.1)
+    answer = pacing.answer(100, mode)
+    assert answer.interval_s == pacing.interval_s(100)
+    assert answer.relay is (relay or mode == "node")
+
+
+def test_acknowledging_every_batch_relays_only_when_asked_to():
+    pacing = measured(0.001)
+    pacing.ack_interval_s = 0.0
+    assert pacing.answer(10_000, "auto").relay is False  # never paced
+    assert pacing.answer(10_000, "node").relay is True

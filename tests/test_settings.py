@@ -38,6 +38,7 @@ def test_explicit_batches_per_object_wins(policy):
         ("reader_workers", "2", r"reader_workers='2' must be an integer >= 1"),
         ("prefetch_depth", 0, r"prefetch_depth=0 is not in the range prefetch_depth>=1"),
         ("shuffle_buffer", -1, r"shuffle_buffer=-1 is not in the range shuffle_buffer>=0"),
+        ("ack_relay", "sometimes", r"ack_relay='sometimes' must be one of auto, node, off"),
     ],
 )
 def test_bad_reading_knobs_are_refused_by_name(option, value, message):

@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
+from rayshard.core.ack_pacing import AckAnswer
 from rayshard.loader import Loader
 from rayshard.runtime.acks import AckSender
 from rayshard.sources.parquet import ParquetSource
@@ -46,8 +47,8 @@ def test_the_coordinator_paces_many_consumers_and_a_sender_follows(ray_session, 
         usage = {"batches": 1, "samples": 1, "bytes": 8, "stall_s": 0.0}
         rounds = iter(range(1, 64))  # (each consumer's 64 rows: ample for a 1 s window)
 
-        def a_round_of_acks() -> float:
-            """Each consumer acknowledges one more row; the interval asked of the last."""
+        def a_round_of_acks() -> AckAnswer:
+            """Each consumer acknowledges one more row; the answer to the last."""
             step = next(rounds)
             calls = [
                 coordinator.ack.remote(
@@ -59,18 +60,26 @@ def test_the_coordinator_paces_many_consumers_and_a_sender_follows(ray_session, 
 
         # Until the coordinator measured its cost per call (a window of 1 s and 20 calls),
         # it asks for the configured interval; then for as long as 16 consumers need.
-        asked = wait_until(
-            lambda: (answer := a_round_of_acks()) > CONFIGURED_S and answer,
+        answer = wait_until(
+            lambda: (answer := a_round_of_acks()).interval_s > CONFIGURED_S and answer,
             "the coordinator to ask for a longer interval than the configured one",
         )
-        described = ray.get(coordinator.describe.remote())["ack_interval_asked_s"]
-        assert described == pytest.approx(asked)
-        # a sender takes the interval the coordinator asks for
+        described = ray.get(coordinator.describe.remote())
+        assert described["ack_interval_asked_s"] == pytest.approx(answer.interval_s)
+        # paced, it asks them to send through their node's relay (`ack_relay="auto"`)
+        assert answer.relay and described["ack_relays"] == 0
+        # a sender takes the interval the coordinator asks for, and then the relay
         sender = AckSender(coordinator, generation, 0, interval_s=CONFIGURED_S)
         sender.add(0, 64, np.array([[firsts[0], firsts[0] + 64]]), 1, 8, 0.0)
         sender.flush(wait=True)
         assert sender.asked_s > CONFIGURED_S
         assert sender.pause_s == sender.asked_s  # its thread now waits that long
+        sender.add(0, 64, np.array([[firsts[0], firsts[0] + 64]]), 1, 8, 0.0)
+        wait_until(lambda: sender.flush(wait=True) or sender.relay_token, "a relay to be taken")
+        sender.add(0, 64, np.array([[firsts[0], firsts[0] + 64]]), 1, 8, 0.0)
+        sender.flush(wait=True)
+        described = ray.get(coordinator.describe.remote())
+        assert described["ack_relays"] == 1 and described["acks_relayed"] >= 1
         sender.stop()
     finally:
         loader.shutdown()

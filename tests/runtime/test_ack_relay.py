@@ -1,0 +1,124 @@
+"""Acknowledgements through a node's relay (`ack_relay`): delivery stays exact, a failed
+relay's groups reach the coordinator straight and a new relay replaces it, and an unused
+relay is ended (real Ray, real Parquet)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from rayshard.core.ack_pacing import AckPacing
+from rayshard.loader import Loader
+from rayshard.runtime import ack_relay
+from rayshard.runtime.acks import AckSender
+from rayshard.sources.parquet import ParquetSource
+from tests.timeouts import wait_until
+
+pytestmark = [pytest.mark.ray]
+
+ROWS = 240
+MAX_EPOCHS = 40  # the relay is taken within the first epochs; a bound, not a wait
+
+
+def _ids_file(tmp_path) -> str:
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"id": np.arange(ROWS)}), path, row_group_size=30)
+    return str(path)
+
+
+def test_a_dynamic_epoch_through_the_relay_is_exact_and_ends(ray_session, tmp_path):
+    loader = Loader(
+        ParquetSource([_ids_file(tmp_path)]),
+        batch_size=8,
+        name=f"relay-{uuid.uuid4().hex[:8]}",
+        policy="dynamic",
+        ack_relay="node",
+        ack_interval_s=0,  # every batch: the epoch's end rests on relayed groups
+    )
+    try:
+        iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        epochs = 0
+        while epochs < MAX_EPOCHS:
+            iterator.set_epoch(epochs)
+            seen = np.concatenate([batch["id"] for batch in iterator])
+            assert np.array_equal(np.sort(seen), np.arange(ROWS)), f"epoch {epochs}"
+            epochs += 1
+            stats = loader.stats()
+            if stats["acks_relayed"] >= ROWS // 8:  # a whole epoch's groups, relayed
+                break
+        assert stats["ack_relays"] == 1, stats
+        assert stats["acks_relayed"] >= ROWS // 8, f"{epochs} epochs: {stats['acks_relayed']}"
+        # the epoch's end was seen through relayed groups: its state is complete
+        state = iterator.state_dict()
+        assert (state["epoch"], state["consumed"]) == (epochs, [])
+        assert stats["consumers"][0]["batches"] == epochs * ROWS // 8
+        iterator.close()
+    finally:
+        loader.shutdown()
+
+
+def test_a_failed_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger="rayshard.runtime.acks")
+    loader = Loader(
+        ParquetSource([_ids_file(tmp_path)]),
+        batch_size=8,
+        name=f"relay-{uuid.uuid4().hex[:8]}",
+        policy="data",
+        ack_relay="node",
+    )
+    coordinator = loader._coordinator
+    try:
+        dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
+        generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
+        first = ray.get(coordinator.start_epoch.remote(generation, 0, 0))["plan"].ranges[0][0]
+        sender = AckSender(coordinator, generation, 0, interval_s=60)  # flushed by hand
+        batches = iter(range(1, ROWS // 8 + 1))
+
+        def one_more_batch() -> int:
+            n = next(batches)
+            sender.add(0, n, np.array([[first + 8 * (n - 1), first + 8 * n]]), 8, 64, 0.0)
+            return n
+
+        def flushed_through_a_relay() -> str:
+            one_more_batch()
+            sender.flush(wait=True)
+            return sender.relay_token
+
+        token = wait_until(flushed_through_a_relay, "the sender to take its node's relay")
+        (_, relay) = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
+        ray.kill(relay)
+        last = one_more_batch()
+        sender.flush(wait=True)  # through the dead relay: sent again, straight
+        assert "acknowledgement relay of this node failed" in caplog.text
+        assert sender.relay_token == ""
+        recorded = ray.get(coordinator.describe.remote())["consumers"][0]["batches"]
+        assert recorded == last  # every batch recorded, the last one straight
+        new = wait_until(flushed_through_a_relay, "the sender to take a new relay")
+        assert new != token
+        sender.stop()
+    finally:
+        loader.shutdown()
+
+
+def test_an_unused_relay_is_ended(ray_session, monkeypatch):
+    monkeypatch.setattr(ack_relay, "IDLE_RELEASE_S", 0.2)
+
+    async def made_then_idle() -> tuple[int, object]:
+        relays = ack_relay.AckRelays(None, AckPacing(0.1))
+        _, handle = relays.relay(ray.get_runtime_context().get_node_id())
+        assert len(relays) == 1
+        while len(relays):  # ended once unused for IDLE_RELEASE_S (an event, bounded below)
+            await asyncio.sleep(0.05)
+        return len(relays), handle
+
+    left, handle = asyncio.run(asyncio.wait_for(made_then_idle(), 60))
+    assert left == 0
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(handle.counts.remote())
