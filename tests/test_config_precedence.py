@@ -53,6 +53,7 @@ EVERY_KEY = {
     "batches_per_object": 2,
     "object_bytes": 1 << 20,
     "ack_interval_s": 0.2,
+    "ack_relay": "node",
     "lease_poll_s": 0.1,
     "state_timeout_s": 30.0,
     "straggler_timeout_s": 5.0,

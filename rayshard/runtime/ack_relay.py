@@ -97,8 +97,9 @@ class AckRelay:
 class AckRelays:
     """The coordinator's relays, by node (made on first ask, ended when unused)."""
 
-    def __init__(self, coordinator: Any, pacing: AckPacing) -> None:
-        self._coordinator, self._pacing = coordinator, pacing
+    def __init__(self, pacing: AckPacing, coordinator: Any = None) -> None:
+        self._pacing = pacing
+        self._coordinator = coordinator  # None: the actor this runs in, once a relay is made
         self._relays: dict[str, tuple[str, Any]] = {}  # node -> (token, handle)
         self._used: dict[str, float] = {}  # node -> when its relay last forwarded (loop time)
         self._releases: set[asyncio.Task] = set()  # `_release_when_idle` tasks (kept: not GC'd)
@@ -112,6 +113,8 @@ class AckRelays:
             self._end(node)
             known = None
         if known is None:
+            if self._coordinator is None:
+                self._coordinator = ray.get_runtime_context().current_actor
             token = uuid.uuid4().hex[:12]
             options = {"num_cpus": 0, "max_concurrency": MAX_CALLS}
             pinned = NodeAffinitySchedulingStrategy(node, soft=False)

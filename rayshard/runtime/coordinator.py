@@ -16,8 +16,6 @@ import asyncio
 import time
 from typing import Any
 
-import ray
-
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
 from rayshard.core.ack_pacing import AckAnswer, AckPacing
@@ -60,7 +58,7 @@ class Coordinator:
         self._rewatch_pending = False
         self._since_snapshot = 0
         self._ends = EpochEnds()  # epochs every rank received (their end compacted)
-        self._relays = AckRelays(ray.get_runtime_context().current_actor, self._ack_pacing)
+        self._relays = AckRelays(self._ack_pacing)  # the nodes' acknowledgement relays
         self._trace: list | None = None  # (time, kind, dp rank, pieces), when tracing
         self._journal = journal.Journal(journal_path, loader_id)
         if journal.actor_was_restarted():

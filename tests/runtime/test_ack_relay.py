@@ -111,7 +111,7 @@ def test_an_unused_relay_is_ended(ray_session, monkeypatch):
     monkeypatch.setattr(ack_relay, "IDLE_RELEASE_S", 0.2)
 
     async def made_then_idle() -> tuple[int, object]:
-        relays = ack_relay.AckRelays(None, AckPacing(0.1))
+        relays = ack_relay.AckRelays(AckPacing(0.1), coordinator="none: it forwards nothing")
         _, handle = relays.relay(ray.get_runtime_context().get_node_id())
         assert len(relays) == 1
         while len(relays):  # ended once unused for IDLE_RELEASE_S (an event, bounded below)
