@@ -5,7 +5,8 @@ This file is the driver (arguments, tables, targets, JSON); the sections live in
 
     python benchmarks/elastic_bench.py [--quick] [--json PATH] [--only recovery,...]
         [--profile] [--py-spy PATH] [--recovery-ranks N] [--epoch-ranks N]
-        [--ack-ranks N] [--ack-seconds S] [--step-s S] [--core-ranks N,N]
+        [--ack-ranks N] [--ack-seconds S] [--step-s S] [--ack-relay MODE,MODE]
+        [--core-ranks N,N]
 
 recovery    3 ranks (`--recovery-ranks`; rank 1 is the victim) consume a `dynamic`
             loader (default Ray and loader settings; Parquet ids, batch 256, splits of
@@ -40,7 +41,10 @@ acks        `--ack-ranks` ranks (policy `data`), each a real `AckSender` (the
             `ping` every 0.25 s measures how long a call waits in its queue (its
             median over the run, and over the second half: once the senders took
             the interval the coordinator asks for); the senders' final `stop()`
-            waits for what is still queued.
+            waits for what is still queued. Run once per `--ack-relay` mode (default
+            `off,auto`: straight, then the default, which relays once paced), with
+            the groups sent and relayed, the coordinator's calls for them, its CPU
+            per group, and the relay's CPU share (its whole life, its start too).
 core        the coordinator's pure core (no Ray) through one `dynamic` epoch at
             `--core-ranks` ranks (default 1,000, 3,000 and 10,000; 4 row groups of
             32,768 rows per rank, one per lease, acknowledged 4 batches at a time):
@@ -88,6 +92,7 @@ from benchmarks.elastic.recovery import (  # noqa: E402
     ray_health_check_settings,
     run_recovery,
 )
+from rayshard.config.parts import RELAY_MODES  # noqa: E402
 
 ACK_INTERVAL_S = 0.1  # the iterators' default `ack_interval_s`
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "elastic_bench.json"
@@ -128,6 +133,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--step-s", type=float, default=0.05, help="a rank's training step (acks; seconds)"
     )
     parser.add_argument(
+        "--ack-relay",
+        default="off,auto",
+        help="ack_relay modes run in turn (acks; comma-separated, of auto, node, off)",
+    )
+    parser.add_argument(
         "--core-ranks", help="rank counts of the core runs (core; default 1000,3000,10000)"
     )
     parser.add_argument("--profile", action="store_true", help="py-spy the coordinator")
@@ -159,6 +169,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--profile needs py-spy: pip install py-spy, or pass --py-spy PATH")
     if args.repeats is None:
         args.repeats = 1 if args.quick else 5
+    args.ack_relay = [m.strip() for m in args.ack_relay.split(",") if m.strip()]
+    if not args.ack_relay or set(args.ack_relay) - set(RELAY_MODES):
+        parser.error(f"Invalid value for '--ack-relay': {args.ack_relay} (of {RELAY_MODES})")
     if args.ack_ranks is None:
         args.ack_ranks = 20 if args.quick else 400
     if args.ack_seconds is None:
@@ -189,6 +202,7 @@ RECOVERY_TABLE = (
 THROUGHPUT_TABLE = (("path", "path", "s"), ("ops/s", "rate", ",.0f"), ("what", "what", "s"))
 ACK_TABLE = (
     ("ranks", "ranks", "d"),
+    ("ack_relay", "relay", "s"),
     ("offered acks/s", "offered_acks_per_s", ",.0f"),
     ("queue wait med s", "queue_wait_s_median", ".3f"),
     ("p90 s", "queue_wait_s_p90", ".3f"),
@@ -197,6 +211,11 @@ ACK_TABLE = (
     ("final stop() s", "stop_s_max", ".2f"),
     ("coordinator CPU", "coordinator_cpu_share", ".0%"),
     ("asked interval s", "ack_interval_asked_s", ".2f"),
+    ("groups", "groups", ",d"),
+    ("relayed", "groups_relayed", ",d"),
+    ("coordinator calls", "coordinator_ack_calls", ",d"),
+    ("coord. CPU us/group", "coordinator_cpu_us_per_group", ".0f"),
+    ("relay CPU", "relay_cpu_share", ".0%"),
 )
 CORE_TABLE = (
     ("ranks", "ranks", "d"),
@@ -291,8 +310,11 @@ def report_tables(results: dict) -> list[str]:
                 for frame, share in list(profile["coordinator_methods_inclusive"].items())[:8]
             ]
     if "acks" in results:
-        row = {**results["acks"], "ranks": results["acks"]["config"]["ranks"]}
-        out.append(format_table([row], ACK_TABLE))
+        rows = [
+            {**run, "ranks": run["config"]["ranks"], "relay": run["config"]["ack_relay"]}
+            for run in results["acks"]["runs"]
+        ]
+        out.append(format_table(rows, ACK_TABLE))
     if "core" in results:
         rows = [{**r, "complete": str(r["complete"])} for r in results["core"]["runs"]]
         out.append(format_table(rows, CORE_TABLE))
@@ -368,9 +390,19 @@ def main(argv: list[str] | None = None) -> int:
                 args.ranks,
                 sizes["ack_calls"],
             ),
-            "acks": lambda: run_ack_load(
-                workdir, args.ack_ranks, args.ack_seconds, args.step_s, ACK_INTERVAL_S
-            ),
+            "acks": lambda: {
+                "runs": [
+                    run_ack_load(
+                        workdir,
+                        args.ack_ranks,
+                        args.ack_seconds,
+                        args.step_s,
+                        ACK_INTERVAL_S,
+                        relay=relay,
+                    )
+                    for relay in args.ack_relay
+                ]
+            },
             "core": lambda: run_core(args.core_ranks),
             "busy": lambda: run_busy(
                 workdir,

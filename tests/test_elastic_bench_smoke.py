@@ -26,6 +26,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
         "--epoch-ranks=1",
         "--callers=1",
         "--ranks=100",
+        "--ack-relay=off,node",
         f"--json={out}",
     ]
     done = run_benchmark(*command)
@@ -59,13 +60,22 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert throughput["churn_acks"]["requeued_rows"] > 0  # the rank that left held work
     assert throughput["churn_acks"]["calls"] > 0
 
-    acks = results["acks"]
-    assert acks["config"]["ranks"] == 20
-    assert min(acks["steps_per_rank"]) >= 1
-    assert acks["recorded_all"]  # every received batch recorded once the senders stopped
-    assert acks["queue_wait_s_max"] > 0
-    assert 0 < acks["queue_wait_s_late_median"] <= acks["queue_wait_s_max"]
-    assert acks["ack_interval_asked_s"] >= acks["config"]["ack_interval_s"]  # never shorter
+    runs = {run["config"]["ack_relay"]: run for run in results["acks"]["runs"]}
+    assert set(runs) == {"off", "node"}  # the modes asked for, in one run
+    for acks in runs.values():
+        assert acks["config"]["ranks"] == 20
+        assert min(acks["steps_per_rank"]) >= 1
+        assert acks["recorded_all"]  # every received batch recorded once the senders stopped
+        assert acks["queue_wait_s_max"] > 0
+        assert 0 < acks["queue_wait_s_late_median"] <= acks["queue_wait_s_max"]
+        assert acks["ack_interval_asked_s"] >= acks["config"]["ack_interval_s"]  # never shorter
+        assert acks["groups"] >= 20  # each rank's final group at least
+    assert runs["off"]["groups_relayed"] == 0 and runs["off"]["relay_cpu_share"] is None
+    # through the relay (each sender's first group goes straight): never more coordinator
+    # calls than groups (how many it gathers per call depends on when they arrive)
+    relayed = runs["node"]
+    assert relayed["groups_relayed"] > 0 and relayed["relay_cpu_share"] is not None
+    assert relayed["coordinator_ack_calls"] <= relayed["groups"]
 
     core = {run["case"]: run for run in results["core"]["runs"]}
     assert set(core) == {"steady", "node lost", "node lost, stragglers on"}

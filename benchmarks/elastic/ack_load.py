@@ -31,27 +31,50 @@ class _Ranks:
             (AckSender(coordinator, generation, rank, interval_s), first) for rank, first in firsts
         ]
 
-    def run(self, seconds: float, step_s: float) -> dict:
-        began, steps = time.time(), 0
-        while time.time() - began < seconds:
+    def run(self, seconds: float, step_s: float, take_relay: bool = False) -> dict:
+        """Step every `step_s` for `seconds`, then stop the senders; with `take_relay`
+        (`ack_relay="node"`), first one step whose answers send each sender to the
+        relay, and the load starts once every sender took it."""
+        steps = 0
+
+        def step() -> None:
+            nonlocal steps
             steps += 1
             for sender, first in self.senders:
                 start = first + BATCH * (steps - 1)
                 runs = np.array([[start, start + BATCH]], dtype=np.int64)
                 sender.add(0, steps, runs, BATCH, 8 * BATCH, 0.0)
+
+        if take_relay:
+            step()
+            for sender, _ in self.senders:  # the first answer asks for the relay
+                while not sender.relay_token:
+                    sender.flush(wait=True)  # (nothing pending: takes it once answered)
+                    time.sleep(0.01)
+        began = time.time()
+        while time.time() - began < seconds:
+            step()
             time.sleep(step_s)
         stopping = time.time()
         for sender, _ in self.senders:
             sender.stop()  # sends what is pending and waits until it is recorded
-        return {"steps": steps, "stop_s": time.time() - stopping}
+        groups = sum(sender.groups_sent for sender, _ in self.senders)
+        return {"steps": steps, "stop_s": time.time() - stopping, "groups": groups}
 
 
 def run_ack_load(
-    workdir: Path, ranks: int, seconds: float, step_s: float, interval_s: float, callers: int = 2
+    workdir: Path,
+    ranks: int,
+    seconds: float,
+    step_s: float,
+    interval_s: float,
+    callers: int = 2,
+    relay: str = "auto",
 ) -> dict:
-    """`ranks` ranks of the `data` policy acknowledging for `seconds`; the coordinator's
-    queue wait (probe round trips every 0.25 s) and how long the senders' final `stop()`
-    took (what was still queued)."""
+    """`ranks` ranks of the `data` policy acknowledging for `seconds`, with `ack_relay`
+    `relay`; the coordinator's queue wait (probe round trips every 0.25 s), how long the
+    senders' final `stop()` took (what was still queued), and the CPU the coordinator and
+    the relay (one: every rank runs on this node) spent per acknowledgement group."""
     import ray
 
     from rayshard.loader import Loader
@@ -65,6 +88,7 @@ def run_ack_load(
         batch_size=BATCH,
         name=f"acks-{uuid.uuid4().hex[:8]}",
         policy="data",
+        ack_relay=relay,
     )
     coordinator = loader._coordinator
     try:
@@ -84,7 +108,7 @@ def run_ack_load(
         ray.get([loop.__ray_ready__.remote() for loop in loops])
         pid = ray.get(coordinator.__ray_call__.remote(pid_of))
         cpu_before, began = process_cpu_s(pid), time.time()
-        running = [loop.run.remote(seconds, step_s) for loop in loops]
+        running = [loop.run.remote(seconds, step_s, relay == "node") for loop in loops]
         waits = []
         while ray.wait(running, num_returns=len(running), timeout=0.25)[1]:
             sent = time.time()
@@ -94,6 +118,11 @@ def run_ack_load(
         wall = time.time() - began
         cpu = process_cpu_s(pid) - cpu_before
         described = ray.get(coordinator.describe.remote())
+        relay_cpu = relay_counts = None
+        if described["ack_relays"]:  # (asking for it when there is none would make one)
+            _, handle = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
+            relay_cpu = process_cpu_s(ray.get(handle.__ray_call__.remote(pid_of)))
+            relay_counts = ray.get(handle.counts.remote())
         consumers = described["consumers"]
         # every batch each rank received, recorded once its senders stopped
         recorded_all = all(
@@ -105,6 +134,8 @@ def run_ack_load(
             ray.kill(loop)
     finally:
         loader.shutdown()
+    groups = sum(load["groups"] for load in loads)
+    relay_calls = relay_counts["calls"] if relay_counts else 0
     during = [w for t, w in waits if t < seconds] or [w for _, w in waits]
     # the second half of the load: the queue once the senders took the coordinator's pace
     late = [w for t, w in waits if seconds / 2 <= t < seconds] or during
@@ -115,6 +146,7 @@ def run_ack_load(
             "step_s": step_s,
             "ack_interval_s": interval_s,
             "callers": callers,
+            "ack_relay": relay,
         },
         "offered_acks_per_s": ranks / max(step_s, interval_s),
         "steps_per_rank": [load["steps"] for load in loads],
@@ -126,6 +158,14 @@ def run_ack_load(
         "queue_wait_over_time": [(round(t, 1), round(w, 3)) for t, w in waits],
         "stop_s_max": max(load["stop_s"] for load in loads),
         "coordinator_cpu_share": cpu / wall,
+        # groups the senders sent, those recorded through the relay, and the coordinator's
+        # calls for them (each relayed call carries many groups)
+        "groups": groups,
+        "groups_relayed": described["acks_relayed"],
+        "coordinator_ack_calls": groups - described["acks_relayed"] + relay_calls,
+        "coordinator_cpu_us_per_group": 1e6 * cpu / max(groups, 1),
+        # the relay's whole life (it started with the load): its CPU share of the load
+        "relay_cpu_share": None if relay_cpu is None else relay_cpu / wall,
         # the interval the coordinator asked its consumers for at the end (None: older code)
         "ack_interval_asked_s": described.get("ack_interval_asked_s"),
     }

@@ -48,6 +48,7 @@ class AckRelay:
         self._forwarding: asyncio.Task | None = None
         self._senders: dict[str, float] = {}  # consumer -> when last heard (monotonic)
         self.forwarded = [0, 0]  # calls to the coordinator, groups they carried
+        self._waiting = 0  # `ack` calls not answered yet
 
     async def ack(self, sender: str, group: tuple) -> AckAnswer | None:
         """Record `group` (the arguments of `Coordinator.ack`) through the coordinator;
@@ -60,7 +61,11 @@ class AckRelay:
         self._pending.append((group, answer))
         if self._forwarding is None or self._forwarding.done():
             self._forwarding = asyncio.ensure_future(self._forward())
-        recorded = await answer
+        self._waiting += 1
+        try:
+            recorded = await answer
+        finally:
+            self._waiting -= 1
         if not isinstance(recorded, AckAnswer):
             return recorded
         own = self._pacing.interval_s(self._consumers(now))
@@ -90,8 +95,10 @@ class AckRelay:
         return len(self._senders)
 
     async def counts(self) -> dict:
-        """Calls forwarded and the groups they carried (for tests and benchmarks)."""
-        return {"calls": self.forwarded[0], "groups": self.forwarded[1], "node": self._node}
+        """Calls forwarded, the groups they carried, and the groups waiting for their
+        answer now (for tests and benchmarks)."""
+        calls, groups = self.forwarded
+        return {"calls": calls, "groups": groups, "waiting": self._waiting, "node": self._node}
 
 
 class AckRelays:

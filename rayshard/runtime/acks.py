@@ -65,6 +65,7 @@ class AckSender:
         self._relay_asked: Any = None  # the `Coordinator.relay` call in flight
         self._relay_failed = ""  # token of the relay that failed last (to be replaced)
         self._sender_id = f"{dp_rank}-{uuid.uuid4().hex[:8]}"  # for the relay's pacing
+        self.groups_sent = 0  # groups sent (not counting one sent again past a failed relay)
         self._thread: threading.Thread | None = None
         if interval_s > 0:
             self._thread = threading.Thread(target=self._run, daemon=True, name="rayshard-acks")
@@ -169,6 +170,7 @@ class AckSender:
             # only under packing: split documents' progress
             options = {"partial": sorted(partial.items())} if partial else {}
             self._sent.append(self._send((args, options), self._relay))
+            self.groups_sent += 1
 
     def _send(self, group: tuple, relay: tuple[str, Any] | None) -> _Sent:
         """One call carrying `group` (the arguments of `Coordinator.ack`): through `relay`

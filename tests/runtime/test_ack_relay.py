@@ -107,6 +107,63 @@ def test_a_failed_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
         loader.shutdown()
 
 
+def _hold_until(flag: str, started: str):
+    """Run on the coordinator (`__ray_call__`): blocks its event loop until `flag` exists,
+    having made `started` (how a test keeps the coordinator from answering)."""
+
+    def hold(_actor) -> None:
+        import os
+        import time
+
+        open(started, "w").close()
+        while not os.path.exists(flag):
+            time.sleep(0.01)
+
+    return hold
+
+
+def test_groups_that_arrive_while_a_call_is_in_flight_go_in_one_call(ray_session, tmp_path):
+    loader = Loader(
+        ParquetSource([_ids_file(tmp_path)]),
+        batch_size=8,
+        name=f"relay-{uuid.uuid4().hex[:8]}",
+        policy="data",
+        ack_relay="node",
+    )
+    coordinator = loader._coordinator
+    try:
+        dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
+        generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
+        first = ray.get(coordinator.start_epoch.remote(generation, 0, 0))["plan"].ranges[0][0]
+        _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
+        ray.get(relay.counts.remote())  # started
+        flag, started = str(tmp_path / "release"), str(tmp_path / "held")
+        held = coordinator.__ray_call__.remote(_hold_until(flag, started))
+        wait_until(lambda: (tmp_path / "held").exists(), "the coordinator to be held")
+        usage = {"batches": 1, "samples": 8, "bytes": 64, "stall_s": 0.0}
+        groups = [
+            ((generation, 0, 0, n, np.array([[first + 8 * (n - 1), first + 8 * n]]), usage), {})
+            for n in range(1, 11)
+        ]
+        answers = [relay.ack.remote(f"sender-{n}", group) for n, group in enumerate(groups)]
+        wait_until(
+            lambda: ray.get(relay.counts.remote())["waiting"] == len(groups),
+            "every group to wait at the relay",
+        )
+        (tmp_path / "release").touch()
+        ray.get(held)
+        recorded = ray.get(answers)
+        counts = ray.get(relay.counts.remote())
+        # the first call took what had arrived (at least one group), the next the rest
+        assert counts["groups"] == len(groups) and counts["calls"] <= 2, counts
+        assert all(answer.relay for answer in recorded)  # ("node": every answer says so)
+        described = ray.get(coordinator.describe.remote())
+        assert described["acks_relayed"] == len(groups)
+        assert described["consumers"][0]["batches"] == len(groups)
+    finally:
+        loader.shutdown()
+
+
 def test_an_unused_relay_is_ended(ray_session, monkeypatch):
     monkeypatch.setattr(ack_relay, "IDLE_RELEASE_S", 0.2)
 
