@@ -422,3 +422,15 @@ def test_readme_states_the_acknowledgement_pacing_the_coordinator_uses():
     assert "never more than a quarter of that timeout" in text
     assert "never exceeds a quarter of the timeout" in text
     assert "`iterator.stats()` shows the interval" in text and "`ack_interval_asked_s`" in text
+
+
+def test_readme_states_when_an_acknowledgement_relay_is_ended():
+    from rayshard.config.parts import RELAY_MODES, RuntimeConfig
+    from rayshard.runtime import ack_relay
+
+    text = " ".join(README.read_text().split())
+    found = re.search(r"owned by the coordinator, ended after (\d+) s unused\)", text)
+    assert found and float(found.group(1)) == ack_relay.IDLE_RELEASE_S
+    assert RuntimeConfig().ack_relay == "auto" and "`ack_relay=\"auto\"` (the default)" in text
+    for mode in RELAY_MODES:
+        assert f'`ack_relay="{mode}"`' in text, mode

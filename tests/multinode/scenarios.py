@@ -317,6 +317,21 @@ def watch_actors(loader: Any) -> dict:
     }
 
 
+def relays_on(loader: Any, label: str) -> dict:
+    """The acknowledgement relay of node `label`: the node its actor runs on (by label)
+    and the groups it forwarded."""
+    node = node_id_of(label)
+    _, relay = ray.get(loader._coordinator.relay.remote(node))
+    counts = ray.get(relay.counts.remote())
+    actor = ray._private.state.actors(actor_id=relay._actor_id.hex())
+    return {
+        "runs_on": node_labels().get(actor["Address"]["NodeID"], "?"),
+        "for": node_labels().get(counts["node"], "?"),
+        "groups": counts["groups"],
+        "calls": counts["calls"],
+    }
+
+
 def reader_placement_probe(data: str, per_node: int, labels: tuple) -> dict:
     """Where readers land: a throwaway loader with `per_node` ranks on each of `labels`;
     returns {"ranks": n, "misplaced": [(rank, consumer node, reader node), ...]}."""
@@ -348,7 +363,10 @@ def scenario_dynamic_node_churn() -> dict:
     # one node? (The epoch below has one rank a node, on three nodes.)
     probe = reader_placement_probe(data, per_node=2, labels=("n1",))
     started = time.time()
-    loader = dynamic_loader(data, "churn", batch_size=batch_size, prefetch_depth=prefetch)
+    # every rank acknowledges through its node's relay: one dies with its node
+    loader = dynamic_loader(
+        data, "churn", batch_size=batch_size, prefetch_depth=prefetch, ack_relay="node"
+    )
     audit = head_audit(rows)
     consumers = {}
     for rank, label in enumerate(["n1", "n2"]):
@@ -400,6 +418,8 @@ def scenario_dynamic_node_churn() -> dict:
     stats = loader.stats()
     events = [e["event"] for e in stats["events"]]
     result = {
+        "relays": relays_on(loader, "n1"),
+        "acks_relayed": stats["acks_relayed"],
         "rows": rows,
         "batch_size": batch_size,
         "prefetch_depth": prefetch,

@@ -220,6 +220,11 @@ def test_dynamic_node_loss_and_join_exact_coverage(shared_scenarios):
         f"no rank joined after the loss: {events}",
     )
     check(r, r["lost_reason"] == "reader died", f"rank lost because {r['lost_reason']}")
+    # `ack_relay="node"`: the surviving rank's groups went through a relay on its node
+    relay = r["relays"]
+    check(r, relay["runs_on"] == relay["for"] == "n1", f"n1's relay: {relay}")
+    check(r, 0 < relay["calls"] <= relay["groups"], f"n1's relay: {relay}")
+    check(r, r["acks_relayed"] >= relay["groups"], f"relayed: {r['acks_relayed']}, {relay}")
 
 
 def test_elastic_torch_trainer_2_3_1_exact_relative_to_checkpoints():
