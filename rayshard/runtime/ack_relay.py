@@ -126,7 +126,8 @@ class AckRelays:
             options = {"num_cpus": 0, "max_concurrency": MAX_CALLS}
             pinned = NodeAffinitySchedulingStrategy(node, soft=False)
             made = remote_class(AckRelay).options(**options, scheduling_strategy=pinned)
-            handle = made.remote(self._coordinator, node, token, self._pacing)
+            fresh = dataclasses.replace(self._pacing, cost_s=0.0)  # its own measurement
+            handle = made.remote(self._coordinator, node, token, fresh)
             known = self._relays[node] = (token, handle)
             loop = asyncio.get_running_loop()
             self._used[node] = loop.time()
