@@ -62,7 +62,9 @@ class AckSender:
         self._interval = interval_s
         self._asked_s = 0.0  # the interval the coordinator asked for in its last answer
         self._relay: tuple[str, Any] | None = None  # (token, handle) of the node's relay
-        self._relay_asked: Any = None  # the `Coordinator.relay` call in flight
+        # the `Coordinator.relay` call in flight, then the offered relay's readiness call
+        self._relay_asked: Any = None
+        self._relay_offered: tuple[str, Any] | None = None  # (token, handle) not yet running
         self._relay_failed = ""  # token of the relay that failed last (to be replaced)
         self._sender_id = f"{dp_rank}-{uuid.uuid4().hex[:8]}"  # for the relay's pacing
         self.groups_sent = 0  # groups sent (not counting one sent again past a failed relay)
@@ -181,16 +183,26 @@ class AckSender:
         return _Sent(self._coordinator.ack.remote(*args, **options), group, "")
 
     def _take_relay(self) -> None:
-        """Take the relay the coordinator answered with, once its call returned (under
-        `_lock`; a failed call is logged, and the next answer that asks for a relay asks
-        again)."""
+        """Take the relay the coordinator answered with once it runs: the coordinator's
+        answer comes before the actor started, and groups sent to a relay still starting
+        would wait unrecorded, growing what a lost rank repeats (under `_lock`). A failed
+        step is logged; the next answer that asks for a relay asks again, replacing a relay
+        that failed to start."""
         if self._relay_asked is None or ray.wait([self._relay_asked], timeout=0)[1]:
             return
+        offered, self._relay_offered = self._relay_offered, None
         try:
-            self._relay = tuple(ray.get(self._relay_asked))
+            answer = ray.get(self._relay_asked)
         except Exception as error:  # noqa: BLE001 - straight to the coordinator meanwhile
             log.warning("could not get this node's acknowledgement relay: %r", error)
-        self._relay_asked = None
+            self._relay_failed = offered[0] if offered else self._relay_failed
+            self._relay_asked = None
+            return
+        if offered is None:  # the coordinator answered: now wait until the relay runs
+            self._relay_offered = tuple(answer)
+            self._relay_asked = self._relay_offered[1].__ray_ready__.remote()
+            return
+        self._relay, self._relay_asked = offered, None
 
     def _relay_lost(self, token: str, error: Exception) -> None:
         """The relay `token` failed: send straight until a new one is taken (under `_lock`)."""
@@ -271,7 +283,7 @@ class AckSender:
         under `ray_held()`, since a dropped `ObjectRef` calls into Ray's core worker)."""
         with self._lock:
             self._pending, self._sent = {}, []
-            self._relay, self._relay_asked = None, None
+            self._relay, self._relay_asked, self._relay_offered = None, None, None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,6 +19,7 @@ from rayshard.loader import Loader
 from rayshard.runtime import ack_relay
 from rayshard.runtime.acks import AckSender
 from rayshard.sources.parquet import ParquetSource
+from tests.runtime.relay_standins import RelayingCoordinator
 from tests.timeouts import wait_until
 
 pytestmark = [pytest.mark.ray]
@@ -179,3 +180,35 @@ def test_an_unused_relay_is_ended(ray_session, monkeypatch):
     assert left == 0
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(handle.counts.remote())
+
+
+def test_groups_go_straight_until_the_offered_relay_runs(ray_session, tmp_path):
+    flag = tmp_path / "relay may start"
+    coordinator = ray.remote(RelayingCoordinator).remote(str(flag))
+    sender = AckSender(coordinator, generation=1, dp_rank=0, interval_s=0)  # each at once
+    added = 0
+
+    def one_more_batch() -> None:
+        nonlocal added
+        added += 1
+        sender.add(0, added, np.array([[added, added + 1]]), 1, 8, 0.0)
+
+    # the first answers ask for the relay; the coordinator offers one that cannot start
+    wait_until(lambda: one_more_batch() or ray.get(coordinator.counts.remote())[1], "an offer")
+    for _ in range(5):  # each after a round trip to the coordinator, which answered the offer
+        ray.get(coordinator.counts.remote())  # before: the sender takes it at a flush here
+        one_more_batch()  # (so none of these may go to the relay, which is not running)
+    wait_until(
+        lambda: ray.get(coordinator.counts.remote())[0] == added,
+        "every group sent while the relay was starting to reach the coordinator",
+    )
+    assert sender.relay_token == ""
+    flag.touch()  # the relay starts: the sender takes it, and sends there from then on
+    wait_until(lambda: one_more_batch() or sender.relay_token == "held", "the relay taken")
+    relay = ray.get(coordinator.__ray_call__.remote(lambda c: c.relay_handle))
+    one_more_batch()
+    sender.flush(wait=True)
+    assert ray.get(relay.count.remote()) >= 1
+    straight = ray.get(coordinator.counts.remote())[0]
+    assert straight + ray.get(relay.count.remote()) == added  # each group went one way
+    sender.stop()

@@ -1,0 +1,47 @@
+"""Stand-ins for `tests/runtime/test_ack_relay.py`, importable by Ray's workers: a
+coordinator that offers a relay whose start is held."""
+
+from __future__ import annotations
+
+import ray
+
+from rayshard.core.ack_pacing import AckAnswer
+
+
+class HeldRelay:
+    """A relay whose start waits until `flag` exists; then it records what it is sent."""
+
+    def __init__(self, flag: str) -> None:
+        import os
+        import time
+
+        while not os.path.exists(flag):
+            time.sleep(0.01)
+        self.groups = 0
+
+    def ack(self, sender: str, group: tuple):
+        self.groups += 1
+        return AckAnswer(0.1, relay=True)
+
+    def count(self) -> int:
+        return self.groups
+
+
+class RelayingCoordinator:
+    """A stand-in coordinator that asks for the relay in every answer and offers one whose
+    start is held (`HeldRelay`)."""
+
+    def __init__(self, flag: str) -> None:
+        self.straight, self.flag, self.relay_handle = 0, flag, None
+
+    def ack(self, *args, **kwargs):
+        self.straight += 1
+        return AckAnswer(0.1, relay=True)
+
+    def relay(self, node: str, failed: str = ""):
+        if self.relay_handle is None:
+            self.relay_handle = ray.remote(HeldRelay).remote(self.flag)
+        return ("held", self.relay_handle)
+
+    def counts(self) -> tuple:
+        return self.straight, self.relay_handle is not None
