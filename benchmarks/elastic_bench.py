@@ -211,6 +211,7 @@ ACK_TABLE = (
     ("final stop() s", "stop_s_max", ".2f"),
     ("coordinator CPU", "coordinator_cpu_share", ".0%"),
     ("asked interval s", "ack_interval_asked_s", ".2f"),
+    ("senders asked s", "senders_asked_s_median", ".2f"),
     ("groups", "groups", ",d"),
     ("relayed", "groups_relayed", ",d"),
     ("coordinator calls", "coordinator_ack_calls", ",d"),

@@ -122,3 +122,16 @@ def test_acknowledging_every_batch_relays_only_when_asked_to():
     pacing.ack_interval_s = 0.0
     assert pacing.answer(10_000, "auto").relay is False  # never paced
     assert pacing.answer(10_000, "node").relay is True
+
+
+def test_the_cpu_clock_is_read_only_when_a_window_starts_or_ends():
+    pacing, reads = AckPacing(0.1, window_s=1.0, min_calls=20), []
+    for n in range(41):  # 1 ms of CPU a call, 20 calls a second: windows end at n=20, 40
+
+        def clock(n=n) -> float:
+            reads.append(n)
+            return 0.001 * n
+
+        pacing.called(now=n / 20, cpu_s=clock)
+    assert reads == [0, 20, 40]  # where the windows start and end, not once a call
+    assert pacing.cost_s == pytest.approx(0.001)

@@ -59,7 +59,8 @@ class _Ranks:
         for sender, _ in self.senders:
             sender.stop()  # sends what is pending and waits until it is recorded
         groups = sum(sender.groups_sent for sender, _ in self.senders)
-        return {"steps": steps, "stop_s": time.time() - stopping, "groups": groups}
+        asked = [sender.asked_s for sender, _ in self.senders]  # as the load ended
+        return {"steps": steps, "stop_s": time.time() - stopping, "groups": groups, "asked": asked}
 
 
 def run_ack_load(
@@ -168,4 +169,7 @@ def run_ack_load(
         "relay_cpu_share": None if relay_cpu is None else relay_cpu / wall,
         # the interval the coordinator asked its consumers for at the end (None: older code)
         "ack_interval_asked_s": described.get("ack_interval_asked_s"),
+        # what the senders were last asked for (through a relay: the longer of its own
+        # interval and the coordinator's), median over the ranks
+        "senders_asked_s_median": float(np.median([a for load in loads for a in load["asked"]])),
     }

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 
 from rayshard.config.loader_config import LoaderConfig
 
@@ -58,20 +59,22 @@ class AckPacing:
         timeout = settings.straggler_timeout_s
         return cls(settings.ack_interval_s, math.inf if timeout is None else timeout / 4)
 
-    def called(self, now: float, cpu_s: float) -> None:
+    def called(self, now: float, cpu_s: float | Callable[[], float]) -> None:
         """One call was handled at wall time `now`, with the process at `cpu_s` CPU
-        seconds."""
+        seconds, or a function giving them: called only when a window starts or ends
+        (reading a process's CPU clock is a system call, a few per cent of a call)."""
         if self._window is None:
-            self._window = (now, cpu_s, 0)
+            self._window = (now, _value(cpu_s), 0)
             return
         began, cpu_began, calls = self._window
         calls += 1
         if now - began < self.window_s or calls < self.min_calls:
             self._window = (began, cpu_began, calls)
             return
-        cost = max(0.0, cpu_s - cpu_began) / calls
+        cpu_now = _value(cpu_s)
+        cost = max(0.0, cpu_now - cpu_began) / calls
         self.cost_s = cost if self.cost_s == 0.0 else 0.5 * (self.cost_s + cost)
-        self._window = (now, cpu_s, 0)
+        self._window = (now, cpu_now, 0)
 
     def interval_s(self, consumers: int) -> float:
         """The interval each of `consumers` should acknowledge at: the configured one, or
@@ -88,6 +91,10 @@ class AckPacing:
         interval = self.interval_s(consumers)
         paced = interval > self.ack_interval_s
         return AckAnswer(interval, relay_mode == "node" or (relay_mode == "auto" and paced))
+
+
+def _value(cpu_s: float | Callable[[], float]) -> float:
+    return cpu_s() if callable(cpu_s) else cpu_s
 
 
 __all__ = ["AckAnswer", "AckPacing"]

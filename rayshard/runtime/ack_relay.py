@@ -55,7 +55,7 @@ class AckRelay:
         returns its answer, with this relay's own interval if longer (None: the coordinator
         took the group as stale). Raises if the coordinator could not be reached."""
         now = time.monotonic()
-        self._pacing.called(now, time.process_time())
+        self._pacing.called(now, time.process_time)
         self._senders[sender] = now
         answer = asyncio.get_running_loop().create_future()
         self._pending.append((group, answer))

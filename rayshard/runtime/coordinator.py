@@ -189,7 +189,8 @@ class Coordinator:
         """Relay `token` of `node` forwards its consumers' `groups`, each the (args, kwargs)
         of `ack`, in one call; returns their answers in order."""
         self._relays.forwarded(node, token, len(groups))
-        answers = [self._record_ack(*args, **kwargs) for args, kwargs in groups]
+        with self._journal.batched():  # one write for the lot, before the answers
+            answers = [self._record_ack(*args, **kwargs) for args, kwargs in groups]
         async with self._acked:
             self._acked.notify_all()
         return answers
@@ -261,7 +262,7 @@ class Coordinator:
 
     # -- load, step, journal ---------------------------------------------------------------
     def _do(self, command: cmd.Command) -> Any:
-        self._ack_pacing.called(time.monotonic(), time.process_time())  # its CPU per call
+        self._ack_pacing.called(time.monotonic(), time.process_time)  # its CPU per call
         self._rewatch()
         decision = self._core.apply(command)
         self._journal.append(command.to_entry())

@@ -9,6 +9,7 @@ atomic rename, by its header and one `snapshot` line: replay starts from there.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -32,6 +33,7 @@ class Journal:
         self.loader_id = loader_id
         self._fsync = fsync
         self._handle: Any = None
+        self._batching = False  # inside `batched()`: flushed once, at its end
 
     def check_reusable(self) -> None:
         """Refuse a file at this path that is corrupt or another loader's, and a path whose
@@ -86,8 +88,24 @@ class Journal:
         os.replace(temporary, self.path)
         self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
 
+    @contextlib.contextmanager
+    def batched(self) -> Iterator[None]:
+        """Entries appended inside are flushed (and synced) once, at the end: commands
+        answered together (a relay's groups) are written before their answers, with one
+        write call rather than one each."""
+        self._batching = True
+        try:
+            yield
+        finally:
+            self._batching = False
+            self._flush()
+
     def _write(self, entry: dict) -> None:
         self._handle.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        if not self._batching:
+            self._flush()
+
+    def _flush(self) -> None:
         self._handle.flush()
         if self._fsync:
             os.fsync(self._handle.fileno())

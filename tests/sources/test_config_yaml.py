@@ -93,7 +93,7 @@ def test_unknown_keys_list_the_known_ones(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown loader option 'batchsize' in .*loader\.yaml"):
         LoaderConfig.from_yaml(path, environ=NO_ENV)
     with pytest.raises(
-        ConfigError, match="known options are ack_interval_s, ack_relay, batch_size, batches_per_object"
+        ConfigError, match="known options are ack_interval_s, ack_relay, batch_size, batches_per"
     ):
         LoaderConfig.from_yaml(path, environ=NO_ENV)
     with pytest.raises(ConfigError, match="unknown loader option 'transform' in arguments"):
