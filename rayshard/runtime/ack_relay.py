@@ -47,6 +47,7 @@ class AckRelay:
         self._pending: list[tuple[tuple, asyncio.Future]] = []
         self._forwarding: asyncio.Task | None = None
         self._senders: dict[str, float] = {}  # consumer -> when last heard (monotonic)
+        self._pruned_at = 0.0  # when `_senders` was last pruned (monotonic)
         self.forwarded = [0, 0]  # calls to the coordinator, groups they carried
         self._waiting = 0  # `ack` calls not answered yet
 
@@ -89,8 +90,10 @@ class AckRelay:
                 waiting.set_result(recorded)
 
     def _consumers(self, now: float) -> int:
-        """Consumers heard from within `SENDERS_SEEN_S` (forgetting the others)."""
-        if len(self._senders) > 1 and min(self._senders.values()) < now - SENDERS_SEEN_S:
+        """Consumers heard from within `SENDERS_SEEN_S` (forgetting the others at most once
+        a second: a pass over every consumer on every call would cost as much as the call)."""
+        if now - self._pruned_at >= 1.0:
+            self._pruned_at = now
             self._senders = {s: t for s, t in self._senders.items() if t >= now - SENDERS_SEEN_S}
         return len(self._senders)
 

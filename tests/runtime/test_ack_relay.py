@@ -19,7 +19,7 @@ from rayshard.loader import Loader
 from rayshard.runtime import ack_relay
 from rayshard.runtime.acks import AckSender
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.relay_standins import RelayingCoordinator
+from tests.runtime.relay_standins import ForwardRecorder, RelayingCoordinator
 from tests.timeouts import wait_until
 
 pytestmark = [pytest.mark.ray]
@@ -212,3 +212,22 @@ def test_groups_go_straight_until_the_offered_relay_runs(ray_session, tmp_path):
     straight = ray.get(coordinator.counts.remote())[0]
     assert straight + ray.get(relay.count.remote()) == added  # each group went one way
     sender.stop()
+
+
+def test_a_relay_answers_the_longer_of_its_own_interval_and_the_coordinators(ray_session):
+    coordinator = ray.remote(ForwardRecorder).remote(0.1)
+    # a measured cost of 10 ms a call (no window closes: its calls never reach min_calls)
+    pacing = AckPacing(0.1, cost_s=0.01, min_calls=10**9)
+    node = ray.get_runtime_context().get_node_id()
+    relay = ray.remote(ack_relay.AckRelay).remote(coordinator, node, "token", pacing)
+    group = ((1, 0, 0, 1, np.array([[0, 1]]), {}), {})
+    answers = [ray.get(relay.ack.remote(f"sender-{k}", group)) for k in range(1, 21)]
+    # k consumers heard from: k x 10 ms / 0.8, once above the coordinator's 0.1 s
+    for k, answer in enumerate(answers, start=1):
+        assert answer.interval_s == pytest.approx(max(0.1, k * 0.01 / 0.8)), k
+        assert answer.relay
+    again = ray.get(relay.ack.remote("sender-1", group))  # a consumer counted once
+    assert again.interval_s == pytest.approx(20 * 0.01 / 0.8)
+    stale = ((0, 0, 0, 1, np.array([[0, 1]]), {}), {})
+    assert ray.get(relay.ack.remote("sender-1", stale)) is None  # passed through
+    assert sum(ray.get(coordinator.seen.remote())) == 22
