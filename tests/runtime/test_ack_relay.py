@@ -34,6 +34,23 @@ def _ids_file(tmp_path) -> str:
     return str(path)
 
 
+def _one_rank_begun(tmp_path) -> tuple:
+    """A `data` loader relaying every group, rank 0 of 1 registered and in epoch 0:
+    (loader, generation, first sample id of the rank's plan)."""
+    loader = Loader(
+        ParquetSource([_ids_file(tmp_path)]),
+        batch_size=8,
+        name=f"relay-{uuid.uuid4().hex[:8]}",
+        policy="data",
+        ack_relay="node",
+    )
+    coordinator = loader._coordinator
+    dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
+    generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
+    first = ray.get(coordinator.start_epoch.remote(generation, 0, 0))["plan"].ranges[0][0]
+    return loader, generation, first
+
+
 def test_a_dynamic_epoch_through_the_relay_is_exact_and_ends(ray_session, tmp_path):
     loader = Loader(
         ParquetSource([_ids_file(tmp_path)]),
@@ -67,18 +84,9 @@ def test_a_dynamic_epoch_through_the_relay_is_exact_and_ends(ray_session, tmp_pa
 
 def test_a_failed_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
     caplog.set_level(logging.WARNING, logger="rayshard.runtime.acks")
-    loader = Loader(
-        ParquetSource([_ids_file(tmp_path)]),
-        batch_size=8,
-        name=f"relay-{uuid.uuid4().hex[:8]}",
-        policy="data",
-        ack_relay="node",
-    )
+    loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
     try:
-        dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
-        generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
-        first = ray.get(coordinator.start_epoch.remote(generation, 0, 0))["plan"].ranges[0][0]
         sender = AckSender(coordinator, generation, 0, interval_s=60)  # flushed by hand
         batches = iter(range(1, ROWS // 8 + 1))
 
@@ -124,18 +132,9 @@ def _hold_until(flag: str, started: str):
 
 
 def test_groups_that_arrive_while_a_call_is_in_flight_go_in_one_call(ray_session, tmp_path):
-    loader = Loader(
-        ParquetSource([_ids_file(tmp_path)]),
-        batch_size=8,
-        name=f"relay-{uuid.uuid4().hex[:8]}",
-        policy="data",
-        ack_relay="node",
-    )
+    loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
     try:
-        dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
-        generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
-        first = ray.get(coordinator.start_epoch.remote(generation, 0, 0))["plan"].ranges[0][0]
         _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
         ray.get(relay.counts.remote())  # started
         flag, started = str(tmp_path / "release"), str(tmp_path / "held")
