@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from rayshard.plan import intervals as iv
-from rayshard.runtime.acks import sample_runs
+from rayshard.plan.id_runs import sample_runs
 
 MB = 1e6
 

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayshard.data.batching import FLUSH, rebatch, to_numpy
-from rayshard.runtime.acks import sample_runs
+from rayshard.plan.id_runs import sample_runs
 
 
 def record_batches(sizes: list[int]) -> list[pa.RecordBatch]:

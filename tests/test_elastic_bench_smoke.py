@@ -71,11 +71,12 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
         assert acks["ack_interval_asked_s"] >= acks["config"]["ack_interval_s"]  # never shorter
         assert acks["groups"] >= 20  # each rank's final group at least
     assert runs["off"]["groups_relayed"] == 0 and runs["off"]["relay_cpu_share"] is None
-    # through the relay (each sender's first group goes straight): never more coordinator
-    # calls than groups (how many it gathers per call depends on when they arrive)
+    # through the relay (each sender's first group goes straight), as the coordinator
+    # counted: each relayed call carries one group or more (how many depends on when they
+    # arrive, so no count is asserted)
     relayed = runs["node"]
     assert relayed["groups_relayed"] > 0 and relayed["relay_cpu_share"] is not None
-    assert relayed["coordinator_ack_calls"] <= relayed["groups"]
+    assert 0 < relayed["relay_calls"] <= relayed["groups_relayed"] < relayed["groups"]
 
     core = {run["case"]: run for run in results["core"]["runs"]}
     assert set(core) == {"steady", "node lost", "node lost, stragglers on"}

@@ -426,11 +426,17 @@ def test_readme_states_the_acknowledgement_pacing_the_coordinator_uses():
 
 def test_readme_states_when_an_acknowledgement_relay_is_ended():
     from rayshard.config.parts import RELAY_MODES, RuntimeConfig
+    from rayshard.core.ack_pacing import AckAnswer, AckPacing
     from rayshard.runtime import ack_relay
 
     text = " ".join(README.read_text().split())
-    found = re.search(r"owned by the coordinator, ended after (\d+) s unused\)", text)
+    found = re.search(
+        r"owned by the coordinator, ended after (\d+) s unused, or (\w+) of the intervals", text
+    )
     assert found and float(found.group(1)) == ack_relay.IDLE_RELEASE_S
+    relays = ack_relay.AckRelays(AckPacing(0.1))
+    relays.forwarded("node", "token", [AckAnswer(20.0), None])
+    assert relays.idle_limit_s() == {"four": 4}[found.group(2)] * 20.0
     assert RuntimeConfig().ack_relay == "auto" and "`ack_relay=\"auto\"` (the default)" in text
     for mode in RELAY_MODES:
         assert f'`ack_relay="{mode}"`' in text, mode

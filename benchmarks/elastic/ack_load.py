@@ -18,6 +18,7 @@ from benchmarks.elastic.common import pid_of
 
 ROWS_PER_RANK = 100_000
 BATCH = 16
+RELAY_START_S = 120.0  # how long `ack_relay="node"` senders may wait for their relay
 
 
 class _Ranks:
@@ -47,9 +48,12 @@ class _Ranks:
 
         if take_relay:
             step()
+            deadline = time.time() + RELAY_START_S
             for sender, _ in self.senders:  # the first answer asks for the relay
                 while not sender.relay_token:
-                    sender.flush(wait=True)  # (nothing pending: takes it once answered)
+                    if time.time() > deadline:
+                        raise RuntimeError(f"no relay taken within {RELAY_START_S} s")
+                    sender.flush(wait=True)  # (nothing pending: takes it once it runs)
                     time.sleep(0.01)
         began = time.time()
         while time.time() - began < seconds:
@@ -119,11 +123,10 @@ def run_ack_load(
         wall = time.time() - began
         cpu = process_cpu_s(pid) - cpu_before
         described = ray.get(coordinator.describe.remote())
-        relay_cpu = relay_counts = None
+        relay_cpu = None
         if described["ack_relays"]:  # (asking for it when there is none would make one)
             _, handle = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
             relay_cpu = process_cpu_s(ray.get(handle.__ray_call__.remote(pid_of)))
-            relay_counts = ray.get(handle.counts.remote())
         consumers = described["consumers"]
         # every batch each rank received, recorded once its senders stopped
         recorded_all = all(
@@ -136,7 +139,7 @@ def run_ack_load(
     finally:
         loader.shutdown()
     groups = sum(load["groups"] for load in loads)
-    relay_calls = relay_counts["calls"] if relay_counts else 0
+    relay_calls = described["ack_relay_calls"]  # as the coordinator counted them
     during = [w for t, w in waits if t < seconds] or [w for _, w in waits]
     # the second half of the load: the queue once the senders took the coordinator's pace
     late = [w for t, w in waits if seconds / 2 <= t < seconds] or during
@@ -163,6 +166,7 @@ def run_ack_load(
         # calls for them (each relayed call carries many groups)
         "groups": groups,
         "groups_relayed": described["acks_relayed"],
+        "relay_calls": relay_calls,
         "coordinator_ack_calls": groups - described["acks_relayed"] + relay_calls,
         "coordinator_cpu_us_per_group": 1e6 * cpu / max(groups, 1),
         # the relay's whole life (it started with the load): its CPU share of the load

@@ -86,4 +86,21 @@ class RunSet:
             self._pending, self._count = [], 0
 
 
-__all__ = ["MERGE_FLOOR", "RunSet", "as_runs", "run_rows", "to_intervals", "union"]
+def sample_runs(sorted_ids: np.ndarray) -> np.ndarray:
+    """Sorted sample ids as merged half-open intervals, an `(n, 2)` int64 array (a
+    shuffled batch has about one run per row: kept in numpy up to the coordinator)."""
+    sorted_ids = np.asarray(sorted_ids, dtype=np.int64)
+    if sorted_ids.size == 0:
+        return np.empty((0, 2), dtype=np.int64)
+    # (n - 1,) whether each id is one past the one before it
+    steps = np.diff(sorted_ids) == 1
+    if steps.all():  # one run: an unshuffled batch
+        return np.array([[sorted_ids[0], sorted_ids[-1] + 1]], dtype=np.int64)
+    # (k,) positions where a new run begins, after the first
+    breaks = np.flatnonzero(~steps) + 1
+    starts = sorted_ids[np.concatenate(([0], breaks))]
+    ends = sorted_ids[np.concatenate((breaks, [sorted_ids.size])) - 1] + 1
+    return np.stack((starts, ends), axis=1)
+
+
+__all__ = ["MERGE_FLOOR", "RunSet", "as_runs", "run_rows", "sample_runs", "to_intervals", "union"]

@@ -13,7 +13,8 @@ node's call failed) is sent again straight to the coordinator by its consumer: r
 group twice changes no progress (acknowledged runs are a union, batch counts a maximum).
 The relay measures its own CPU per call like the coordinator and answers with the longer
 of the two intervals. Relays are made by the coordinator (`AckRelays`), pinned to their
-node and owned by it: they end with it, and one unused for `IDLE_RELEASE_S` is ended (Ray's
+node and owned by it: they end with it, and one unused for `IDLE_RELEASE_S` (or four of
+the intervals its groups are asked for, if longer) is ended (Ray's
 autoscaler takes a node with a live actor for busy).
 """
 
@@ -24,12 +25,14 @@ import contextlib
 import dataclasses
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayshard.core.ack_pacing import AckAnswer, AckPacing
+from rayshard.errors import RayshardError
 from rayshard.runtime.remote import remote_class
 
 IDLE_RELEASE_S = 30.0  # a relay that forwarded nothing this long is ended
@@ -54,7 +57,8 @@ class AckRelay:
     async def ack(self, sender: str, group: tuple) -> AckAnswer | None:
         """Record `group` (the arguments of `Coordinator.ack`) through the coordinator;
         returns its answer, with this relay's own interval if longer (None: the coordinator
-        took the group as stale). Raises if the coordinator could not be reached."""
+        took the group as stale). Raises if the coordinator could not be reached or refused
+        this group (its consumer then sends it straight)."""
         now = time.monotonic()
         self._pacing.called(now, time.process_time)
         self._senders[sender] = now
@@ -82,12 +86,18 @@ class AckRelay:
                 )
             except Exception as error:  # noqa: BLE001 - each consumer sends its group again
                 for _, waiting in batch:
-                    waiting.set_exception(RuntimeError(f"relay could not forward: {error!r}"))
+                    if not waiting.done():
+                        waiting.set_exception(RuntimeError(f"relay could not forward: {error!r}"))
                 continue
             self.forwarded[0] += 1
             self.forwarded[1] += len(batch)
             for (_, waiting), recorded in zip(batch, answers):
-                waiting.set_result(recorded)
+                if waiting.done():  # (its call was cancelled)
+                    continue
+                if isinstance(recorded, Exception):  # this group alone was refused
+                    waiting.set_exception(recorded)
+                else:
+                    waiting.set_result(recorded)
 
     def _consumers(self, now: float) -> int:
         """Consumers heard from within `SENDERS_SEEN_S` (forgetting the others at most once
@@ -113,7 +123,8 @@ class AckRelays:
         self._relays: dict[str, tuple[str, Any]] = {}  # node -> (token, handle)
         self._used: dict[str, float] = {}  # node -> when its relay last forwarded (loop time)
         self._releases: set[asyncio.Task] = set()  # `_release_when_idle` tasks (kept: not GC'd)
-        self.groups = 0  # groups recorded through relays, for `stats()`
+        self.calls, self.groups = 0, 0  # relayed calls and the groups they carried
+        self._asked_s = 0.0  # the interval the last relayed groups were asked for
 
     def relay(self, node: str, failed: str = "") -> tuple[str, Any]:
         """(token, handle) of the relay of `node`, made if needed; `failed`: the token of a
@@ -139,27 +150,42 @@ class AckRelays:
             task.add_done_callback(self._releases.discard)
         return known
 
-    def forwarded(self, node: str, token: str, groups: int) -> None:
-        """Relay `token` of `node` forwarded `groups` groups (keeps it from being ended)."""
-        self.groups += groups
+    def forwarded(self, node: str, token: str, answers: list) -> None:
+        """Relay `token` of `node` forwarded groups, answered with `answers` (keeps it from
+        being ended; the interval they ask for lengthens the idle time that ends it)."""
+        self.calls += 1
+        self.groups += len(answers)
+        asked = [a.interval_s for a in answers if isinstance(a, AckAnswer)]
+        self._asked_s = max(asked) if asked else self._asked_s
         if self._token(node) == token:
             self._used[node] = asyncio.get_running_loop().time()
 
     def __len__(self) -> int:
         return len(self._relays)
 
+    def counts(self) -> dict[str, int]:
+        """For `stats()`: relays held now, groups recorded through relays, their calls."""
+        return {"ack_relays": len(self), "acks_relayed": self.groups, "ack_relay_calls": self.calls}
+
     def _token(self, node: str) -> str:
         return self._relays[node][0] if node in self._relays else ""
 
     async def _release_when_idle(self, node: str, token: str) -> None:
-        """End relay `token` of `node` once it forwarded nothing for `IDLE_RELEASE_S`."""
+        """End relay `token` of `node` once it forwarded nothing for `idle_limit_s()`."""
         loop = asyncio.get_running_loop()
         while self._token(node) == token:
+            limit = self.idle_limit_s()
             idle = loop.time() - self._used[node]
-            if idle >= IDLE_RELEASE_S:
+            if idle >= limit:
                 self._end(node)
                 return
-            await asyncio.sleep(IDLE_RELEASE_S - idle)
+            await asyncio.sleep(limit - idle)
+
+    def idle_limit_s(self) -> float:
+        """How long a relay may forward nothing before it is ended: `IDLE_RELEASE_S`, or
+        four of the intervals its groups are asked for, if longer (a relay is not ended
+        between two groups of a consumer)."""
+        return max(IDLE_RELEASE_S, 4 * self._asked_s)
 
     def _end(self, node: str) -> None:
         self._used.pop(node, None)
@@ -169,4 +195,17 @@ class AckRelays:
                 ray.kill(known[1])
 
 
-__all__ = ["IDLE_RELEASE_S", "AckRelay", "AckRelays"]
+def record_each(record: Callable[..., Any], groups: list) -> list:
+    """`record(*args, **kwargs)` of each (args, kwargs) group: its answer, or the error
+    it raised (one refused group fails alone, not the relay's whole call)."""
+    answers = []
+    for args, options in groups:
+        try:
+            answers.append(record(*args, **options))
+        except Exception as error:  # noqa: BLE001 - returned to that group's consumer
+            head = dict(zip(("generation", "dp_rank", "epoch", "batches"), args))
+            answers.append(RayshardError(f"acknowledgement {head} refused: {error!r}"))
+    return answers
+
+
+__all__ = ["IDLE_RELEASE_S", "AckRelay", "AckRelays", "record_each"]

@@ -1,5 +1,6 @@
 """Acknowledgements from a training loop to the coordinator: what the loop received, sent
-in groups from a background thread (`AckSender`), as runs of sample ids (`sample_runs`)."""
+in groups from a background thread (`AckSender`), as runs of sample ids
+(`rayshard.plan.id_runs.sample_runs`), straight or through the node's relay."""
 
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ class AckSender:
         self._relay_asked: Any = None
         self._relay_offered: tuple[str, Any] | None = None  # (token, handle) not yet running
         self._relay_failed = ""  # token of the relay that failed last (to be replaced)
+        self._stopping = False  # `stop()` began: no relay asked for any more
         self._sender_id = f"{dp_rank}-{uuid.uuid4().hex[:8]}"  # for the relay's pacing
         self.groups_sent = 0  # groups sent (not counting one sent again past a failed relay)
         self._thread: threading.Thread | None = None
@@ -138,7 +140,7 @@ class AckSender:
         as from a coordinator that does not pace, or a call that failed; under `_lock`), and
         ask for the node's relay if it says so."""
         wants_relay = any(isinstance(a, AckAnswer) and a.relay for a in answers)
-        if wants_relay and self._relay is None and self._relay_asked is None:
+        if wants_relay and not self._stopping and not self._relay and not self._relay_asked:
             node = ray.get_runtime_context().get_node_id()
             self._relay_asked = self._coordinator.relay.remote(node, self._relay_failed)
         asked = [a.interval_s if isinstance(a, AckAnswer) else a for a in answers]
@@ -204,16 +206,23 @@ class AckSender:
             return
         self._relay, self._relay_asked = offered, None
 
-    def _relay_lost(self, token: str, error: Exception) -> None:
-        """The relay `token` failed: send straight until a new one is taken (under `_lock`)."""
-        if self._relay is not None and self._relay[0] == token:
-            log.warning(
-                "the acknowledgement relay of this node failed (%r): rank %d sends its "
-                "groups straight to the coordinator until it gets a new one",
-                error,
+    def _relay_failed_call(self, entry: _Sent, error: Exception) -> _Sent:
+        """A call through the relay failed: the group goes again, straight (returned).
+        If the relay itself ended (released while idle, or died, alone or with its node),
+        send straight until a new one runs; the next relay asked for replaces it (under
+        `_lock`)."""
+        gone = isinstance(error, ray.exceptions.RayActorError)
+        if gone and self._relay is not None and self._relay[0] == entry.relay:
+            log.info(
+                "the acknowledgement relay of this node ended (%s): rank %d sends its "
+                "groups straight to the coordinator until a new one runs",
+                type(error).__name__,
                 self._rank,
             )
-            self._relay, self._relay_failed = None, token
+            self._relay, self._relay_failed = None, entry.relay
+        elif not gone:
+            log.warning("a relayed acknowledgement failed, sent again straight: %r", error)
+        return self._send(entry.group, None)
 
     def _settle(self, entries: list[_Sent]) -> tuple[list[_Sent], list]:
         """The calls of `entries` that have not returned yet (a group whose relay failed
@@ -232,8 +241,7 @@ class AckSender:
                 answers.append(ray.get(entry.ref))
             except Exception as error:  # noqa: BLE001 - its rows are served again, as before
                 if entry.relay:
-                    self._relay_lost(entry.relay, error)
-                    busy.append(self._send(entry.group, None))
+                    busy.append(self._relay_failed_call(entry, error))
                     continue
                 log.warning(
                     "an acknowledgement call failed (its rows may be served again): %r", error
@@ -251,8 +259,7 @@ class AckSender:
             if not entry.relay:
                 raise
             with self._lock:
-                self._relay_lost(entry.relay, error)
-                again = self._send(entry.group, None)
+                again = self._relay_failed_call(entry, error)
             return ray.get(again.ref)
 
     def stop(self) -> None:
@@ -263,10 +270,10 @@ class AckSender:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()  # no flush of the thread's can follow
         with ray_held() as up:
+            self._stopping = True  # asks for no relay from now on
             if up:
                 self.flush(wait=True)
-            else:
-                self._forget()
+            self._forget()  # (under `ray_held()`: references dropped while Ray is up)
 
     def _run(self) -> None:
         """Flush every `interval_s` until `stop()`, or until Ray is shut down under it
@@ -279,8 +286,9 @@ class AckSender:
                 self.flush()
 
     def _forget(self) -> None:
-        """Drop what is pending and the references to what was sent (Ray is down: called
-        under `ray_held()`, since a dropped `ObjectRef` calls into Ray's core worker)."""
+        """Drop what is pending and the references to what was sent and to the relay (at
+        `stop()`, or once Ray is down; under `ray_held()`, since a dropped `ObjectRef` calls
+        into Ray's core worker, which ends the process once Ray was shut down)."""
         with self._lock:
             self._pending, self._sent = {}, []
             self._relay, self._relay_asked, self._relay_offered = None, None, None
@@ -296,21 +304,4 @@ class _Sent:
     relay: str
 
 
-def sample_runs(sorted_ids: np.ndarray) -> np.ndarray:
-    """Sorted sample ids as merged half-open intervals, an `(n, 2)` int64 array (a
-    shuffled batch has about one run per row: kept in numpy up to the coordinator)."""
-    sorted_ids = np.asarray(sorted_ids, dtype=np.int64)
-    if sorted_ids.size == 0:
-        return np.empty((0, 2), dtype=np.int64)
-    # (n - 1,) whether each id is one past the one before it
-    steps = np.diff(sorted_ids) == 1
-    if steps.all():  # one run: an unshuffled batch
-        return np.array([[sorted_ids[0], sorted_ids[-1] + 1]], dtype=np.int64)
-    # (k,) positions where a new run begins, after the first
-    breaks = np.flatnonzero(~steps) + 1
-    starts = sorted_ids[np.concatenate(([0], breaks))]
-    ends = sorted_ids[np.concatenate((breaks, [sorted_ids.size])) - 1] + 1
-    return np.stack((starts, ends), axis=1)
-
-
-__all__ = ["AckSender", "sample_runs"]
+__all__ = ["AckSender"]

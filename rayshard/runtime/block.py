@@ -13,8 +13,7 @@ import pyarrow as pa
 
 from rayshard.data.batching import INDEX_KEY, PADDED_KEY, Tagged
 from rayshard.data.wire import value_bytes
-from rayshard.plan.id_runs import as_runs, to_intervals, union
-from rayshard.runtime.acks import sample_runs
+from rayshard.plan.id_runs import as_runs, sample_runs, to_intervals, union
 from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY
 from rayshard.runtime.transform_stage import DROPPED_KEY
 

@@ -24,7 +24,7 @@ from rayshard.core.state import LoaderState
 from rayshard.errors import RayshardError
 from rayshard.plan.id_runs import as_runs
 from rayshard.runtime import journal, metrics
-from rayshard.runtime.ack_relay import AckRelays
+from rayshard.runtime.ack_relay import AckRelays, record_each
 from rayshard.runtime.epoch_ends import EpochEnds
 from rayshard.runtime.epoch_waits import EpochWaits, changes_answers
 from rayshard.runtime.rank_usage import RankUsage
@@ -188,9 +188,9 @@ class Coordinator:
     async def ack_many(self, node: str, token: str, groups: list) -> list:
         """Relay `token` of `node` forwards its consumers' `groups`, each the (args, kwargs)
         of `ack`, in one call; returns their answers in order."""
-        self._relays.forwarded(node, token, len(groups))
         with self._journal.batched():  # one write for the lot, before the answers
-            answers = [self._record_ack(*args, **kwargs) for args, kwargs in groups]
+            answers = record_each(self._record_ack, groups)  # one refused fails alone
+        self._relays.forwarded(node, token, answers)
         async with self._acked:
             self._acked.notify_all()
         return answers
@@ -239,7 +239,7 @@ class Coordinator:
         since = {"journal_commands_since_snapshot": self._since_snapshot}
         since.update(waits_held=self._waits.held, **self._watches.counts())
         since["ack_interval_asked_s"] = self._ack_pacing.interval_s(self._core.consumers())
-        since.update(ack_relays=len(self._relays), acks_relayed=self._relays.groups)
+        since.update(self._relays.counts())  # the nodes' acknowledgement relays
         return {**self._core.summary(), **self._usage.summary(), **since}
 
     async def reader_names(self) -> list[str]:

@@ -92,7 +92,7 @@ class Journal:
     def batched(self) -> Iterator[None]:
         """Entries appended inside are flushed (and synced) once, at the end: commands
         answered together (a relay's groups) are written before their answers, with one
-        write call rather than one each."""
+        write call rather than one each. Not nested: an inner batch's end writes all."""
         self._batching = True
         try:
             yield

@@ -49,14 +49,22 @@ class RelayingCoordinator:
 
 class ForwardRecorder:
     """A stand-in coordinator for a relay: records each `ack_many` call's groups and
-    answers the configured interval, or None (stale) for a group of generation 0."""
+    answers the configured interval, None (stale) for a group of generation 0, and an
+    error (refused) for a negative generation."""
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s, self.calls = interval_s, []
 
     def ack_many(self, node: str, token: str, groups: list) -> list:
         self.calls.append(len(groups))
-        return [AckAnswer(self.interval_s, True) if args[0] else None for args, _ in groups]
+        return [
+            ValueError("refused")
+            if args[0] < 0
+            else AckAnswer(self.interval_s, True)
+            if args[0]
+            else None
+            for args, _ in groups
+        ]
 
     def seen(self) -> list:
         return self.calls

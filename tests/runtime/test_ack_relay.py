@@ -15,6 +15,7 @@ import pytest
 import ray
 
 from rayshard.core.ack_pacing import AckPacing
+from rayshard.errors import RayshardError
 from rayshard.loader import Loader
 from rayshard.runtime import ack_relay
 from rayshard.runtime.acks import AckSender
@@ -25,7 +26,6 @@ from tests.timeouts import wait_until
 pytestmark = [pytest.mark.ray]
 
 ROWS = 240
-MAX_EPOCHS = 40  # the relay is taken within the first epochs; a bound, not a wait
 
 
 def _ids_file(tmp_path) -> str:
@@ -63,14 +63,19 @@ def test_a_dynamic_epoch_through_the_relay_is_exact_and_ends(ray_session, tmp_pa
     try:
         iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
         epochs = 0
-        while epochs < MAX_EPOCHS:
+
+        def an_exact_epoch_then_relayed() -> dict | None:
+            """Read one more epoch (every sample once); `stats()` once a whole epoch's
+            worth of groups went through the relay."""
+            nonlocal epochs
             iterator.set_epoch(epochs)
             seen = np.concatenate([batch["id"] for batch in iterator])
             assert np.array_equal(np.sort(seen), np.arange(ROWS)), f"epoch {epochs}"
             epochs += 1
             stats = loader.stats()
-            if stats["acks_relayed"] >= ROWS // 8:  # a whole epoch's groups, relayed
-                break
+            return stats if stats["acks_relayed"] >= ROWS // 8 else None
+
+        stats = wait_until(an_exact_epoch_then_relayed, "an epoch's groups relayed", poll=0)
         assert stats["ack_relays"] == 1, stats
         assert stats["acks_relayed"] >= ROWS // 8, f"{epochs} epochs: {stats['acks_relayed']}"
         # the epoch's end was seen through relayed groups: its state is complete
@@ -83,37 +88,54 @@ def test_a_dynamic_epoch_through_the_relay_is_exact_and_ends(ray_session, tmp_pa
 
 
 def test_a_failed_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
-    caplog.set_level(logging.WARNING, logger="rayshard.runtime.acks")
+    caplog.set_level(logging.INFO, logger="rayshard.runtime.acks")
     loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
     try:
         sender = AckSender(coordinator, generation, 0, interval_s=60)  # flushed by hand
-        batches = iter(range(1, ROWS // 8 + 1))
+        added = 0
 
         def one_more_batch() -> int:
-            n = next(batches)
-            sender.add(0, n, np.array([[first + 8 * (n - 1), first + 8 * n]]), 8, 64, 0.0)
-            return n
+            nonlocal added
+            added += 1
+            runs = np.array([[first + 8 * (added - 1), first + 8 * added]])
+            sender.add(0, added, runs, 8, 64, 0.0)
+            return added
 
-        def flushed_through_a_relay() -> str:
-            one_more_batch()
+        def relay_taken() -> str:  # (nothing pending: a flush takes a relay once it runs)
             sender.flush(wait=True)
             return sender.relay_token
 
-        token = wait_until(flushed_through_a_relay, "the sender to take its node's relay")
-        (_, relay) = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
+        one_more_batch()
+        sender.flush(wait=True)  # its answer asks for the relay
+        token = wait_until(relay_taken, "the sender to take its node's relay")
+        _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
         ray.kill(relay)
+        wait_until(lambda: _ended(relay), "the relay to end")
         last = one_more_batch()
         sender.flush(wait=True)  # through the dead relay: sent again, straight
-        assert "acknowledgement relay of this node failed" in caplog.text
+        assert "acknowledgement relay of this node ended" in caplog.text
         assert sender.relay_token == ""
         recorded = ray.get(coordinator.describe.remote())["consumers"][0]["batches"]
         assert recorded == last  # every batch recorded, the last one straight
-        new = wait_until(flushed_through_a_relay, "the sender to take a new relay")
-        assert new != token
+        new = wait_until(relay_taken, "the sender to take a new relay")
+        assert new != token  # the coordinator replaced the relay the sender saw end
+        one_more_batch()
+        sender.flush(wait=True)
+        described = ray.get(coordinator.describe.remote())
+        assert described["consumers"][0]["batches"] == added and described["ack_relays"] == 1
         sender.stop()
+        assert sender.relay_token == ""  # a stopped sender holds no relay
     finally:
         loader.shutdown()
+
+
+def _ended(actor) -> bool:
+    try:
+        ray.get(actor.counts.remote())
+    except ray.exceptions.RayActorError:
+        return True
+    return False
 
 
 def _hold_until(flag: str, started: str):
@@ -229,4 +251,27 @@ def test_a_relay_answers_the_longer_of_its_own_interval_and_the_coordinators(ray
     assert again.interval_s == pytest.approx(20 * 0.01 / 0.8)
     stale = ((0, 0, 0, 1, np.array([[0, 1]]), {}), {})
     assert ray.get(relay.ack.remote("sender-1", stale)) is None  # passed through
-    assert sum(ray.get(coordinator.seen.remote())) == 22
+    refused = ((-1, 0, 0, 1, np.array([[0, 1]]), {}), {})
+    with pytest.raises(ray.exceptions.RayTaskError, match="refused"):  # to its sender only
+        ray.get(relay.ack.remote("sender-1", refused))
+    assert ray.get(relay.ack.remote("sender-2", group)).relay  # the relay goes on
+    assert sum(ray.get(coordinator.seen.remote())) == 24
+
+
+def test_one_refused_group_fails_alone_in_a_relayed_call(ray_session, tmp_path):
+    loader, generation, first = _one_rank_begun(tmp_path)
+    coordinator = loader._coordinator
+    try:
+        usage = {"batches": 1, "samples": 8, "bytes": 64, "stall_s": 0.0}
+        good = ((generation, 0, 0, 1, np.array([[first, first + 8]]), usage), {})
+        bad = ((generation, 0, 0, 2, "not runs", usage), {})
+        node = ray.get_runtime_context().get_node_id()
+        answers = ray.get(coordinator.ack_many.remote(node, "no relay", [good, bad]))
+        assert answers[0].relay and answers[0].interval_s == loader.settings.ack_interval_s
+        assert isinstance(answers[1], RayshardError), answers[1]
+        assert "'dp_rank': 0, 'epoch': 0, 'batches': 2} refused: ValueError" in str(answers[1])
+        described = ray.get(coordinator.describe.remote())
+        assert described["consumers"][0]["batches"] == 1  # the good group, recorded
+        assert (described["acks_relayed"], described["ack_relay_calls"]) == (2, 1)
+    finally:
+        loader.shutdown()
