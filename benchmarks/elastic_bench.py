@@ -282,6 +282,12 @@ def report_tables(results: dict) -> list[str]:
                 "in flight".format(**t["config"]),
             },
             {
+                "path": "actor ack_many, {per_call} a call".format(**t["relayed_acks"]),
+                "rate": t["relayed_acks"]["groups_per_s"],
+                "what": "the same groups, as a node's relay forwards them "
+                "({cpu_us_per_group:.0f} us of CPU a group)".format(**t["relayed_acks"]),
+            },
+            {
                 "path": "actor ack.remote, tail",
                 "rate": t["tail_acks"]["acks_per_s"],
                 "what": "the same, once no piece is left to lease (an epoch's end)",

@@ -54,6 +54,8 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert throughput["config"]["callers"] == 1 and throughput["config"]["ranks"] == 100
     assert throughput["batched"]["leases_per_s"] > 0
     assert throughput["acks"]["acks_per_s"] > 0 and throughput["acks"]["calls"] > 0
+    relayed = throughput["relayed_acks"]
+    assert relayed["groups"] > 0 and relayed["groups_per_s"] > 0 and relayed["per_call"] == 8
     assert throughput["empty_actor"]["calls"] == throughput["acks"]["calls"]
     assert throughput["tail_acks"]["unleased_rows"] == 0  # the tail: nothing left to lease
     assert throughput["tail_acks"]["calls"] > 0 and throughput["tail_acks"]["acks_per_s"] > 0

@@ -61,6 +61,9 @@ def _journal_rate(workdir: Path, count: int, ranks: int = RANKS) -> float:
     return count / (time.perf_counter() - began)
 
 
+RELAYED_PER_CALL = 8  # groups an `ack_many` call carries: a node of 8 ranks' relay
+
+
 class _Caller:
     """Simulated ranks in one process: `lease.remote` for its ranks, round robin, with
     `inflight` calls outstanding."""
@@ -91,6 +94,26 @@ class _Caller:
                 runs = np.array([[start, end]], dtype=np.int64)
                 usage = {"batches": 1, "samples": end - start, "bytes": 8 * (end - start)}
                 await target.ack.remote(generation, rank, 0, 1, runs, usage)
+
+        began = time.time()
+        await asyncio.gather(*(worker(k) for k in range(inflight)))
+        return len(work), began, time.time()
+
+    async def acks_many(self, generation: int, work: list, inflight: int, per_call: int) -> tuple:
+        """The same groups as `acks`, `per_call` to an `ack_many` call (as a node's relay
+        forwards them), with `inflight` calls outstanding."""
+        calls = [work[i : i + per_call] for i in range(0, len(work), per_call)]
+
+        async def worker(first: int) -> None:
+            for call in calls[first::inflight]:
+                groups = [
+                    (
+                        (generation, rank, 0, 1, np.array([[start, end]], dtype=np.int64), {}),
+                        {},
+                    )
+                    for rank, start, end in call
+                ]
+                await self.coordinator.ack_many.remote("bench", "no relay", groups)
 
         began = time.time()
         await asyncio.gather(*(worker(k) for k in range(inflight)))
@@ -304,6 +327,23 @@ def run_throughput(
             for start, end in answer.pieces
         ][:ack_calls]
         out["acks"] = _ack_rate(actors, generation, work, inflight, pid)
+        # The same groups again (recording a group twice changes nothing), gathered
+        # `RELAYED_PER_CALL` a call as a node's relay forwards them: per group.
+        cpu_before, share = process_cpu_s(pid), work[: len(work) // len(actors) * len(actors)]
+        shares = [share[i :: len(actors)] for i in range(len(actors))]
+        many = ray.get(
+            [
+                a.acks_many.remote(generation, part, max(1, inflight // 8), RELAYED_PER_CALL)
+                for a, part in zip(actors, shares)
+            ]
+        )
+        wall = max(r[2] for r in many) - min(r[1] for r in many)
+        out["relayed_acks"] = {
+            "groups": len(share),
+            "per_call": RELAYED_PER_CALL,
+            "groups_per_s": len(share) / wall,
+            "cpu_us_per_group": (process_cpu_s(pid) - cpu_before) / max(len(share), 1) * 1e6,
+        }
         # An epoch's tail: every rank takes what its capacity leaves, so no piece is left
         # to lease, and each acknowledgement asks whether it ended the epoch.
         rest = ray.get([coordinator.lease.remote(generation, r, 0, 10_000) for r in range(ranks)])
