@@ -140,7 +140,8 @@ class AckSender:
         as from a coordinator that does not pace, or a call that failed; under `_lock`), and
         ask for the node's relay if it says so."""
         wants_relay = any(isinstance(a, AckAnswer) and a.relay for a in answers)
-        if wants_relay and not self._stopping and not self._relay and not self._relay_asked:
+        idle = self._relay is None and self._relay_asked is None  # no relay, none asked
+        if wants_relay and idle and not self._stopping:
             node = ray.get_runtime_context().get_node_id()
             self._relay_asked = self._coordinator.relay.remote(node, self._relay_failed)
         asked = [a.interval_s if isinstance(a, AckAnswer) else a for a in answers]
