@@ -440,3 +440,7 @@ def test_readme_states_when_an_acknowledgement_relay_is_ended():
     assert RuntimeConfig().ack_relay == "auto" and "`ack_relay=\"auto\"` (the default)" in text
     for mode in RELAY_MODES:
         assert f'`ack_relay="{mode}"`' in text, mode
+    from rayshard.runtime.relay_link import RELAY_PATIENCE_S
+
+    found = re.search(r"or did not answer within (\d+) s: a frozen process\)", text)
+    assert found and float(found.group(1)) == RELAY_PATIENCE_S

@@ -4,10 +4,9 @@ in groups from a background thread (`AckSender`), as runs of sample ids
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
-import uuid
+import time
 from typing import Any
 
 import numpy as np
@@ -17,6 +16,7 @@ from rayshard.core.ack_pacing import AckAnswer
 from rayshard.plan.id_runs import as_runs, union
 from rayshard.runtime.metrics import record_batches
 from rayshard.runtime.ray_held import ray_held
+from rayshard.runtime.relay_link import RelayHung, RelayLink, Sent
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +58,11 @@ class AckSender:
         # epoch -> [last batch count, run arrays, samples, bytes, stall seconds, batches in
         #           group, packing's split documents {sample index: tokens delivered}]
         self._pending: dict[int, list] = {}
-        self._sent: list[_Sent] = []  # acknowledgement calls not known to be recorded
+        self._sent: list[Sent] = []  # acknowledgement calls not known to be recorded
         self._wake = threading.Event()
         self._interval = interval_s
         self._asked_s = 0.0  # the interval the coordinator asked for in its last answer
-        self._relay: tuple[str, Any] | None = None  # (token, handle) of the node's relay
-        # the `Coordinator.relay` call in flight, then the offered relay's readiness call
-        self._relay_asked: Any = None
-        self._relay_offered: tuple[str, Any] | None = None  # (token, handle) not yet running
-        self._relay_failed = ""  # token of the relay that failed last (to be replaced)
-        self._stopping = False  # `stop()` began: no relay asked for any more
-        self._sender_id = f"{dp_rank}-{uuid.uuid4().hex[:8]}"  # for the relay's pacing
+        self._link = RelayLink(coordinator, dp_rank)  # the way to the node's relay
         self.groups_sent = 0  # groups sent (not counting one sent again past a failed relay)
         self._thread: threading.Thread | None = None
         if interval_s > 0:
@@ -133,17 +127,14 @@ class AckSender:
     @property
     def relay_token(self) -> str:
         """The token of the relay this sender sends through ("": straight)."""
-        return self._relay[0] if self._relay is not None else ""
+        return self._link.token
 
     def _take_asked(self, answers: list) -> None:
         """Keep the interval the newest of `answers` asked for (None: an answer without one,
         as from a coordinator that does not pace, or a call that failed; under `_lock`), and
         ask for the node's relay if it says so."""
-        wants_relay = any(isinstance(a, AckAnswer) and a.relay for a in answers)
-        idle = self._relay is None and self._relay_asked is None  # no relay, none asked
-        if wants_relay and idle and not self._stopping:
-            node = ray.get_runtime_context().get_node_id()
-            self._relay_asked = self._coordinator.relay.remote(node, self._relay_failed)
+        if any(isinstance(a, AckAnswer) and a.relay for a in answers):
+            self._link.want()
         asked = [a.interval_s if isinstance(a, AckAnswer) else a for a in answers]
         asked = [a for a in asked if isinstance(a, (int, float))]
         if not asked:
@@ -163,7 +154,7 @@ class AckSender:
     def _send_pending(self) -> None:
         """Send what is pending, one call per epoch, adding the calls to `_sent` (under
         `_lock`)."""
-        self._take_relay()
+        self._link.take()
         pending, self._pending = self._pending, {}
         for epoch, entry in sorted(pending.items()):
             batches, held, samples, nbytes, stall, count, partial = entry
@@ -174,58 +165,10 @@ class AckSender:
             args = (self.generation, self._rank, epoch, batches, runs, usage)
             # only under packing: split documents' progress
             options = {"partial": sorted(partial.items())} if partial else {}
-            self._sent.append(self._send((args, options), self._relay))
+            self._sent.append(self._link.send((args, options)))
             self.groups_sent += 1
 
-    def _send(self, group: tuple, relay: tuple[str, Any] | None) -> _Sent:
-        """One call carrying `group` (the arguments of `Coordinator.ack`): through `relay`
-        (token, handle), or straight to the coordinator."""
-        if relay is not None:
-            return _Sent(relay[1].ack.remote(self._sender_id, group), group, relay[0])
-        args, options = group
-        return _Sent(self._coordinator.ack.remote(*args, **options), group, "")
-
-    def _take_relay(self) -> None:
-        """Take the relay the coordinator answered with once it runs: the coordinator's
-        answer comes before the actor started, and groups sent to a relay still starting
-        would wait unrecorded, growing what a lost rank repeats (under `_lock`). A failed
-        step is logged; the next answer that asks for a relay asks again, replacing a relay
-        that failed to start."""
-        if self._relay_asked is None or ray.wait([self._relay_asked], timeout=0)[1]:
-            return
-        offered, self._relay_offered = self._relay_offered, None
-        try:
-            answer = ray.get(self._relay_asked)
-        except Exception as error:  # noqa: BLE001 - straight to the coordinator meanwhile
-            log.warning("could not get this node's acknowledgement relay: %r", error)
-            self._relay_failed = offered[0] if offered else self._relay_failed
-            self._relay_asked = None
-            return
-        if offered is None:  # the coordinator answered: now wait until the relay runs
-            self._relay_offered = tuple(answer)
-            self._relay_asked = self._relay_offered[1].__ray_ready__.remote()
-            return
-        self._relay, self._relay_asked = offered, None
-
-    def _relay_failed_call(self, entry: _Sent, error: Exception) -> _Sent:
-        """A call through the relay failed: the group goes again, straight (returned).
-        If the relay itself ended (released while idle, or died, alone or with its node),
-        send straight until a new one runs; the next relay asked for replaces it (under
-        `_lock`)."""
-        gone = isinstance(error, ray.exceptions.RayActorError)
-        if gone and self._relay is not None and self._relay[0] == entry.relay:
-            log.info(
-                "the acknowledgement relay of this node ended (%s): rank %d sends its "
-                "groups straight to the coordinator until a new one runs",
-                type(error).__name__,
-                self._rank,
-            )
-            self._relay, self._relay_failed = None, entry.relay
-        elif not gone:
-            log.warning("a relayed acknowledgement failed, sent again straight: %r", error)
-        return self._send(entry.group, None)
-
-    def _settle(self, entries: list[_Sent]) -> tuple[list[_Sent], list]:
+    def _settle(self, entries: list[Sent]) -> tuple[list[Sent], list]:
         """The calls of `entries` that have not returned yet (a group whose relay failed
         is sent again, straight), and the answers of those that returned, in call order
         (None for a failed straight call; under `_lock`)."""
@@ -233,16 +176,17 @@ class AckSender:
             return entries, []
         refs = [entry.ref for entry in entries]
         done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
-        busy, answers = [], []
+        busy, answers, now = [], [], time.monotonic()
         for entry in entries:
             if entry.ref not in done:
-                busy.append(entry)
+                late = entry.overdue(now)
+                busy.append(self._link.failed(entry, RelayHung(entry)) if late else entry)
                 continue
             try:  # returned already: no wait
                 answers.append(ray.get(entry.ref))
             except Exception as error:  # noqa: BLE001 - its rows are served again, as before
                 if entry.relay:
-                    busy.append(self._relay_failed_call(entry, error))
+                    busy.append(self._link.failed(entry, error))
                     continue
                 log.warning(
                     "an acknowledgement call failed (its rows may be served again): %r", error
@@ -250,17 +194,18 @@ class AckSender:
                 answers.append(None)
         return busy, answers
 
-    def _recorded(self, entry: _Sent) -> Any:
+    def _recorded(self, entry: Sent) -> Any:
         """Wait until `entry` is recorded and return its answer; a group whose relay failed
         is sent again straight to the coordinator, and waited for. Raises if a straight
         call failed."""
         try:
-            return ray.get(entry.ref)
+            return ray.get(entry.ref, timeout=entry.patience_s())
         except Exception as error:
             if not entry.relay:
                 raise
+            timed_out = isinstance(error, ray.exceptions.GetTimeoutError)
             with self._lock:
-                again = self._relay_failed_call(entry, error)
+                again = self._link.failed(entry, RelayHung(entry) if timed_out else error)
             return ray.get(again.ref)
 
     def stop(self) -> None:
@@ -271,7 +216,7 @@ class AckSender:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()  # no flush of the thread's can follow
         with ray_held() as up:
-            self._stopping = True  # asks for no relay from now on
+            self._link.stopping = True  # asks for no relay from now on
             if up:
                 self.flush(wait=True)
             self._forget()  # (under `ray_held()`: references dropped while Ray is up)
@@ -292,17 +237,7 @@ class AckSender:
         into Ray's core worker, which ends the process once Ray was shut down)."""
         with self._lock:
             self._pending, self._sent = {}, []
-            self._relay, self._relay_asked, self._relay_offered = None, None, None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Sent:
-    """An acknowledgement call in flight: its reference, the group it carries (to send it
-    again if its relay fails) and the relay's token ("": straight to the coordinator)."""
-
-    ref: Any
-    group: tuple
-    relay: str
+            self._link.forget()
 
 
 __all__ = ["AckSender"]

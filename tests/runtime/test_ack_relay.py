@@ -5,7 +5,10 @@ relay is ended (real Ray, real Parquet)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
+import signal
 import uuid
 
 import numpy as np
@@ -17,7 +20,7 @@ import ray
 from rayshard.core.ack_pacing import AckPacing
 from rayshard.errors import RayshardError
 from rayshard.loader import Loader
-from rayshard.runtime import ack_relay
+from rayshard.runtime import ack_relay, relay_link
 from rayshard.runtime.acks import AckSender
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.relay_standins import ForwardRecorder, RelayingCoordinator
@@ -127,6 +130,39 @@ def test_a_failed_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
         sender.stop()
         assert sender.relay_token == ""  # a stopped sender holds no relay
     finally:
+        loader.shutdown()
+
+
+def test_a_frozen_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 1.0)  # (read by this process's sender)
+    caplog.set_level(logging.INFO, logger="rayshard.runtime.acks")
+    loader, generation, first = _one_rank_begun(tmp_path)
+    coordinator = loader._coordinator
+    frozen = None
+    try:
+        sender = AckSender(coordinator, generation, 0, interval_s=60)  # flushed by hand
+        sender.add(0, 1, np.array([[first, first + 8]]), 8, 64, 0.0)
+        sender.flush(wait=True)  # its answer asks for the relay
+
+        def relay_taken() -> str:
+            sender.flush(wait=True)
+            return sender.relay_token
+
+        token = wait_until(relay_taken, "the sender to take its node's relay")
+        _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
+        frozen = ray.get(relay.__ray_call__.remote(lambda _: os.getpid()))
+        os.kill(frozen, signal.SIGSTOP)  # a real freeze: alive, not answering
+        sender.add(0, 2, np.array([[first + 8, first + 16]]), 8, 64, 0.0)
+        sender.flush(wait=True)  # returns: past its patience the group goes straight
+        assert "ended or hangs (relay" in caplog.text and sender.relay_token == ""
+        assert ray.get(coordinator.describe.remote())["consumers"][0]["batches"] == 2
+        new = wait_until(relay_taken, "the sender to take a new relay")
+        assert new != token  # the coordinator replaced the frozen relay (and ended it)
+        sender.stop()
+    finally:
+        if frozen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen, signal.SIGCONT)
         loader.shutdown()
 
 
