@@ -40,9 +40,9 @@ class AckSender:
     than `interval_s` when so many consumers acknowledge that their calls would outrun it);
     the background thread waits the longer of the two between groups (`pause_s`). An answer
     may also ask for the node's relay (`rayshard.runtime.ack_relay`): the sender then asks
-    the coordinator for it and sends its groups there from then on. A group whose relay
-    failed is sent again straight to the coordinator, and the next relay asked for replaces
-    the failed one."""
+    the coordinator for it and, once it runs, sends its groups there (`RelayLink`). A group
+    whose relay failed, or hangs (no answer within `RELAY_PATIENCE_S`, and none to a probe),
+    is sent again straight to the coordinator, and the next relay asked for replaces it."""
 
     def __init__(
         self,
@@ -170,8 +170,8 @@ class AckSender:
 
     def _settle(self, entries: list[Sent]) -> tuple[list[Sent], list]:
         """The calls of `entries` that have not returned yet (a group whose relay failed
-        is sent again, straight), and the answers of those that returned, in call order
-        (None for a failed straight call; under `_lock`)."""
+        or hangs is sent again, straight: see `RelayLink.verdict`), and the answers of those
+        that returned, in call order (None for a failed straight call; under `_lock`)."""
         if not entries:
             return entries, []
         refs = [entry.ref for entry in entries]
@@ -179,8 +179,7 @@ class AckSender:
         busy, answers, now = [], [], time.monotonic()
         for entry in entries:
             if entry.ref not in done:
-                late = entry.overdue(now)
-                busy.append(self._link.failed(entry, RelayHung(entry)) if late else entry)
+                busy.append(self._link.verdict(entry, now) if entry.overdue(now) else entry)
                 continue
             try:  # returned already: no wait
                 answers.append(ray.get(entry.ref))
@@ -195,17 +194,27 @@ class AckSender:
         return busy, answers
 
     def _recorded(self, entry: Sent) -> Any:
-        """Wait until `entry` is recorded and return its answer; a group whose relay failed
-        is sent again straight to the coordinator, and waited for. Raises if a straight
-        call failed."""
-        try:
-            return ray.get(entry.ref, timeout=entry.patience_s())
-        except Exception as error:
-            if not entry.relay:
-                raise
-            timed_out = isinstance(error, ray.exceptions.GetTimeoutError)
+        """Wait until `entry` is recorded and return its answer. A relayed group past
+        `RELAY_PATIENCE_S` has its relay probed (outside the lock): a relay that answers is
+        waited on (the coordinator is slow); one that fails or does not answer is dropped,
+        and the group sent again straight and waited for. Raises if a straight call
+        failed."""
+        while True:
+            try:
+                return ray.get(entry.ref, timeout=entry.patience_s())
+            except ray.exceptions.GetTimeoutError:
+                with self._lock:
+                    handle = self._link.handle_of(entry.relay)
+                if handle is not None and RelayLink.answers(handle):
+                    entry = self._link.waiting_on(entry)  # alive: the coordinator is slow
+                    continue
+                error: Exception = RelayHung(entry)
+            except Exception as failed:
+                if not entry.relay:
+                    raise
+                error = failed
             with self._lock:
-                again = self._link.failed(entry, RelayHung(entry) if timed_out else error)
+                again = self._link.failed(entry, error)
             return ray.get(again.ref)
 
     def stop(self) -> None:
@@ -216,7 +225,8 @@ class AckSender:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()  # no flush of the thread's can follow
         with ray_held() as up:
-            self._link.stopping = True  # asks for no relay from now on
+            with self._lock:
+                self._link.stopping = True  # asks for no relay from now on
             if up:
                 self.flush(wait=True)
             self._forget()  # (under `ray_held()`: references dropped while Ray is up)

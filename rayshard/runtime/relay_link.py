@@ -13,10 +13,13 @@ from typing import Any
 import ray
 
 log = logging.getLogger("rayshard.runtime.acks")  # one logger for the sender's messages
-# A relayed group not answered this long is sent straight, and its relay replaced: a relay
-# that hangs (a frozen process) must not hold its node's acknowledgements. The relay answers
-# once the coordinator recorded the group, so this also bounds a slow coordinator's answer.
+# A relayed group not answered this long has its relay probed: a relay that hangs (a frozen
+# process) must not hold its node's acknowledgements. A relay answers a group once the
+# coordinator recorded it, so a slow coordinator also makes groups late: a relay that
+# answers the probe is kept and waited on; one that does not within `PROBE_S` is dropped,
+# its groups sent straight and a new relay asked for.
 RELAY_PATIENCE_S = 10.0
+PROBE_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,17 +38,22 @@ class Sent:
         return bool(self.relay) and now - self.sent_at > RELAY_PATIENCE_S
 
     def patience_s(self) -> float | None:
-        """How much longer to wait for its answer (None: straight, as long as it takes)."""
+        """How much longer to wait for its answer before its relay is probed (None:
+        straight, as long as it takes)."""
         if not self.relay:
             return None
         return max(0.0, RELAY_PATIENCE_S - (time.monotonic() - self.sent_at))
 
 
 class RelayHung(Exception):
-    """A relayed call was not answered within `RELAY_PATIENCE_S`."""
+    """A relayed call was not answered within `RELAY_PATIENCE_S`, nor a probe of its relay
+    within `PROBE_S` (or the relay was dropped meanwhile)."""
 
     def __init__(self, entry: Sent) -> None:
-        super().__init__(f"relay {entry.relay} did not answer within {RELAY_PATIENCE_S} s")
+        super().__init__(
+            f"relay {entry.relay} did not answer within {RELAY_PATIENCE_S} s, nor a probe "
+            f"within {PROBE_S} s"
+        )
 
 
 class RelayLink:
@@ -61,6 +69,8 @@ class RelayLink:
         self._failed = ""  # token of the relay that failed last (to be replaced)
         self.stopping = False  # its sender is stopping: no relay asked for any more
         self._sender_id = f"{dp_rank}-{uuid.uuid4().hex[:8]}"  # for the relay's pacing
+        self._asked_at = 0.0  # when the readiness call in `_asking` was made
+        self._probe: tuple[str, Any, float] | None = None  # (token, ref, sent at) in flight
 
     @property
     def token(self) -> str:
@@ -80,7 +90,13 @@ class RelayLink:
         would wait unrecorded, growing what a lost rank repeats. A failed step is logged;
         the next answer that asks for a relay asks again, replacing one that failed to
         start."""
-        if self._asking is None or ray.wait([self._asking], timeout=0)[1]:
+        if self._asking is None:
+            return
+        if ray.wait([self._asking], timeout=0)[1]:  # not answered yet
+            late = self._offered and time.monotonic() - self._asked_at > RELAY_PATIENCE_S
+            if late:  # a relay that does not start: ask again, for a new one
+                log.warning("this node's acknowledgement relay did not start; asking again")
+                self._failed, self._asking, self._offered = self._offered[0], None, None
             return
         offered, self._offered = self._offered, None
         try:
@@ -93,6 +109,7 @@ class RelayLink:
         if offered is None:  # the coordinator answered: now wait until the relay runs
             self._offered = tuple(answer)
             self._asking = self._offered[1].__ray_ready__.remote()
+            self._asked_at = time.monotonic()
             return
         self.relay, self._asking = offered, None
 
@@ -114,7 +131,7 @@ class RelayLink:
             log.info(
                 "the acknowledgement relay of this node ended or hangs (%s): rank %d sends "
                 "its groups straight to the coordinator until a new one runs",
-                error,
+                error if isinstance(error, RelayHung) else type(error).__name__,
                 self._rank,
             )
             self.relay, self._failed = None, entry.relay
@@ -122,9 +139,56 @@ class RelayLink:
             log.warning("a relayed acknowledgement failed, sent again straight: %r", error)
         return self.send(entry.group, straight=True)
 
+    def handle_of(self, token: str) -> Any:
+        """The handle of relay `token` if it is the one taken (None: dropped already)."""
+        return self.relay[1] if self.relay is not None and self.relay[0] == token else None
+
+    @staticmethod
+    def answers(handle: Any) -> bool:
+        """Whether the relay `handle` answers a probe within `PROBE_S` (blocks that long
+        at most: call it outside the sender's lock)."""
+        probe = handle.__ray_ready__.remote()
+        if ray.wait([probe], timeout=PROBE_S)[1]:
+            return False
+        try:
+            ray.get(probe)
+        except Exception:  # noqa: BLE001 - it failed: not alive
+            return False
+        return True
+
+    def waiting_on(self, entry: Sent) -> Sent:
+        """`entry`, given a new patience: its relay answered a probe (it waits on a slow
+        coordinator, and forwards the group once that answers)."""
+        log.debug("relay %s answers, the coordinator is slow: waiting on its groups", entry.relay)
+        return dataclasses.replace(entry, sent_at=time.monotonic())
+
+    def verdict(self, entry: Sent, now: float) -> Sent:
+        """An overdue relayed call (`entry.overdue(now)`), without blocking: probe its
+        relay; `entry` to go on waiting on (given a new patience once the relay answered),
+        or the group sent straight once the relay failed or did not answer within
+        `PROBE_S` (it hangs), or was dropped already."""
+        handle = self.handle_of(entry.relay)
+        if handle is None:
+            return self.failed(entry, RelayHung(entry))
+        if self._probe is None or self._probe[0] != entry.relay:
+            self._probe = (entry.relay, handle.__ray_ready__.remote(), now)
+            return entry
+        _, probe, began = self._probe
+        if ray.wait([probe], timeout=0)[1]:  # no answer yet
+            if now - began <= PROBE_S:
+                return entry
+            self._probe = None
+            return self.failed(entry, RelayHung(entry))
+        self._probe = None
+        try:
+            ray.get(probe)
+        except Exception:  # noqa: BLE001 - the relay failed
+            return self.failed(entry, RelayHung(entry))
+        return self.waiting_on(entry)
+
     def forget(self) -> None:
         """Drop every reference (under `ray_held()`: see `AckSender._forget`)."""
-        self.relay, self._asking, self._offered = None, None, None
+        self.relay, self._asking, self._offered, self._probe = None, None, None, None
 
 
-__all__ = ["RELAY_PATIENCE_S", "RelayHung", "RelayLink", "Sent"]
+__all__ = ["PROBE_S", "RELAY_PATIENCE_S", "RelayHung", "RelayLink", "Sent"]

@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import signal
+import threading
 import uuid
 
 import numpy as np
@@ -24,7 +25,7 @@ from rayshard.runtime import ack_relay, relay_link
 from rayshard.runtime.acks import AckSender
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.relay_standins import ForwardRecorder, RelayingCoordinator
-from tests.timeouts import wait_until
+from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 pytestmark = [pytest.mark.ray]
 
@@ -133,36 +134,118 @@ def test_a_failed_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
         loader.shutdown()
 
 
+def _relaying_sender(coordinator, generation: int, first: int) -> tuple:
+    """An `AckSender` of rank 0 that acknowledged its first batch and took its node's relay
+    (flushed by hand); (sender, relay token, relay handle)."""
+    sender = AckSender(coordinator, generation, 0, interval_s=60)
+    sender.add(0, 1, np.array([[first, first + 8]]), 8, 64, 0.0)
+    sender.flush(wait=True)  # its answer asks for the relay
+
+    def relay_taken() -> str:
+        sender.flush(wait=True)  # (nothing pending: takes the relay once it runs)
+        return sender.relay_token
+
+    token = wait_until(relay_taken, "the sender to take its node's relay")
+    _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
+    return sender, token, relay
+
+
+def _flush_in_thread(sender, first: int, batch: int) -> threading.Thread:
+    """Add batch `batch` and `flush(wait=True)` on a thread (a test that would hang fails)."""
+
+    def flush() -> None:
+        runs = np.array([[first + 8 * (batch - 1), first + 8 * batch]])
+        sender.add(0, batch, runs, 8, 64, 0.0)
+        sender.flush(wait=True)
+
+    thread = threading.Thread(target=flush, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_a_frozen_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 1.0)  # (read by this process's sender)
+    monkeypatch.setattr(relay_link, "PROBE_S", 0.5)
     caplog.set_level(logging.INFO, logger="rayshard.runtime.acks")
     loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
     frozen = None
     try:
-        sender = AckSender(coordinator, generation, 0, interval_s=60)  # flushed by hand
-        sender.add(0, 1, np.array([[first, first + 8]]), 8, 64, 0.0)
-        sender.flush(wait=True)  # its answer asks for the relay
-
-        def relay_taken() -> str:
-            sender.flush(wait=True)
-            return sender.relay_token
-
-        token = wait_until(relay_taken, "the sender to take its node's relay")
-        _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
+        sender, token, relay = _relaying_sender(coordinator, generation, first)
         frozen = ray.get(relay.__ray_call__.remote(lambda _: os.getpid()))
         os.kill(frozen, signal.SIGSTOP)  # a real freeze: alive, not answering
-        sender.add(0, 2, np.array([[first + 8, first + 16]]), 8, 64, 0.0)
-        sender.flush(wait=True)  # returns: past its patience the group goes straight
+        flushing = _flush_in_thread(sender, first, 2)
+        flushing.join(EVENT_TIMEOUT_S)
+        assert not flushing.is_alive(), "flush(wait=True) still waits on the frozen relay"
         assert "ended or hangs (relay" in caplog.text and sender.relay_token == ""
         assert ray.get(coordinator.describe.remote())["consumers"][0]["batches"] == 2
-        new = wait_until(relay_taken, "the sender to take a new relay")
+        new = wait_until(
+            lambda: sender.flush(wait=True) or sender.relay_token, "the sender to take a new relay"
+        )
         assert new != token  # the coordinator replaced the frozen relay (and ended it)
         sender.stop()
     finally:
         if frozen is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(frozen, signal.SIGCONT)
+        loader.shutdown()
+
+
+def test_flushes_that_do_not_wait_bypass_a_frozen_relay(ray_session, tmp_path, monkeypatch):
+    monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 0.5)  # (read by this process's sender)
+    monkeypatch.setattr(relay_link, "PROBE_S", 0.5)
+    loader, generation, first = _one_rank_begun(tmp_path)
+    coordinator = loader._coordinator
+    frozen = None
+    try:
+        sender, _, relay = _relaying_sender(coordinator, generation, first)
+        frozen = ray.get(relay.__ray_call__.remote(lambda _: os.getpid()))
+        os.kill(frozen, signal.SIGSTOP)
+        sender.add(0, 2, np.array([[first + 8, first + 16]]), 8, 64, 0.0)
+        sender.flush()  # to the frozen relay; not waited for (the background thread's way)
+
+        def recorded_past_it() -> bool:
+            sender.flush()  # probes the relay once the group is overdue, then goes straight
+            described = ray.get(coordinator.describe.remote())
+            return described["consumers"][0]["batches"] == 2
+
+        wait_until(recorded_past_it, "the group to be recorded past the frozen relay")
+        assert sender.relay_token == ""  # dropped: the next answer asks for a new one
+        sender.stop()
+    finally:
+        if frozen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen, signal.SIGCONT)
+        loader.shutdown()
+
+
+def test_a_relay_waiting_on_a_slow_coordinator_is_kept(ray_session, tmp_path, caplog, monkeypatch):
+    monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 0.5)  # (read by this process's sender)
+    caplog.set_level(logging.DEBUG, logger="rayshard.runtime.acks")
+    loader, generation, first = _one_rank_begun(tmp_path)
+    coordinator = loader._coordinator
+    try:
+        sender, token, _ = _relaying_sender(coordinator, generation, first)
+        relayed = ray.get(coordinator.describe.remote())["acks_relayed"]
+        flag, started = str(tmp_path / "release"), str(tmp_path / "held")
+        held = coordinator.__ray_call__.remote(_hold_until(flag, started))
+        wait_until(lambda: (tmp_path / "held").exists(), "the coordinator to be held")
+        flushing = _flush_in_thread(sender, first, 2)
+        wait_until(
+            lambda: "answers, the coordinator is slow" in caplog.text,
+            "the sender to find its relay alive past its patience",
+        )
+        (tmp_path / "release").touch()
+        ray.get(held)
+        flushing.join(EVENT_TIMEOUT_S)
+        assert not flushing.is_alive(), "flush(wait=True) did not return"
+        assert sender.relay_token == token and "ended or hangs" not in caplog.text
+        described = ray.get(coordinator.describe.remote())
+        assert described["acks_relayed"] == relayed + 1  # the group went through the relay
+        assert described["consumers"][0]["batches"] == 2
+        sender.stop()
+    finally:
+        (tmp_path / "release").touch()
         loader.shutdown()
 
 
