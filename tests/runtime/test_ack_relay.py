@@ -163,31 +163,39 @@ def _flush_in_thread(sender, first: int, batch: int) -> threading.Thread:
     return thread
 
 
+@contextlib.contextmanager
+def _frozen(relay):
+    """The relay's process stopped (`SIGSTOP`: alive, not answering), continued at exit."""
+    pid = ray.get(relay.__ray_call__.remote(lambda _: os.getpid()))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
 def test_a_frozen_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 1.0)  # (read by this process's sender)
     monkeypatch.setattr(relay_link, "PROBE_S", 0.5)
     caplog.set_level(logging.INFO, logger="rayshard.runtime.acks")
     loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
-    frozen = None
     try:
         sender, token, relay = _relaying_sender(coordinator, generation, first)
-        frozen = ray.get(relay.__ray_call__.remote(lambda _: os.getpid()))
-        os.kill(frozen, signal.SIGSTOP)  # a real freeze: alive, not answering
-        flushing = _flush_in_thread(sender, first, 2)
-        flushing.join(EVENT_TIMEOUT_S)
-        assert not flushing.is_alive(), "flush(wait=True) still waits on the frozen relay"
-        assert "ended or hangs (relay" in caplog.text and sender.relay_token == ""
-        assert ray.get(coordinator.describe.remote())["consumers"][0]["batches"] == 2
-        new = wait_until(
-            lambda: sender.flush(wait=True) or sender.relay_token, "the sender to take a new relay"
-        )
-        assert new != token  # the coordinator replaced the frozen relay (and ended it)
-        sender.stop()
+        with _frozen(relay):
+            flushing = _flush_in_thread(sender, first, 2)
+            flushing.join(EVENT_TIMEOUT_S)
+            assert not flushing.is_alive(), "flush(wait=True) still waits on the frozen relay"
+            assert "ended or hangs (relay" in caplog.text and sender.relay_token == ""
+            assert ray.get(coordinator.describe.remote())["consumers"][0]["batches"] == 2
+            new = wait_until(
+                lambda: sender.flush(wait=True) or sender.relay_token,
+                "the sender to take a new relay",
+            )
+            assert new != token  # the coordinator replaced the frozen relay (and ended it)
+            sender.stop()
     finally:
-        if frozen is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(frozen, signal.SIGCONT)
         loader.shutdown()
 
 
@@ -196,26 +204,21 @@ def test_flushes_that_do_not_wait_bypass_a_frozen_relay(ray_session, tmp_path, m
     monkeypatch.setattr(relay_link, "PROBE_S", 0.5)
     loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
-    frozen = None
     try:
         sender, _, relay = _relaying_sender(coordinator, generation, first)
-        frozen = ray.get(relay.__ray_call__.remote(lambda _: os.getpid()))
-        os.kill(frozen, signal.SIGSTOP)
-        sender.add(0, 2, np.array([[first + 8, first + 16]]), 8, 64, 0.0)
-        sender.flush()  # to the frozen relay; not waited for (the background thread's way)
+        with _frozen(relay):
+            sender.add(0, 2, np.array([[first + 8, first + 16]]), 8, 64, 0.0)
+            sender.flush()  # to the frozen relay; not waited for (the background thread's way)
 
-        def recorded_past_it() -> bool:
-            sender.flush()  # probes the relay once the group is overdue, then goes straight
-            described = ray.get(coordinator.describe.remote())
-            return described["consumers"][0]["batches"] == 2
+            def recorded_past_it() -> bool:
+                sender.flush()  # probes the relay once the group is overdue, then goes straight
+                described = ray.get(coordinator.describe.remote())
+                return described["consumers"][0]["batches"] == 2
 
-        wait_until(recorded_past_it, "the group to be recorded past the frozen relay")
-        assert sender.relay_token == ""  # dropped: the next answer asks for a new one
-        sender.stop()
+            wait_until(recorded_past_it, "the group to be recorded past the frozen relay")
+            assert sender.relay_token == ""  # dropped: the next answer asks for a new one
+            sender.stop()
     finally:
-        if frozen is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(frozen, signal.SIGCONT)
         loader.shutdown()
 
 
