@@ -148,13 +148,7 @@ class RelayLink:
         """Whether the relay `handle` answers a probe within `PROBE_S` (blocks that long
         at most: call it outside the sender's lock)."""
         probe = handle.__ray_ready__.remote()
-        if ray.wait([probe], timeout=PROBE_S)[1]:
-            return False
-        try:
-            ray.get(probe)
-        except Exception:  # noqa: BLE001 - it failed: not alive
-            return False
-        return True
+        return not ray.wait([probe], timeout=PROBE_S)[1] and _probe_ok(probe)
 
     def waiting_on(self, entry: Sent) -> Sent:
         """`entry`, given a new patience: its relay answered a probe (it waits on a slow
@@ -180,15 +174,20 @@ class RelayLink:
             self._probe = None
             return self.failed(entry, RelayHung(entry))
         self._probe = None
-        try:
-            ray.get(probe)
-        except Exception:  # noqa: BLE001 - the relay failed
-            return self.failed(entry, RelayHung(entry))
-        return self.waiting_on(entry)
+        return self.waiting_on(entry) if _probe_ok(probe) else self.failed(entry, RelayHung(entry))
 
     def forget(self) -> None:
         """Drop every reference (under `ray_held()`: see `AckSender._forget`)."""
         self.relay, self._asking, self._offered, self._probe = None, None, None, None
+
+
+def _probe_ok(probe: Any) -> bool:
+    """Whether a relay's answered readiness probe succeeded (a failed one: not alive)."""
+    try:
+        ray.get(probe)
+    except Exception:  # noqa: BLE001 - any failure: the relay is not alive
+        return False
+    return True
 
 
 __all__ = ["PROBE_S", "RELAY_PATIENCE_S", "RelayHung", "RelayLink", "Sent"]

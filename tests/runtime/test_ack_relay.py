@@ -38,16 +38,21 @@ def _ids_file(tmp_path) -> str:
     return str(path)
 
 
-def _one_rank_begun(tmp_path) -> tuple:
-    """A `data` loader relaying every group, rank 0 of 1 registered and in epoch 0:
-    (loader, generation, first sample id of the rank's plan)."""
-    loader = Loader(
+def _relaying_loader(tmp_path, **options) -> Loader:
+    """A loader over `ROWS` ids, batches of 8, relaying every group (`ack_relay="node"`)."""
+    return Loader(
         ParquetSource([_ids_file(tmp_path)]),
         batch_size=8,
         name=f"relay-{uuid.uuid4().hex[:8]}",
-        policy="data",
         ack_relay="node",
+        **options,
     )
+
+
+def _one_rank_begun(tmp_path) -> tuple:
+    """A `data` loader relaying every group, rank 0 of 1 registered and in epoch 0:
+    (loader, generation, first sample id of the rank's plan)."""
+    loader = _relaying_loader(tmp_path, policy="data")
     coordinator = loader._coordinator
     dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
     generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
@@ -56,14 +61,8 @@ def _one_rank_begun(tmp_path) -> tuple:
 
 
 def test_a_dynamic_epoch_through_the_relay_is_exact_and_ends(ray_session, tmp_path):
-    loader = Loader(
-        ParquetSource([_ids_file(tmp_path)]),
-        batch_size=8,
-        name=f"relay-{uuid.uuid4().hex[:8]}",
-        policy="dynamic",
-        ack_relay="node",
-        ack_interval_s=0,  # every batch: the epoch's end rests on relayed groups
-    )
+    # every batch acknowledged: the epoch's end rests on relayed groups
+    loader = _relaying_loader(tmp_path, policy="dynamic", ack_interval_s=0)
     try:
         iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
         epochs = 0
