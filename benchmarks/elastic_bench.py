@@ -271,6 +271,12 @@ def report_tables(results: dict) -> list[str]:
                 "what": "{callers} callers x {inflight_per_caller} in flight".format(**t["config"]),
             },
             {
+                "path": "actor relayed leases, {per_call} a call".format(**t["relayed_leases"]),
+                "rate": t["relayed_leases"]["leases_per_s"],
+                "what": "the same calls, as a node's relay forwards them "
+                "({cpu_us_per_lease:.0f} us of CPU a lease)".format(**t["relayed_leases"]),
+            },
+            {
                 "path": "actor lease(count=100)",
                 "rate": t["batched"]["leases_per_s"],
                 "what": "one call, up to 100 pieces for one rank",
@@ -282,7 +288,7 @@ def report_tables(results: dict) -> list[str]:
                 "in flight".format(**t["config"]),
             },
             {
-                "path": "actor ack_many, {per_call} a call".format(**t["relayed_acks"]),
+                "path": "actor relayed acks, {per_call} a call".format(**t["relayed_acks"]),
                 "rate": t["relayed_acks"]["groups_per_s"],
                 "what": "the same groups, as a node's relay forwards them "
                 "({cpu_us_per_group:.0f} us of CPU a group)".format(**t["relayed_acks"]),

@@ -19,6 +19,7 @@ from rayshard.config.loader_config import LoaderConfig
 from rayshard.core import commands as cmd
 from rayshard.core.coordination import CoordinatorCore
 from rayshard.core.membership import Membership
+from rayshard.errors import StaleClientError
 from rayshard.plan import PlanConfig
 from rayshard.plan import intervals as iv
 from rayshard.plan.id_runs import MERGE_FLOOR
@@ -267,6 +268,49 @@ def test_a_retried_lease_call_gets_the_same_answer_across_a_restart():
     assert restarted.apply(cmd.Lease(0, 0, 2, request="reader-a:1")).unleased == -1
     # Without a request id every call is a new one (older readers and journals).
     assert core.apply(cmd.Lease(0, 0, 1)).pieces != core.apply(cmd.Lease(0, 0, 1)).pieces
+
+
+def test_a_lease_call_its_rank_went_past_is_refused_and_grants_nothing():
+    """A relay that was late (frozen) delivers a lease call its rank had meanwhile sent
+    straight and followed with the next one: granting it would lease pieces that no
+    reader reads. It is refused, and what the rank holds is its answered calls' pieces."""
+    core = _core("dynamic", False)
+    core.apply(cmd.Register(0, 1, 0, 1, 0.0))
+    core.apply(cmd.StartEpoch(0, 0))
+    first = core.apply(cmd.Lease(0, 0, 1, request="stream-a:1"))
+    second = core.apply(cmd.Lease(0, 0, 1, request="stream-a:2"))
+    held = iv.normalize(core.held(0, 0))
+    for late in ("stream-a:0", "stream-a:1"):
+        with pytest.raises(StaleClientError, match="came after its later call 'stream-a:2'"):
+            core.apply(cmd.Lease(0, 0, 1, request=late))
+        assert iv.normalize(core.held(0, 0)) == held
+    assert held == iv.normalize([*first.pieces, *second.pieces])
+    assert core.apply(cmd.Lease(0, 0, 1, request="stream-a:2")) == second  # a retry
+    # Another stream (the rank's next reading), or ids without a number, are not ordered.
+    assert core.apply(cmd.Lease(0, 0, 1, request="stream-b:0")).pieces
+    assert core.apply(cmd.Lease(0, 0, 1, request="no-number")).pieces
+
+
+@pytest.mark.parametrize(
+    ("request_id", "last", "refused"),
+    [
+        ("s:1", "s:2", True),
+        ("s:9", "s:10", True),  # numbers, not strings, compared
+        ("s:2", "s:1", False),
+        ("s:1", "t:2", False),
+        ("s:1", "", False),
+        ("", "s:2", False),
+        ("s:x", "s:2", False),
+        ("a:b:1", "a:b:2", True),  # the stream is everything before the last ':'
+    ],
+)
+def test_lease_call_order_is_read_from_its_stream_and_number(request_id, last, refused):
+    call = cmd.Lease(0, 0, request=request_id)
+    if refused:
+        with pytest.raises(StaleClientError):
+            call.check_after(last)
+    else:
+        call.check_after(last)
 
 
 def test_a_rank_read_in_its_consumer_is_watched_by_its_process_watch_until_lost():

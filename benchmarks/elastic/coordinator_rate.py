@@ -61,7 +61,7 @@ def _journal_rate(workdir: Path, count: int, ranks: int = RANKS) -> float:
     return count / (time.perf_counter() - began)
 
 
-RELAYED_PER_CALL = 8  # groups an `ack_many` call carries: a node of 8 ranks' relay
+RELAYED_PER_CALL = 8  # calls a `relayed` call carries: a node of 8 ranks' relay
 
 
 class _Caller:
@@ -99,8 +99,28 @@ class _Caller:
         await asyncio.gather(*(worker(k) for k in range(inflight)))
         return len(work), began, time.time()
 
+    async def relayed_leases(
+        self, generation: int, ranks: list[int], calls: int, inflight: int, per_call: int
+    ) -> tuple:
+        """`calls` lease calls of one piece for `ranks`, round robin, `per_call` to a
+        `relayed` call (as a node's relay forwards them), `inflight` calls outstanding."""
+        got = 0
+        asks = [ranks[i % len(ranks)] for i in range(calls)]
+        batches = [asks[i : i + per_call] for i in range(0, calls, per_call)]
+
+        async def worker(first: int) -> None:
+            nonlocal got
+            for batch in batches[first::inflight]:
+                relayed = [("lease", (generation, rank, 0), {}) for rank in batch]
+                answers = await self.coordinator.relayed.remote("bench", "no relay", relayed)
+                got += sum(bool(a.pieces) for a in answers)
+
+        began = time.time()
+        await asyncio.gather(*(worker(k) for k in range(inflight)))
+        return got, calls, began, time.time()
+
     async def acks_many(self, generation: int, work: list, inflight: int, per_call: int) -> tuple:
-        """The same groups as `acks`, `per_call` to an `ack_many` call (as a node's relay
+        """The same groups as `acks`, `per_call` to a `relayed` call (as a node's relay
         forwards them), with `inflight` calls outstanding."""
         calls = [work[i : i + per_call] for i in range(0, len(work), per_call)]
 
@@ -108,12 +128,13 @@ class _Caller:
             for call in calls[first::inflight]:
                 groups = [
                     (
+                        "ack",
                         (generation, rank, 0, 1, np.array([[start, end]], dtype=np.int64), {}),
                         {},
                     )
                     for rank, start, end in call
                 ]
-                await self.coordinator.ack_many.remote("bench", "no relay", groups)
+                await self.coordinator.relayed.remote("bench", "no relay", groups)
 
         began = time.time()
         await asyncio.gather(*(worker(k) for k in range(inflight)))
@@ -276,6 +297,28 @@ def run_throughput(
         pid = ray.get(coordinator.__ray_call__.remote(pid_of))
         pids = [pid, *ray.get([a.__ray_call__.remote(pid_of) for a in actors])]
         out["actor"] = _drive(actors, generation, calls // callers, inflight, pids, ranks)
+        # The same lease calls, `RELAYED_PER_CALL` a call as a node's relay forwards them.
+        cpu_before, began = process_cpu_s(pid), time.time()
+        relayed = ray.get(
+            [
+                a.relayed_leases.remote(
+                    generation,
+                    list(range(i, ranks, callers)),
+                    calls // callers,
+                    max(1, inflight // RELAYED_PER_CALL),
+                    RELAYED_PER_CALL,
+                )
+                for i, a in enumerate(actors)
+            ]
+        )
+        wall = max(r[3] for r in relayed) - min(r[2] for r in relayed)
+        got = sum(r[0] for r in relayed)
+        out["relayed_leases"] = {
+            "per_call": RELAYED_PER_CALL,
+            "leases": got,
+            "leases_per_s": got / wall,
+            "cpu_us_per_lease": (process_cpu_s(pid) - cpu_before) / max(got, 1) * 1e6,
+        }
         if profile:  # a second pass: py-spy takes CPU from this 2-core machine
             raw = workdir / "coordinator.pyspy.txt"
             spy = subprocess.Popen(

@@ -128,6 +128,7 @@ class CoordinatorCore(CoreQueries):
         last = self.last_lease.get(c.dp_rank)
         if c.request and last is not None and last[0] == c.request:
             return last[1]
+        c.check_after(last[0] if last is not None else "")  # not overtaken by a later call
         leased = self._grant(c)
         if c.request:
             self.last_lease[c.dp_rank] = (c.request, leased)

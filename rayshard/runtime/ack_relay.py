@@ -4,8 +4,12 @@ Every acknowledgement group is a Ray call, and a call costs its actor about half
 millisecond of CPU whatever it carries: with thousands of ranks the coordinator spends its
 core on calls, and asks for ever longer intervals (`rayshard.core.ack_pacing`), which is
 what a lost rank repeats. A relay on each node takes its consumers' groups and forwards
-those that arrived meanwhile in one `ack_many` call, one call in flight: the coordinator's
+those that arrived meanwhile in one `relayed` call, one call in flight: the coordinator's
 calls shrink by the consumers per node, their per-call cost is paid on their own node.
+A `dynamic` rank reading in its consumer sends its lease calls through the same relay once
+its groups go there: a lease sent again straight keeps its request id, so it is answered
+as before, not granted twice, and one a late relay delivers after its rank's next call is
+refused (`Lease.check_after`).
 
 A relay answers a group only once the coordinator recorded it (with its answer), so a
 consumer's waiting flushes keep their meaning. A group whose relay failed (it died, its
@@ -23,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import time
 import uuid
 from collections.abc import Callable
@@ -51,7 +56,7 @@ class AckRelay:
         self._forwarding: asyncio.Task | None = None
         self._senders: dict[str, float] = {}  # consumer -> when last heard (monotonic)
         self._pruned_at = 0.0  # when `_senders` was last pruned (monotonic)
-        self.forwarded = [0, 0]  # calls to the coordinator, groups they carried
+        self.forwarded = [0, 0, 0]  # calls to the coordinator, groups and leases they carried
         self._waiting = 0  # `ack` calls not answered yet
 
     async def ack(self, sender: str, group: tuple) -> AckAnswer | None:
@@ -60,41 +65,56 @@ class AckRelay:
         took the group as stale). Raises if the coordinator could not be reached or refused
         this group (its consumer then sends it straight)."""
         now = time.monotonic()
-        self._pacing.called(now, time.process_time)
         self._senders[sender] = now
-        answer = asyncio.get_running_loop().create_future()
-        self._pending.append((group, answer))
-        if self._forwarding is None or self._forwarding.done():
-            self._forwarding = asyncio.ensure_future(self._forward())
-        self._waiting += 1
-        try:
-            recorded = await answer
-        finally:
-            self._waiting -= 1
+        recorded = await self._forwarded("ack", group)
         if not isinstance(recorded, AckAnswer):
             return recorded
         own = self._pacing.interval_s(self._consumers(now))
         return dataclasses.replace(recorded, interval_s=max(recorded.interval_s, own))
 
+    async def lease(self, sender: str, group: tuple) -> Any:
+        """A `dynamic` rank's lease call (the arguments of `Coordinator.lease`), forwarded
+        with the node's other calls; returns its answer, or the error `ack` would raise
+        (its rank then sends the call straight, with the same request id: it is not granted
+        twice). Returned, not raised: a call its rank sent straight past this relay is
+        never read, and Ray logs an unread error as unhandled."""
+        try:
+            return await self._forwarded("lease", group)
+        except Exception as error:  # noqa: BLE001 - the rank's `AckSender.answer` reads it
+            return error
+
+    async def _forwarded(self, method: str, group: tuple) -> Any:
+        """The coordinator's answer to `method(*group)`, forwarded with what else waits."""
+        self._pacing.called(time.monotonic(), time.process_time)
+        answer = asyncio.get_running_loop().create_future()
+        self._pending.append(((method, *group), answer))
+        if self._forwarding is None or self._forwarding.done():
+            self._forwarding = asyncio.ensure_future(self._forward())
+        self._waiting += 1
+        try:
+            return await answer
+        finally:
+            self._waiting -= 1
+
     async def _forward(self) -> None:
         """Send what is pending in one call, then what arrived meanwhile, until none is."""
         while self._pending:
             batch, self._pending = self._pending, []
+            calls = [call for call, _ in batch]
             try:
-                answers = await self._coordinator.ack_many.remote(
-                    self._node, self._token, [group for group, _ in batch]
-                )
-            except Exception as error:  # noqa: BLE001 - each consumer sends its group again
+                answers = await self._coordinator.relayed.remote(self._node, self._token, calls)
+            except Exception as error:  # noqa: BLE001 - each consumer sends its call again
                 for _, waiting in batch:
                     if not waiting.done():
                         waiting.set_exception(RuntimeError(f"relay could not forward: {error!r}"))
                 continue
             self.forwarded[0] += 1
-            self.forwarded[1] += len(batch)
+            self.forwarded[1] += sum(method == "ack" for method, *_ in calls)
+            self.forwarded[2] += sum(method == "lease" for method, *_ in calls)
             for (_, waiting), recorded in zip(batch, answers):
                 if waiting.done():  # (its call was cancelled)
                     continue
-                if isinstance(recorded, Exception):  # this group alone was refused
+                if isinstance(recorded, Exception):  # this call alone was refused
                     waiting.set_exception(recorded)
                 else:
                     waiting.set_result(recorded)
@@ -108,10 +128,17 @@ class AckRelay:
         return len(self._senders)
 
     async def counts(self) -> dict:
-        """Calls forwarded, the groups they carried, and the groups waiting for their
-        answer now (for tests and benchmarks)."""
-        calls, groups = self.forwarded
-        return {"calls": calls, "groups": groups, "waiting": self._waiting, "node": self._node}
+        """Calls forwarded, the groups and leases they carried, and the calls waiting for
+        their answer now (for tests and benchmarks)."""
+        calls, groups, leases = self.forwarded
+        waiting = self._waiting
+        return {
+            "calls": calls,
+            "groups": groups,
+            "leases": leases,
+            "waiting": waiting,
+            "node": self._node,
+        }
 
 
 class AckRelays:
@@ -123,7 +150,7 @@ class AckRelays:
         self._relays: dict[str, tuple[str, Any]] = {}  # node -> (token, handle)
         self._used: dict[str, float] = {}  # node -> when its relay last forwarded (loop time)
         self._releases: set[asyncio.Task] = set()  # `_release_when_idle` tasks (kept: not GC'd)
-        self.calls, self.groups = 0, 0  # relayed calls and the groups they carried
+        self.calls, self.groups, self.leases = 0, 0, 0  # relayed calls, groups and leases
         self._asked_s = 0.0  # the interval the last relayed groups were asked for
 
     def relay(self, node: str, failed: str = "") -> tuple[str, Any]:
@@ -150,11 +177,12 @@ class AckRelays:
             task.add_done_callback(self._releases.discard)
         return known
 
-    def forwarded(self, node: str, token: str, answers: list) -> None:
-        """Relay `token` of `node` forwarded groups, answered with `answers` (keeps it from
+    def forwarded(self, node: str, token: str, calls: list, answers: list) -> None:
+        """Relay `token` of `node` forwarded `calls`, answered with `answers` (keeps it from
         being ended; the interval they ask for lengthens the idle time that ends it)."""
         self.calls += 1
-        self.groups += len(answers)
+        leases = sum(method == "lease" for method, *_ in calls)
+        self.groups, self.leases = self.groups + len(calls) - leases, self.leases + leases
         asked = [a.interval_s for a in answers if isinstance(a, AckAnswer)]
         self._asked_s = max(asked) if asked else self._asked_s
         if self._token(node) == token:
@@ -164,8 +192,9 @@ class AckRelays:
         return len(self._relays)
 
     def counts(self) -> dict[str, int]:
-        """For `stats()`: relays held now, groups recorded through relays, their calls."""
-        return {"ack_relays": len(self), "acks_relayed": self.groups, "ack_relay_calls": self.calls}
+        """For `stats()`: relays held now, groups and leases through relays, their calls."""
+        counts = {"ack_relays": len(self), "acks_relayed": self.groups}
+        return {**counts, "leases_relayed": self.leases, "ack_relay_calls": self.calls}
 
     def _token(self, node: str) -> str:
         return self._relays[node][0] if node in self._relays else ""
@@ -195,16 +224,20 @@ class AckRelays:
                 ray.kill(known[1])
 
 
-def record_each(record: Callable[..., Any], groups: list) -> list:
-    """`record(*args, **kwargs)` of each (args, kwargs) group: its answer, or the error
-    it raised (one refused group fails alone, not the relay's whole call)."""
+async def record_each(methods: dict[str, Callable[..., Any]], calls: list) -> list:
+    """`methods[method](*args, **kwargs)` of each (method, args, kwargs) call (awaited if
+    a coroutine: one that never suspends, as the coordinator's journal batch is written
+    only once all are recorded): its answer, or the error it raised (one refused call
+    fails alone, not the relay's whole call)."""
     answers = []
-    for args, options in groups:
+    for method, args, options in calls:
         try:
-            answers.append(record(*args, **options))
-        except Exception as error:  # noqa: BLE001 - returned to that group's consumer
-            head = dict(zip(("generation", "dp_rank", "epoch", "batches"), args))
-            answers.append(RayshardError(f"acknowledgement {head} refused: {error!r}"))
+            answer = methods[method](*args, **options)
+            answers.append(await answer if inspect.isawaitable(answer) else answer)
+        except Exception as error:  # noqa: BLE001 - returned to that call's rank
+            names = ("generation", "dp_rank", "epoch", "batches" if method == "ack" else "count")
+            head = dict(zip(names, args))
+            answers.append(RayshardError(f"relayed {method} {head} refused: {error!r}"))
     return answers
 
 

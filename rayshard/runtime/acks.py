@@ -42,7 +42,8 @@ class AckSender:
     may also ask for the node's relay (`rayshard.runtime.ack_relay`): the sender then asks
     the coordinator for it and, once it runs, sends its groups there (`RelayLink`). A group
     whose relay failed, or hangs (no answer within `RELAY_PATIENCE_S`, and none to a probe),
-    is sent again straight to the coordinator, and the next relay asked for replaces it."""
+    is sent again straight to the coordinator, and the next relay asked for replaces it.
+    A rank reading in its consumer sends its `dynamic` lease calls the same way (`lease`)."""
 
     def __init__(
         self,
@@ -123,6 +124,23 @@ class AckSender:
         """How long the background thread waits between groups: `interval_s`, or the
         longer interval the coordinator asked for."""
         return max(self._interval, self._asked_s)
+
+    def lease(self, args: tuple, options: dict) -> Sent:
+        """A `Coordinator.lease` call of this rank's reading (`dynamic`), through the relay
+        its groups go through (none taken: straight); its answer is `answer(sent)`."""
+        with self._lock:
+            return self._link.send((args, options), method="lease")
+
+    def answer(self, sent: Sent) -> Any:
+        """The answer to lease call `sent`: a relayed one is sent again straight past a
+        relay that failed or hangs, as a group is (`_recorded`), or whose answer is an
+        error (a relay returns a lease's errors: see `AckRelay.lease`)."""
+        answer = self._recorded(sent)
+        if sent.relay and isinstance(answer, Exception):
+            with self._lock:
+                again = self._link.failed(sent, answer)
+            return ray.get(again.ref)
+        return answer
 
     @property
     def relay_token(self) -> str:

@@ -1,14 +1,12 @@
 """The coordinator actor: the Ray shell around the pure `CoordinatorCore`.
 
-One actor per loader. A request is checked (stale generation or epoch), turned into a
-command, applied to the core, journaled and answered. A restarted coordinator (Ray
+One actor per loader. A request is checked (clients of an older `generation`, of an epoch
+their rank left, or (leases) of a replaced registration are refused as stale), turned into
+a command, applied to the core, journaled and answered. A restarted coordinator (Ray
 `max_restarts`) loads the journal's latest snapshot and replays the commands after it; the
 journal is compacted at each epoch's end, each restore and every `COMPACT_EVERY` commands.
-An async actor: one event loop, no locks; `state()` waits for other ranks' acks without
-blocking them. Clients of an older `generation`, of an epoch their rank left, or (leases)
-of a replaced registration are refused as stale. It watches each rank's reader, and under
-`dynamic` puts a dead reader's unacknowledged leases back; it owns the nodes' ack relays.
-"""
+An async actor: one event loop, no locks. It watches each rank's reader (under `dynamic`
+a dead reader's unacknowledged leases go back) and owns the nodes' relays."""
 
 from __future__ import annotations
 
@@ -139,9 +137,10 @@ class Coordinator:
         waited_s: float = 0.0,
     ) -> cmd.Leased:
         """Up to `count` pieces for `dp_rank` in one round trip. `request` identifies the
-        call (Ray's retry after a restart gets the same answer); `reader` (the rank's reader
-        at the epoch's start) is refused once it re-registered; `share`: see `cmd.Lease`;
-        `waited_s`: how long the rank's reading waited for answers since its last call."""
+        call (Ray's retry after a restart, or a rank's past a failed relay, gets the same
+        answer); `reader` (the rank's reader at the epoch's start) is refused once it
+        re-registered; `share`: see `cmd.Lease`; `waited_s`: how long the rank's reading
+        waited for answers since its last call."""
         self._core.check_epoch(generation, dp_rank, epoch, reader)
         asked = cmd.Lease(dp_rank, epoch, count, finishing, time.time(), request, share)
         answer = self._do(asked)
@@ -185,12 +184,13 @@ class Coordinator:
             self._acked.notify_all()
         return answer
 
-    async def ack_many(self, node: str, token: str, groups: list) -> list:
-        """Relay `token` of `node` forwards its consumers' `groups`, each the (args, kwargs)
-        of `ack`, in one call; returns their answers in order."""
+    async def relayed(self, node: str, token: str, calls: list) -> list:
+        """Relay `token` of `node` forwards its node's `calls`, each (method, args, kwargs)
+        of `ack` or `lease`, in one call; returns their answers (or errors) in order."""
+        methods = {"ack": self._record_ack, "lease": self.lease}  # (neither suspends)
         with self._journal.batched():  # one write for the lot, before the answers
-            answers = record_each(self._record_ack, groups)  # one refused fails alone
-        self._relays.forwarded(node, token, answers)
+            answers = await record_each(methods, calls)  # one refused fails alone
+        self._relays.forwarded(node, token, calls, answers)
         async with self._acked:
             self._acked.notify_all()
         return answers
@@ -237,15 +237,14 @@ class Coordinator:
     async def describe(self) -> dict:
         """Membership, progress and events, for `stats()`, experiments and debugging."""
         since = {"journal_commands_since_snapshot": self._since_snapshot}
-        since.update(waits_held=self._waits.held, **self._watches.counts())
+        since.update(waits_held=self._waits.held, **self._watches.counts(), **self._relays.counts())
         since["ack_interval_asked_s"] = self._ack_pacing.interval_s(self._core.consumers())
-        since.update(self._relays.counts())  # the nodes' acknowledgement relays
         return {**self._core.summary(), **self._usage.summary(), **since}
 
     async def reader_names(self) -> list[str]:
         """Reader actors this loader named and saw attached, for `Loader.shutdown`."""
         members = self._core.members
-        return self._watches.actors(set(members.readers.values()) if members else set())
+        return self._watches.actors(set(members.readers.values() if members else ()))
 
     async def shared_watches(self) -> list[tuple[str, str]]:
         """(watch actor, key) of each rank a `RankWatch` watched, for `Loader.shutdown`."""

@@ -39,6 +39,7 @@ from rayshard.data.batching import (
 from rayshard.plan import intervals as iv
 from rayshard.runtime.epoch_waits import wait_for_change
 from rayshard.runtime.lease_pacing import LeasePacing
+from rayshard.runtime.relay_link import Sent
 from rayshard.sources import Source
 
 
@@ -52,6 +53,7 @@ def dynamic_rows(
     reads: Reads,
     reader: str = "",
     pacing: LeasePacing | None = None,
+    leases: Any = None,
 ) -> Iterator[Any]:
     """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
     reader thread's stop event. The leased pieces are read by `reads` as one stream
@@ -62,7 +64,9 @@ def dynamic_rows(
     stall them. A lease answer without pieces ends that stream and is acted on here; no
     lease is asked for once `cancel()` is set. `reader` names the registration the leases
     serve: once the rank registered again (a newer iterator), they are refused. `pacing`:
-    the rank's, kept from epoch to epoch by its reading (default: a new one)."""
+    the rank's, kept from epoch to epoch by its reading (default: a new one). `leases`:
+    the rank's `AckSender` when it reads in its consumer: lease calls then go through the
+    node's relay whenever its acknowledgements do (default: straight)."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
@@ -76,28 +80,30 @@ def dynamic_rows(
     # and the retry must get the answer the first call was given (journaled), not more.
     calls = (f"{uuid.uuid4().hex}:{n}" for n in itertools.count())
 
-    def ask(pieces: int = count, share: bool = False) -> Any:
+    def ask(pieces: int = count, share: bool = False) -> Sent:
         """A lease call in flight for up to `pieces` (its answer is `answer` of it);
         `share`: a paced ask, granted within a share of what is unleased. It reports the
         time the reading waited for answers since the last call (for `loader.stats()`)."""
         args = (generation, rank, epoch, pieces, finishing, next(calls))
-        share = share and not finishing
-        waited_s = pacing.take_waited()
-        return coordinator.lease.remote(*args, reader=reader, share=share, waited_s=waited_s)
+        options = {"reader": reader, "share": share and not finishing}
+        options["waited_s"] = pacing.take_waited()
+        if leases is not None:
+            return leases.lease(args, options)
+        return Sent(coordinator.lease.remote(*args, **options), (args, options), "")
 
-    def answer(call: Any) -> Any:
+    def answer(call: Sent) -> Any:
         """The answer to lease `call`, the time spent waiting for it counted."""
         began = time.monotonic()
         try:
-            return ray.get(call)
+            return leases.answer(call) if call.relay else ray.get(call.ref)
         finally:
             pacing.waited(time.monotonic() - began)
 
     def lease() -> Any:
         return answer(ask())
 
-    def ready(call: Any) -> bool:
-        return bool(ray.wait([call], timeout=0)[0])
+    def ready(call: Sent) -> bool:
+        return bool(ray.wait([call.ref], timeout=0)[0])
 
     leased = None  # an answer not acted on yet; a new lease is asked for only if None
     change_seen = ""  # the coordinator's change token as of this rank's last wait

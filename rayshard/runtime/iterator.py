@@ -262,7 +262,7 @@ class ShardIterator:
                 if self._reader is not None:  # not closed: its attach was answered
                     self._reader.settled()  # (see `watch_rank`)
                 started = self._local.start(
-                    self._generation, self._epoch, arrow=self._format == "arrow"
+                    self._generation, self._epoch, self._format == "arrow", self._acks
                 )
             else:
                 started = ray.get(self._reader.start.remote(self._generation, self._epoch))

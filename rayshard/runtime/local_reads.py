@@ -88,18 +88,21 @@ class LocalReads:
         self._thread: threading.Thread | None = None
         self._leases_ended = threading.Event()
 
-    def start(self, generation: int, epoch: int, arrow: bool = False) -> dict:
+    def start(self, generation: int, epoch: int, arrow: bool = False, leases: Any = None) -> dict:
         """Begin reading `epoch` (ending any epoch being read). Returns `batches`, the
         batches the epoch yields, and `exact`, whether that count is final. String and
         binary columns are read as Arrow, tagged, and converted as a reader actor's
-        consumer converts them (`fetch_batches`; `arrow`: for `batch_format="arrow"`)."""
+        consumer converts them (`fetch_batches`; `arrow`: for `batch_format="arrow"`).
+        `leases`: the consumer's `AckSender`, whose relay `dynamic` lease calls share."""
         self.stop()
         reading = self._reading
         started = ray.get(
             reading.coordinator.start_epoch.remote(generation, reading.dp_rank, epoch)
         )
         cancel = self._cancel = threading.Event()
-        stream = reading.epoch(started, generation, epoch, cancel=lambda: cancel, keep_text=True)
+        stream = reading.epoch(
+            started, generation, epoch, cancel=lambda: cancel, keep_text=True, leases=leases
+        )
         self._channel = Channel(reading.settings.prefetch_depth)
         self._leases_ended = threading.Event()
         self._thread = threading.Thread(

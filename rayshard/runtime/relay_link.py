@@ -1,6 +1,7 @@
 """A sender's way to its node's acknowledgement relay (`rayshard.runtime.ack_relay`):
 asked for when the coordinator's answer says so, taken once the relay runs, dropped when
-it ends or hangs, so that its groups go straight to the coordinator meanwhile."""
+it ends or hangs, so that its groups go straight to the coordinator meanwhile. A rank
+reading in its consumer sends its `dynamic` lease calls the same way."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import uuid
 from typing import Any
 
 import ray
+
+from rayshard.errors import RayshardError
 
 log = logging.getLogger("rayshard.runtime.acks")  # one logger for the sender's messages
 # A relayed group not answered this long has its relay probed: a relay that hangs (a frozen
@@ -24,14 +27,15 @@ PROBE_S = 2.0
 
 @dataclasses.dataclass(frozen=True)
 class Sent:
-    """An acknowledgement call in flight: its reference, the group it carries (to send it
-    again if its relay fails), the relay's token ("": straight to the coordinator) and when
-    it was sent."""
+    """A call in flight: its reference, the group it carries (to send it again if its relay
+    fails), the relay's token ("": straight to the coordinator), when it was sent and the
+    coordinator's method it calls (`ack`, or `lease`)."""
 
     ref: Any
     group: tuple
     relay: str
     sent_at: float = dataclasses.field(default_factory=time.monotonic)
+    method: str = "ack"
 
     def overdue(self, now: float) -> bool:
         """A relayed call not answered within `RELAY_PATIENCE_S` (a relay that hangs)."""
@@ -113,13 +117,15 @@ class RelayLink:
             return
         self.relay, self._asking = offered, None
 
-    def send(self, group: tuple, straight: bool = False) -> Sent:
-        """One call carrying `group` (the (args, kwargs) of `Coordinator.ack`): through the
-        relay taken, or straight to the coordinator."""
+    def send(self, group: tuple, straight: bool = False, method: str = "ack") -> Sent:
+        """One call of the coordinator's `method` carrying `group` (its (args, kwargs)):
+        through the relay taken, or straight to the coordinator."""
         if self.relay is not None and not straight:
-            return Sent(self.relay[1].ack.remote(self._sender_id, group), group, self.relay[0])
+            ref = getattr(self.relay[1], method).remote(self._sender_id, group)
+            return Sent(ref, group, self.relay[0], method=method)
         args, options = group
-        return Sent(self._coordinator.ack.remote(*args, **options), group, "")
+        ref = getattr(self._coordinator, method).remote(*args, **options)
+        return Sent(ref, group, "", method=method)
 
     def failed(self, entry: Sent, error: Exception) -> Sent:
         """A call through the relay failed: the group goes again, straight (returned).
@@ -135,9 +141,10 @@ class RelayLink:
                 self._rank,
             )
             self.relay, self._failed = None, entry.relay
-        elif not gone:
-            log.warning("a relayed acknowledgement failed, sent again straight: %r", error)
-        return self.send(entry.group, straight=True)
+        elif not gone:  # a refusal: the straight call gets the coordinator's own answer
+            level = logging.INFO if isinstance(error, RayshardError) else logging.WARNING
+            log.log(level, "a relayed %s call failed, sent again straight: %r", entry.method, error)
+        return self.send(entry.group, straight=True, method=entry.method)
 
     def handle_of(self, token: str) -> Any:
         """The handle of relay `token` if it is the one taken (None: dropped already)."""

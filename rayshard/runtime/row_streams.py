@@ -83,12 +83,14 @@ def epoch_batches(
     reads: Reads,
     batches: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]],
     pacing: Any = None,
+    leases: Any = None,
 ) -> Iterator[Any]:
     """The batches (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`, as the
     coordinator's `start_epoch` answered (`started`): packed documents, leased rows under
     `dynamic`, or the static plan's rows. `reads` reads pieces (under `dynamic`, the leases
     as one stream: `dynamic_rows`), `batches(rows)` rebatches
-    (and transforms) rows; `cancel()` stops a `dynamic` stream, which `pacing` paces."""
+    (and transforms) rows; `cancel()` stops a `dynamic` stream, which `pacing` paces and
+    whose lease calls `leases` (see `dynamic_rows`) may relay."""
     _, epoch, _ = key
     plan = started["plan"]
     if settings.packing is not None:
@@ -97,7 +99,7 @@ def epoch_batches(
     if plan is None:
         reader = started.get("reader", "")
         args = (coordinator, source, splits, settings, key, cancel, reads, reader, pacing)
-        rows = dynamic_rows(*args)
+        rows = dynamic_rows(*args, leases=leases)
         return batches(rows)
     return batches(static_rows(source, settings, splits, plan, epoch, reads))
 
@@ -163,10 +165,11 @@ class RankReading:
         reads: Reads | None = None,
         workers: Callable[[], list] | None = None,
         keep_text: bool = False,
+        leases: Any = None,
     ) -> Iterator[Any]:
         """`epoch_batches` of this rank, read by `reads` (default: this process's reading
         threads), rebatched and transformed here or in `workers()`; `keep_text`: see
-        `reader_batches`."""
+        `reader_batches`; `leases`: see `dynamic_rows`."""
         settings = self.settings
         if self._pacing is None and started.get("plan") is None:
             self._pacing = lease_pacing(settings, self.splits())
@@ -180,6 +183,7 @@ class RankReading:
             cancel=cancel,
             reads=reads or self.thread_reads(epoch),
             pacing=self._pacing,
+            leases=leases,
             batches=lambda rows: reader_batches(
                 rows,
                 batch_size=settings.plan.batch_size,

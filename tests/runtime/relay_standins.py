@@ -1,7 +1,11 @@
-"""Stand-ins for `tests/runtime/test_ack_relay.py`, importable by Ray's workers: a
-coordinator that offers a relay whose start is held."""
+"""Stand-ins for the relay tests, importable by Ray's workers (a coordinator that offers a
+relay whose start is held), and the tests' ways to stop or check a relay."""
 
 from __future__ import annotations
+
+import contextlib
+import os
+import signal
 
 import ray
 
@@ -48,14 +52,14 @@ class RelayingCoordinator:
 
 
 class ForwardRecorder:
-    """A stand-in coordinator for a relay: records each `ack_many` call's groups and
+    """A stand-in coordinator for a relay: records each `relayed` call's groups and
     answers the configured interval, None (stale) for a group of generation 0, and an
     error (refused) for a negative generation."""
 
     def __init__(self, interval_s: float) -> None:
         self.interval_s, self.calls = interval_s, []
 
-    def ack_many(self, node: str, token: str, groups: list) -> list:
+    def relayed(self, node: str, token: str, groups: list) -> list:
         self.calls.append(len(groups))
         return [
             ValueError("refused")
@@ -63,8 +67,28 @@ class ForwardRecorder:
             else AckAnswer(self.interval_s, True)
             if args[0]
             else None
-            for args, _ in groups
+            for _, args, _ in groups
         ]
 
     def seen(self) -> list:
         return self.calls
+
+
+@contextlib.contextmanager
+def frozen(relay):
+    """The relay's process stopped (`SIGSTOP`: alive, not answering), continued at exit."""
+    pid = ray.get(relay.__ray_call__.remote(lambda _: os.getpid()))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+def ended(actor) -> bool:
+    try:
+        ray.get(actor.counts.remote())
+    except ray.exceptions.RayActorError:
+        return True
+    return False

@@ -5,10 +5,8 @@ relay is ended (real Ray, real Parquet)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
-import signal
 import threading
 import uuid
 
@@ -24,7 +22,7 @@ from rayshard.loader import Loader
 from rayshard.runtime import ack_relay, relay_link
 from rayshard.runtime.acks import AckSender
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.relay_standins import ForwardRecorder, RelayingCoordinator
+from tests.runtime.relay_standins import ForwardRecorder, RelayingCoordinator, ended, frozen
 from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 pytestmark = [pytest.mark.ray]
@@ -114,7 +112,7 @@ def test_a_failed_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
         token = wait_until(relay_taken, "the sender to take its node's relay")
         _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
         ray.kill(relay)
-        wait_until(lambda: _ended(relay), "the relay to end")
+        wait_until(lambda: ended(relay), "the relay to end")
         last = one_more_batch()
         sender.flush(wait=True)  # through the dead relay: sent again, straight
         assert "acknowledgement relay of this node ended" in caplog.text
@@ -162,18 +160,6 @@ def _flush_in_thread(sender, first: int, batch: int) -> threading.Thread:
     return thread
 
 
-@contextlib.contextmanager
-def _frozen(relay):
-    """The relay's process stopped (`SIGSTOP`: alive, not answering), continued at exit."""
-    pid = ray.get(relay.__ray_call__.remote(lambda _: os.getpid()))
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
-
-
 def test_a_frozen_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog, monkeypatch):
     monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 1.0)  # (read by this process's sender)
     monkeypatch.setattr(relay_link, "PROBE_S", 0.5)
@@ -182,7 +168,7 @@ def test_a_frozen_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog, 
     coordinator = loader._coordinator
     try:
         sender, token, relay = _relaying_sender(coordinator, generation, first)
-        with _frozen(relay):
+        with frozen(relay):
             flushing = _flush_in_thread(sender, first, 2)
             flushing.join(EVENT_TIMEOUT_S)
             assert not flushing.is_alive(), "flush(wait=True) still waits on the frozen relay"
@@ -205,7 +191,7 @@ def test_flushes_that_do_not_wait_bypass_a_frozen_relay(ray_session, tmp_path, m
     coordinator = loader._coordinator
     try:
         sender, _, relay = _relaying_sender(coordinator, generation, first)
-        with _frozen(relay):
+        with frozen(relay):
             sender.add(0, 2, np.array([[first + 8, first + 16]]), 8, 64, 0.0)
             sender.flush()  # to the frozen relay; not waited for (the background thread's way)
 
@@ -251,20 +237,11 @@ def test_a_relay_waiting_on_a_slow_coordinator_is_kept(ray_session, tmp_path, ca
         loader.shutdown()
 
 
-def _ended(actor) -> bool:
-    try:
-        ray.get(actor.counts.remote())
-    except ray.exceptions.RayActorError:
-        return True
-    return False
-
-
 def _hold_until(flag: str, started: str):
     """Run on the coordinator (`__ray_call__`): blocks its event loop until `flag` exists,
     having made `started` (how a test keeps the coordinator from answering)."""
 
     def hold(_actor) -> None:
-        import os
         import time
 
         open(started, "w").close()
@@ -307,7 +284,7 @@ def test_groups_that_arrive_while_a_call_is_in_flight_go_in_one_call(ray_session
         loader.shutdown()
 
 
-def test_an_unused_relay_is_ended(ray_session, monkeypatch):
+def test_an_unused_relay_isended(ray_session, monkeypatch):
     monkeypatch.setattr(ack_relay, "IDLE_RELEASE_S", 0.2)
 
     async def made_then_idle() -> tuple[int, object]:
@@ -384,13 +361,14 @@ def test_one_refused_group_fails_alone_in_a_relayed_call(ray_session, tmp_path):
     coordinator = loader._coordinator
     try:
         usage = {"batches": 1, "samples": 8, "bytes": 64, "stall_s": 0.0}
-        good = ((generation, 0, 0, 1, np.array([[first, first + 8]]), usage), {})
-        bad = ((generation, 0, 0, 2, "not runs", usage), {})
+        good = ("ack", (generation, 0, 0, 1, np.array([[first, first + 8]]), usage), {})
+        bad = ("ack", (generation, 0, 0, 2, "not runs", usage), {})
         node = ray.get_runtime_context().get_node_id()
-        answers = ray.get(coordinator.ack_many.remote(node, "no relay", [good, bad]))
+        answers = ray.get(coordinator.relayed.remote(node, "no relay", [good, bad]))
         assert answers[0].relay and answers[0].interval_s == loader.settings.ack_interval_s
         assert isinstance(answers[1], RayshardError), answers[1]
-        assert "'dp_rank': 0, 'epoch': 0, 'batches': 2} refused: ValueError" in str(answers[1])
+        refusal = str(answers[1])
+        assert "relayed ack {'generation': " in refusal and "'batches': 2} refused" in refusal
         described = ray.get(coordinator.describe.remote())
         assert described["consumers"][0]["batches"] == 1  # the good group, recorded
         assert (described["acks_relayed"], described["ack_relay_calls"]) == (2, 1)

@@ -1,0 +1,144 @@
+"""`dynamic` lease calls through a node's relay (`ack_relay`): a rank reading in its
+consumer sends them where its acknowledgements go; delivery stays exact, a lease whose
+relay died or hangs is answered straight with the same request id (granted once), and a
+call a late relay delivers after its rank's next one is refused (real Ray, real Parquet)."""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from rayshard.loader import Loader
+from rayshard.plan import intervals as iv
+from rayshard.runtime import relay_link
+from rayshard.runtime.acks import AckSender
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.relay_standins import ended, frozen
+from tests.timeouts import wait_until
+
+pytestmark = [pytest.mark.ray]
+
+ROWS = 240
+
+
+def _dynamic_loader(tmp_path, **options) -> Loader:
+    """A `dynamic` loader over `ROWS` ids in row groups of 30 (its pieces), batches of 8,
+    relaying every group (`ack_relay="node"`)."""
+    path = tmp_path / "ids.parquet"
+    pq.write_table(pa.table({"id": np.arange(ROWS)}), path, row_group_size=30)
+    return Loader(
+        ParquetSource([str(path)]),
+        batch_size=8,
+        name=f"leases-{uuid.uuid4().hex[:8]}",
+        policy="dynamic",
+        ack_relay="node",
+        **options,
+    )
+
+
+def test_a_rank_reading_in_its_consumer_leases_through_the_relay_exactly(ray_session, tmp_path):
+    loader = _dynamic_loader(tmp_path)
+    try:
+        iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        epochs = 0
+
+        def an_exact_epoch_then_relayed() -> dict | None:
+            """Read one more epoch (every sample once); `stats()` once leases of a whole
+            epoch went through the relay."""
+            nonlocal epochs
+            iterator.set_epoch(epochs)
+            seen = np.concatenate([batch["id"] for batch in iterator])
+            assert np.array_equal(np.sort(seen), np.arange(ROWS)), f"epoch {epochs}"
+            epochs += 1
+            stats = loader.stats()
+            return stats if stats["leases_relayed"] >= ROWS // 30 else None  # (30: a piece)
+
+        stats = wait_until(an_exact_epoch_then_relayed, "an epoch's leases relayed", poll=0)
+        assert stats["ack_relays"] == 1 and stats["acks_relayed"] > 0, stats
+        print("STATS", epochs, stats["lease_calls"], stats["leases_relayed"], stats["ack_relay_calls"], stats["acks_relayed"])
+        state = iterator.state_dict()
+        assert (state["epoch"], state["consumed"]) == (epochs, [])  # every epoch ended
+        iterator.close()
+    finally:
+        loader.shutdown()
+
+
+def _rank_with_relay(loader) -> tuple:
+    """Rank 0 of 1 registered and in epoch 0, its `AckSender` holding its node's relay
+    (taken from the answer to an acknowledgement of a first lease, sent straight):
+    (sender, generation, the first lease's answer, the relay's handle)."""
+    coordinator = loader._coordinator
+    dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
+    generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
+    ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+    sender = AckSender(coordinator, generation, 0, interval_s=60)  # flushed by hand
+    first = sender.lease((generation, 0, 0, 1, False, "stream:0"), {})
+    assert first.relay == ""  # no relay taken yet: straight
+    leased = sender.answer(first)
+    (start, end), *_ = leased.pieces
+    sender.add(0, 1, np.array([[start, start + 8]]), 8, 64, 0.0)
+    sender.flush(wait=True)  # its answer asks for the relay
+
+    def relay_taken() -> str:
+        sender.flush(wait=True)  # (nothing pending: takes the relay once it runs)
+        return sender.relay_token
+
+    wait_until(relay_taken, "the sender to take its node's relay")
+    _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
+    return sender, generation, leased, relay
+
+
+def _held(loader, generation: int) -> list:
+    return iv.normalize(ray.get(loader._coordinator.held.remote(generation, 0, 0)))
+
+
+def test_a_lease_through_a_dead_relay_is_answered_straight_once(ray_session, tmp_path):
+    loader = _dynamic_loader(tmp_path)
+    try:
+        sender, generation, first, relay = _rank_with_relay(loader)
+        relayed = sender.lease((generation, 0, 0, 1, False, "stream:1"), {})
+        assert relayed.relay == sender.relay_token != ""
+        second = sender.answer(relayed)
+        assert ray.get(loader._coordinator.describe.remote())["leases_relayed"] == 1
+        ray.kill(relay)
+        wait_until(lambda: ended(relay), "the relay to end")
+        third = sender.answer(sender.lease((generation, 0, 0, 1, False, "stream:2"), {}))
+        assert sender.relay_token == ""  # dropped: the next answer asks for a new one
+        pieces = [*first.pieces, *second.pieces, *third.pieces]
+        assert third.pieces and iv.total(iv.normalize(pieces)) == iv.total(pieces)  # disjoint
+        assert _held(loader, generation) == iv.normalize(pieces)  # granted once each
+        sender.stop()
+    finally:
+        loader.shutdown()
+
+
+def test_a_lease_a_frozen_relay_delivers_late_is_refused(ray_session, tmp_path, monkeypatch):
+    monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 1.0)  # (read by this process's sender)
+    monkeypatch.setattr(relay_link, "PROBE_S", 0.5)
+    loader = _dynamic_loader(tmp_path)
+    coordinator = loader._coordinator
+    try:
+        sender, generation, first, relay = _rank_with_relay(loader)
+        with frozen(relay):
+            late = sender.lease((generation, 0, 0, 1, False, "stream:1"), {})
+            assert late.relay != ""
+            # past the patience and a failed probe: sent straight, with the same id
+            second = sender.answer(late)
+            assert sender.relay_token == ""
+            third = sender.answer(sender.lease((generation, 0, 0, 1, False, "stream:2"), {}))
+            assert third.pieces
+        # The relay goes on: it forwards "stream:1" after the rank's "stream:2".
+        wait_until(
+            lambda: ray.get(coordinator.describe.remote())["leases_relayed"] == 1,
+            "the thawed relay to forward its late lease",
+        )
+        pieces = [*first.pieces, *second.pieces, *third.pieces]
+        assert _held(loader, generation) == iv.normalize(pieces)  # nothing more was granted
+        sender.stop()
+    finally:
+        loader.shutdown()
