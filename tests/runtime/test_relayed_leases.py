@@ -60,7 +60,6 @@ def test_a_rank_reading_in_its_consumer_leases_through_the_relay_exactly(ray_ses
 
         stats = wait_until(an_exact_epoch_then_relayed, "an epoch's leases relayed", poll=0)
         assert stats["ack_relays"] == 1 and stats["acks_relayed"] > 0, stats
-        print("STATS", epochs, stats["lease_calls"], stats["leases_relayed"], stats["ack_relay_calls"], stats["acks_relayed"])
         state = iterator.state_dict()
         assert (state["epoch"], state["consumed"]) == (epochs, [])  # every epoch ended
         iterator.close()
