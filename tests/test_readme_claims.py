@@ -435,7 +435,7 @@ def test_readme_states_when_an_acknowledgement_relay_is_ended():
     )
     assert found and float(found.group(1)) == ack_relay.IDLE_RELEASE_S
     relays = ack_relay.AckRelays(AckPacing(0.1))
-    relays.forwarded("node", "token", [AckAnswer(20.0), None])
+    relays.forwarded("node", "token", [("ack", (), {})] * 2, [AckAnswer(20.0), None])
     assert relays.idle_limit_s() == {"four": 4}[found.group(2)] * 20.0
     assert RuntimeConfig().ack_relay == "auto" and "`ack_relay=\"auto\"` (the default)" in text
     for mode in RELAY_MODES:

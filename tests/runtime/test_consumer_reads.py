@@ -208,7 +208,7 @@ class ScriptedReading:
         self.coordinator, self.script = coordinator, script
         self.dp_rank, self.settings = 0, LoaderConfig()
 
-    def epoch(self, started, generation, epoch, *, cancel, keep_text):
+    def epoch(self, started, generation, epoch, *, cancel, keep_text, leases=None):
         for step in self.script:
             if isinstance(step, threading.Event):
                 step.wait()
