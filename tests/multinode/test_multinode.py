@@ -220,10 +220,12 @@ def test_dynamic_node_loss_and_join_exact_coverage(shared_scenarios):
         f"no rank joined after the loss: {events}",
     )
     check(r, r["lost_reason"] == "reader died", f"rank lost because {r['lost_reason']}")
-    # `ack_relay="node"`: the surviving rank's groups went through a relay on its node
+    # `ack_relay="node"`: the surviving rank's groups and lease calls went through a relay
+    # on its node (the lost rank's through n2's, which died with it)
     relay = r["relays"]
     check(r, relay["runs_on"] == relay["for"] == "n1", f"n1's relay: {relay}")
-    check(r, 0 < relay["calls"] <= relay["groups"], f"n1's relay: {relay}")
+    check(r, 0 < relay["calls"] <= relay["groups"] + relay["leases"], f"n1's relay: {relay}")
+    check(r, relay["leases"] > 0, f"no lease call went through n1's relay: {relay}")
     check(r, r["acks_relayed"] >= relay["groups"], f"relayed: {r['acks_relayed']}, {relay}")
 
 
