@@ -56,6 +56,9 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert throughput["acks"]["acks_per_s"] > 0 and throughput["acks"]["calls"] > 0
     relayed = throughput["relayed_acks"]
     assert relayed["groups"] > 0 and relayed["groups_per_s"] > 0 and relayed["per_call"] == 8
+    leases = throughput["relayed_leases"]  # every one-piece call relayed got its piece
+    assert leases["leases"] == throughput["config"]["calls"] and leases["per_call"] == 8
+    assert leases["leases_per_s"] > 0
     assert throughput["empty_actor"]["calls"] == throughput["acks"]["calls"]
     assert throughput["tail_acks"]["unleased_rows"] == 0  # the tail: nothing left to lease
     assert throughput["tail_acks"]["calls"] > 0 and throughput["tail_acks"]["acks_per_s"] > 0
@@ -104,7 +107,8 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
         assert epoch[policy]["coverage_ok"], policy
     assert epoch["dynamic"]["ratio_vs_data"] > 0
 
-    assert set(report["targets"]) == {"recovery_s", "actor_leases_per_s", "actor_lease_many_per_s"}
+    leases = {"actor_leases_per_s", "actor_lease_many_per_s", "actor_relayed_leases_per_s"}
+    assert set(report["targets"]) == {"recovery_s", *leases}
     assert "relet" in done.stdout and "LeaseBook.lease" in done.stdout  # the printed tables
     assert "offered acks/s" in done.stdout and "us/ack" in done.stdout
     assert "calls queued" in done.stdout

@@ -41,24 +41,32 @@ def _dynamic_loader(tmp_path, **options) -> Loader:
     )
 
 
+def _exact_epochs_until(loader, iterator, enough) -> tuple[int, dict]:
+    """Read epochs, each holding every sample once, until `enough(loader.stats())`;
+    (epochs read, those stats)."""
+    epochs = 0
+
+    def an_exact_epoch_then_enough() -> dict | None:
+        nonlocal epochs
+        iterator.set_epoch(epochs)
+        seen = np.concatenate([batch["id"] for batch in iterator])
+        assert np.array_equal(np.sort(seen), np.arange(ROWS)), f"epoch {epochs}"
+        epochs += 1
+        stats = loader.stats()
+        return stats if enough(stats) else None
+
+    stats = wait_until(an_exact_epoch_then_enough, "enough epochs relayed", poll=0)
+    return epochs, stats
+
+
 def test_a_rank_reading_in_its_consumer_leases_through_the_relay_exactly(ray_session, tmp_path):
     loader = _dynamic_loader(tmp_path)
     try:
         iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-        epochs = 0
-
-        def an_exact_epoch_then_relayed() -> dict | None:
-            """Read one more epoch (every sample once); `stats()` once leases of a whole
-            epoch went through the relay."""
-            nonlocal epochs
-            iterator.set_epoch(epochs)
-            seen = np.concatenate([batch["id"] for batch in iterator])
-            assert np.array_equal(np.sort(seen), np.arange(ROWS)), f"epoch {epochs}"
-            epochs += 1
-            stats = loader.stats()
-            return stats if stats["leases_relayed"] >= ROWS // 30 else None  # (30: a piece)
-
-        stats = wait_until(an_exact_epoch_then_relayed, "an epoch's leases relayed", poll=0)
+        # until an epoch's worth of lease calls (a piece each at least) went through it
+        epochs, stats = _exact_epochs_until(
+            loader, iterator, lambda stats: stats["leases_relayed"] >= ROWS // 30
+        )
         assert stats["ack_relays"] == 1 and stats["acks_relayed"] > 0, stats
         state = iterator.state_dict()
         assert (state["epoch"], state["consumed"]) == (epochs, [])  # every epoch ended
@@ -139,5 +147,18 @@ def test_a_lease_a_frozen_relay_delivers_late_is_refused(ray_session, tmp_path, 
         pieces = [*first.pieces, *second.pieces, *third.pieces]
         assert _held(loader, generation) == iv.normalize(pieces)  # nothing more was granted
         sender.stop()
+    finally:
+        loader.shutdown()
+
+
+def test_a_reader_actors_lease_calls_go_straight(ray_session, tmp_path):
+    loader = _dynamic_loader(tmp_path, consumer_reads=False, ack_interval_s=0)
+    try:
+        iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        _, stats = _exact_epochs_until(
+            loader, iterator, lambda stats: stats["acks_relayed"] >= ROWS // 8
+        )
+        assert stats["leases_relayed"] == 0 and stats["lease_calls"][0]["calls"] > 0, stats
+        iterator.close()
     finally:
         loader.shutdown()
