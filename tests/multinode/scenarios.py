@@ -319,8 +319,9 @@ def watch_actors(loader: Any) -> dict:
 
 def relays_on(loader: Any, label: str) -> dict:
     """The acknowledgement relay of node `label`: the node its actor runs on (by label)
-    and the groups and lease calls it forwarded. (Asked right after the epoch, well within the relay's
-    idle time; had it been ended, the coordinator would make a new one, with no calls.)"""
+    and the groups and lease calls it forwarded. (Asked right after the epoch, well within
+    the relay's idle time; had it been ended, the coordinator would make a new one, with
+    no calls.)"""
     node = node_id_of(label)
     _, relay = ray.get(loader._coordinator.relay.remote(node))
     counts = ray.get(relay.counts.remote())

@@ -7,9 +7,12 @@ import contextlib
 import os
 import signal
 
+import numpy as np
 import ray
 
 from rayshard.core.ack_pacing import AckAnswer
+from rayshard.runtime.acks import AckSender
+from tests.timeouts import wait_until
 
 
 class HeldRelay:
@@ -92,3 +95,19 @@ def ended(actor) -> bool:
     except ray.exceptions.RayActorError:
         return True
     return False
+
+
+def relaying_sender(coordinator, generation: int, first: int) -> tuple:
+    """An `AckSender` of rank 0 that acknowledged its first batch and took its node's relay
+    (flushed by hand); (sender, relay token, relay handle)."""
+    sender = AckSender(coordinator, generation, 0, interval_s=60)
+    sender.add(0, 1, np.array([[first, first + 8]]), 8, 64, 0.0)
+    sender.flush(wait=True)  # its answer asks for the relay
+
+    def relay_taken() -> str:
+        sender.flush(wait=True)  # (nothing pending: takes the relay once it runs)
+        return sender.relay_token
+
+    token = wait_until(relay_taken, "the sender to take its node's relay")
+    _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
+    return sender, token, relay

@@ -22,7 +22,13 @@ from rayshard.loader import Loader
 from rayshard.runtime import ack_relay, relay_link
 from rayshard.runtime.acks import AckSender
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.relay_standins import ForwardRecorder, RelayingCoordinator, ended, frozen
+from tests.runtime.relay_standins import (
+    ForwardRecorder,
+    RelayingCoordinator,
+    ended,
+    frozen,
+    relaying_sender,
+)
 from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 pytestmark = [pytest.mark.ray]
@@ -131,22 +137,6 @@ def test_a_failed_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
         loader.shutdown()
 
 
-def _relaying_sender(coordinator, generation: int, first: int) -> tuple:
-    """An `AckSender` of rank 0 that acknowledged its first batch and took its node's relay
-    (flushed by hand); (sender, relay token, relay handle)."""
-    sender = AckSender(coordinator, generation, 0, interval_s=60)
-    sender.add(0, 1, np.array([[first, first + 8]]), 8, 64, 0.0)
-    sender.flush(wait=True)  # its answer asks for the relay
-
-    def relay_taken() -> str:
-        sender.flush(wait=True)  # (nothing pending: takes the relay once it runs)
-        return sender.relay_token
-
-    token = wait_until(relay_taken, "the sender to take its node's relay")
-    _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
-    return sender, token, relay
-
-
 def _flush_in_thread(sender, first: int, batch: int) -> threading.Thread:
     """Add batch `batch` and `flush(wait=True)` on a thread (a test that would hang fails)."""
 
@@ -160,14 +150,13 @@ def _flush_in_thread(sender, first: int, batch: int) -> threading.Thread:
     return thread
 
 
-def test_a_frozen_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 1.0)  # (read by this process's sender)
-    monkeypatch.setattr(relay_link, "PROBE_S", 0.5)
+@pytest.mark.usefixtures("short_relay_patience")
+def test_a_frozen_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="rayshard.runtime.acks")
     loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
     try:
-        sender, token, relay = _relaying_sender(coordinator, generation, first)
+        sender, token, relay = relaying_sender(coordinator, generation, first)
         with frozen(relay):
             flushing = _flush_in_thread(sender, first, 2)
             flushing.join(EVENT_TIMEOUT_S)
@@ -184,13 +173,12 @@ def test_a_frozen_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog, 
         loader.shutdown()
 
 
-def test_flushes_that_do_not_wait_bypass_a_frozen_relay(ray_session, tmp_path, monkeypatch):
-    monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 0.5)  # (read by this process's sender)
-    monkeypatch.setattr(relay_link, "PROBE_S", 0.5)
+@pytest.mark.usefixtures("short_relay_patience")
+def test_flushes_that_do_not_wait_bypass_a_frozen_relay(ray_session, tmp_path):
     loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
     try:
-        sender, _, relay = _relaying_sender(coordinator, generation, first)
+        sender, _, relay = relaying_sender(coordinator, generation, first)
         with frozen(relay):
             sender.add(0, 2, np.array([[first + 8, first + 16]]), 8, 64, 0.0)
             sender.flush()  # to the frozen relay; not waited for (the background thread's way)
@@ -213,7 +201,7 @@ def test_a_relay_waiting_on_a_slow_coordinator_is_kept(ray_session, tmp_path, ca
     loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
     try:
-        sender, token, _ = _relaying_sender(coordinator, generation, first)
+        sender, token, _ = relaying_sender(coordinator, generation, first)
         relayed = ray.get(coordinator.describe.remote())["acks_relayed"]
         flag, started = str(tmp_path / "release"), str(tmp_path / "held")
         held = coordinator.__ray_call__.remote(_hold_until(flag, started))

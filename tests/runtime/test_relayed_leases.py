@@ -15,10 +15,8 @@ import ray
 
 from rayshard.loader import Loader
 from rayshard.plan import intervals as iv
-from rayshard.runtime import relay_link
-from rayshard.runtime.acks import AckSender
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.relay_standins import ended, frozen
+from tests.runtime.relay_standins import ended, frozen, relaying_sender
 from tests.timeouts import wait_until
 
 pytestmark = [pytest.mark.ray]
@@ -76,27 +74,15 @@ def test_a_rank_reading_in_its_consumer_leases_through_the_relay_exactly(ray_ses
 
 
 def _rank_with_relay(loader) -> tuple:
-    """Rank 0 of 1 registered and in epoch 0, its `AckSender` holding its node's relay
-    (taken from the answer to an acknowledgement of a first lease, sent straight):
+    """Rank 0 of 1 registered and in epoch 0, its first lease (one piece) taken straight,
+    and an `AckSender` that acknowledged its first batch and took the node's relay:
     (sender, generation, the first lease's answer, the relay's handle)."""
     coordinator = loader._coordinator
     dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
     generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
     ray.get(coordinator.start_epoch.remote(generation, 0, 0))
-    sender = AckSender(coordinator, generation, 0, interval_s=60)  # flushed by hand
-    first = sender.lease((generation, 0, 0, 1, False, "stream:0"), {})
-    assert first.relay == ""  # no relay taken yet: straight
-    leased = sender.answer(first)
-    (start, end), *_ = leased.pieces
-    sender.add(0, 1, np.array([[start, start + 8]]), 8, 64, 0.0)
-    sender.flush(wait=True)  # its answer asks for the relay
-
-    def relay_taken() -> str:
-        sender.flush(wait=True)  # (nothing pending: takes the relay once it runs)
-        return sender.relay_token
-
-    wait_until(relay_taken, "the sender to take its node's relay")
-    _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
+    leased = ray.get(coordinator.lease.remote(generation, 0, 0, 1, False, "stream:0"))
+    sender, _, relay = relaying_sender(coordinator, generation, leased.pieces[0][0])
     return sender, generation, leased, relay
 
 
@@ -124,9 +110,8 @@ def test_a_lease_through_a_dead_relay_is_answered_straight_once(ray_session, tmp
         loader.shutdown()
 
 
-def test_a_lease_a_frozen_relay_delivers_late_is_refused(ray_session, tmp_path, monkeypatch):
-    monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 1.0)  # (read by this process's sender)
-    monkeypatch.setattr(relay_link, "PROBE_S", 0.5)
+@pytest.mark.usefixtures("short_relay_patience")
+def test_a_lease_a_frozen_relay_delivers_late_is_refused(ray_session, tmp_path):
     loader = _dynamic_loader(tmp_path)
     coordinator = loader._coordinator
     try:
