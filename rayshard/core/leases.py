@@ -271,7 +271,7 @@ class LeaseBook:
     def to_dict(self) -> dict[str, Any]:
         """The whole book, JSON-safe (the coordinator's journal snapshots hold it)."""
         return {
-            "queue": [list(p) for p in self._queue],
+            "queue": self._queue.packed(),
             "batch": self._batch,
             "equal": self._equal,
             "consumed": [list(r) for r in self.consumed()],
@@ -291,7 +291,7 @@ class LeaseBook:
         """The book `to_dict` described."""
         book = cls([], [], data["batch"], equal_steps=data["equal"])
         # no `requeued_front` in older snapshots: any queued piece may hold taken-back rows
-        book._queue = SplitQueue(data["queue"], data.get("requeued_front", len(data["queue"])))
+        book._queue = SplitQueue.loaded(data["queue"], data.get("requeued_front"))
         book._consumed_norm = tuple(tuple(r) for r in data["consumed"])
         book._consumed = list(book._consumed_norm)
         book._index({i: Lease(i, r, s, e) for i, r, s, e in data["leases"]})

@@ -4,7 +4,6 @@ the commands that followed it."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from rayshard.core import commands as cmd
@@ -35,7 +34,7 @@ def core_to_dict(core: CoordinatorCore) -> dict[str, Any]:
         "events": list(core.events),
         "readers_named": core.readers_named,
         "last_lease": [
-            [r, request, dataclasses.asdict(leased)]
+            [r, request, dict(vars(leased))]  # (not `asdict`: its deep copy cost 29 µs each)
             for r, (request, leased) in sorted(core.last_lease.items())
         ],
     }

@@ -14,8 +14,12 @@ costs the same with 10 pieces queued as with 100,000, and with 1 or 1,000 taken 
 
 from __future__ import annotations
 
+import base64
 import collections
+import itertools
 from collections.abc import Iterable, Iterator
+
+import numpy as np
 
 from rayshard.plan import intervals as iv
 
@@ -30,6 +34,23 @@ class SplitQueue:
         self.rows = iv.total(self._pieces)
         self.requeued_front = min(requeued_front, len(self._pieces))
         self.front_rows = iv.normalize(list(self._pieces)[: self.requeued_front])
+
+    @classmethod
+    def loaded(cls, saved: str | list, requeued_front: int | None = None) -> SplitQueue:
+        """The queue `packed()` saved (or a list of pieces, as older snapshots hold it);
+        `requeued_front` None: every piece (snapshots from before it was kept)."""
+        if isinstance(saved, str):
+            flat = np.frombuffer(base64.b64decode(saved), dtype="<i8")
+            saved = flat.reshape(-1, 2).tolist()
+        return cls(saved, len(saved) if requeued_front is None else requeued_front)
+
+    def packed(self) -> str:
+        """The pieces as base64 of little-endian int64 pairs, for a journal snapshot: a
+        queue of many pieces (a large dataset's row groups) saved as numbers rather than a
+        Python list per piece, which took most of a compaction's time."""
+        flat = itertools.chain.from_iterable(self._pieces)
+        numbers = np.fromiter(flat, dtype="<i8", count=2 * len(self._pieces))
+        return base64.b64encode(numbers.tobytes()).decode("ascii")
 
     def __bool__(self) -> bool:
         return bool(self._pieces)

@@ -22,7 +22,8 @@ import ray
 from rayshard.errors import ConfigError
 
 log = logging.getLogger(__name__)
-JOURNAL_VERSION = 3  # 2: commands of rayshard.core.commands, and snapshots; 3: flat ack ids
+# 2: commands of rayshard.core.commands, and snapshots; 3: flat ack ids; 4: packed queues
+JOURNAL_VERSION = 4
 
 
 class Journal:
