@@ -266,6 +266,14 @@ def report_tables(results: dict) -> list[str]:
             {"path": "LeaseBook.ack", "rate": t["lease_book"]["acks_per_s"], "what": "in process"},
             {"path": "Journal.append", "rate": t["journal_appends_per_s"], "what": "in process"},
             {
+                "path": "Journal.compact",
+                "rate": 1e3 / max(t["journal_compaction_ms"]),
+                "what": "in process, a dynamic epoch of {splits:,} pieces: {ms} ms each".format(
+                    splits=t["config"]["splits"],
+                    ms=", ".join(f"{ms:.0f}" for ms in t["journal_compaction_ms"]),
+                ),
+            },
+            {
                 "path": "actor lease.remote",
                 "rate": t["actor"]["leases_per_s"],
                 "what": "{callers} callers x {inflight_per_caller} in flight".format(**t["config"]),

@@ -61,6 +61,35 @@ def _journal_rate(workdir: Path, count: int, ranks: int = RANKS) -> float:
     return count / (time.perf_counter() - began)
 
 
+def _compaction_ms(workdir: Path, splits: int, ranks: int = RANKS, repeats: int = 3) -> list:
+    """Milliseconds of each of `repeats` journal compactions (the core's snapshot made,
+    then written) of a `dynamic` epoch of `splits` pieces, `ranks` ranks, 20,000 leased."""
+    from rayshard.config.loader_config import LoaderConfig
+    from rayshard.core import commands as cmd
+    from rayshard.core.coordination import CoordinatorCore
+    from rayshard.plan import PlanConfig
+    from rayshard.runtime.journal import Journal
+    from rayshard.sources import TableSource
+
+    ids = pa.table({"id": np.arange(splits * TINY_SPLIT, dtype=np.int64)})
+    source = TableSource(pa.Table.from_batches(ids.to_batches(max_chunksize=TINY_SPLIT)))
+    plan = PlanConfig(batch_size=1024, equal_steps=False)
+    core = CoordinatorCore("bench", source, LoaderConfig(plan=plan, policy="dynamic"))
+    for rank in range(ranks):
+        core.apply(cmd.Register(rank, ranks, rank, ranks, 0.0))
+    core.apply(cmd.StartEpoch(0, 0))
+    for i in range(min(20_000, splits // 2)):
+        core.apply(cmd.Lease(i % ranks, 0, 1, request=f"bench-{i % ranks}:{i}"))
+    journal = Journal(str(workdir / "journal-compact.jsonl"), "bench")
+    journal.start_fresh(replace_any=True)
+    times = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        journal.compact(core.to_dict())
+        times.append((time.perf_counter() - began) * 1e3)
+    return times
+
+
 RELAYED_PER_CALL = 8  # calls a `relayed` call carries: a node of 8 ranks' relay
 
 
@@ -248,6 +277,7 @@ def run_throughput(
 
     book = _lease_book_rates(splits, ranks)
     journal_per_s = _journal_rate(workdir, min(splits, 100_000), ranks)
+    compaction_ms = _compaction_ms(workdir, splits, ranks)
     folder = workdir / "throughput"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tiny.parquet"
@@ -274,6 +304,7 @@ def run_throughput(
         },
         "lease_book": book,
         "journal_appends_per_s": journal_per_s,
+        "journal_compaction_ms": compaction_ms,
     }
     try:
         regs = ray.get(
