@@ -45,6 +45,11 @@ acks        `--ack-ranks` ranks (policy `data`), each a real `AckSender` (the
             `off,auto`: straight, then the default, which relays once paced), with
             the groups sent and relayed, the coordinator's calls for them, its CPU
             per group, and the relay's CPU share (its whole life, its start too).
+leases      the same ranks under `dynamic`, each a real `AckSender` that leases one
+            piece of 4 batches through it (`AckSender.lease`: through its node's relay
+            once it took one) whenever it holds none, and acknowledges a batch every
+            `--step-s`, for `--ack-seconds`, once per `--ack-relay` mode: each lease's
+            round trip, the coordinator's CPU and calls, and what went through the relay.
 core        the coordinator's pure core (no Ray) through one `dynamic` epoch at
             `--core-ranks` ranks (default 1,000, 3,000 and 10,000; 4 row groups of
             32,768 rows per rank, one per lease, acknowledged 4 batches at a time):
@@ -87,6 +92,7 @@ from benchmarks.elastic.busy import run_busy  # noqa: E402
 from benchmarks.elastic.coordinator_rate import run_throughput  # noqa: E402
 from benchmarks.elastic.core_epoch import NODE_RANKS, run_core  # noqa: E402
 from benchmarks.elastic.epochs import run_epoch  # noqa: E402
+from benchmarks.elastic.lease_load import run_lease_load  # noqa: E402
 from benchmarks.elastic.recovery import (  # noqa: E402
     RECOVERY,
     ray_health_check_settings,
@@ -96,7 +102,7 @@ from rayshard.config.parts import RELAY_MODES  # noqa: E402
 
 ACK_INTERVAL_S = 0.1  # the iterators' default `ack_interval_s`
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "elastic_bench.json"
-SECTIONS = ("recovery", "throughput", "acks", "core", "busy", "epoch")
+SECTIONS = ("recovery", "throughput", "acks", "leases", "core", "busy", "epoch")
 KILL_MODES = ("ray_kill", "sigkill")
 TARGETS = {"recovery_s": 5.0, "actor_leases_per_s": 10_000.0}
 FEATURES = 128
@@ -218,6 +224,20 @@ ACK_TABLE = (
     ("coord. CPU us/group", "coordinator_cpu_us_per_group", ".0f"),
     ("relay CPU", "relay_cpu_share", ".0%"),
 )
+LEASE_TABLE = (
+    ("ranks", "ranks", "d"),
+    ("ack_relay", "relay", "s"),
+    ("leases", "leases", ",d"),
+    ("relayed", "leases_relayed", ",d"),
+    ("round trip med s", "lease_round_trip_s_median", ".3f"),
+    ("p90 s", "lease_round_trip_s_p90", ".3f"),
+    ("coordinator CPU", "coordinator_cpu_share", ".0%"),
+    ("groups", "groups", ",d"),
+    ("groups relayed", "groups_relayed", ",d"),
+    ("coordinator calls", "coordinator_calls", ",d"),
+    ("coord. CPU us/item", "coordinator_cpu_us_per_item", ".0f"),
+    ("recorded all", "recorded", "s"),
+)
 CORE_TABLE = (
     ("ranks", "ranks", "d"),
     ("case", "case", "s"),
@@ -336,6 +356,17 @@ def report_tables(results: dict) -> list[str]:
             for run in results["acks"]["runs"]
         ]
         out.append(format_table(rows, ACK_TABLE))
+    if "leases" in results:
+        rows = [
+            {
+                **run,
+                "ranks": run["config"]["ranks"],
+                "relay": run["config"]["ack_relay"],
+                "recorded": str(run["recorded_all"]),
+            }
+            for run in results["leases"]["runs"]
+        ]
+        out.append(format_table(rows, LEASE_TABLE))
     if "core" in results:
         rows = [{**r, "complete": str(r["complete"])} for r in results["core"]["runs"]]
         out.append(format_table(rows, CORE_TABLE))
@@ -415,6 +446,19 @@ def main(argv: list[str] | None = None) -> int:
             "acks": lambda: {
                 "runs": [
                     run_ack_load(
+                        workdir,
+                        args.ack_ranks,
+                        args.ack_seconds,
+                        args.step_s,
+                        ACK_INTERVAL_S,
+                        relay=relay,
+                    )
+                    for relay in args.ack_relay
+                ]
+            },
+            "leases": lambda: {
+                "runs": [
+                    run_lease_load(
                         workdir,
                         args.ack_ranks,
                         args.ack_seconds,

@@ -6,6 +6,8 @@ go on exactly as the live one."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -163,17 +165,15 @@ def test_kept_counts_equal_a_recount_and_a_reloaded_book_goes_on_alike(sizes, eq
     front=st.integers(0, 60),
 )
 def test_a_queue_saved_packed_loads_as_it_was(pieces, front):
-    """A snapshot holds the queue as packed numbers (`packed`): loaded, it has the same
-    pieces, in order, rows and requeued front; a list of pieces (older snapshots) loads
-    the same way."""
+    """A snapshot holds the queue as packed numbers (`packed`, JSON-safe): loaded, it has
+    the same pieces, in order, rows and requeued front."""
     queue = SplitQueue([(start, start + size) for start, size in pieces], front)
     saved = queue.packed()
-    assert isinstance(saved, str)
-    for form in (saved, [list(p) for p in queue]):
-        loaded = SplitQueue.loaded(form, queue.requeued_front)
-        assert list(loaded) == list(queue) and loaded.rows == queue.rows
-        assert loaded.requeued_front == queue.requeued_front
-        assert loaded.front_rows == queue.front_rows
+    assert json.loads(json.dumps(saved)) == saved
+    loaded = SplitQueue.loaded(saved, queue.requeued_front)
+    assert list(loaded) == list(queue) and loaded.rows == queue.rows
+    assert loaded.requeued_front == queue.requeued_front
+    assert loaded.front_rows == queue.front_rows
     assert SplitQueue.loaded(saved).requeued_front == len(pieces)  # (none kept: all)
 
 
@@ -220,8 +220,8 @@ def test_a_book_from_a_snapshot_without_the_requeued_front_drops_late_rows_anywh
     book.revoke(0)  # its rows go back to the front
     data = book.to_dict()
     del data["requeued_front"]
-    # and were they anywhere, they would still go (a list of pieces, as such snapshots had)
-    data["queue"] = [list(p) for p in SplitQueue.loaded(data["queue"])][::-1]
+    # and were they anywhere, they would still go
+    data["queue"] = SplitQueue(list(SplitQueue.loaded(data["queue"]))[::-1]).packed()
     old = LeaseBook.from_dict(data)
     old.ack([(slow.start, slow.end)], 0, 1.0)  # the straggler delivers after all
     queued = iv.normalize(SplitQueue.loaded(old.to_dict()["queue"]))

@@ -36,13 +36,11 @@ class SplitQueue:
         self.front_rows = iv.normalize(list(self._pieces)[: self.requeued_front])
 
     @classmethod
-    def loaded(cls, saved: str | list, requeued_front: int | None = None) -> SplitQueue:
-        """The queue `packed()` saved (or a list of pieces, as older snapshots hold it);
-        `requeued_front` None: every piece (snapshots from before it was kept)."""
-        if isinstance(saved, str):
-            flat = np.frombuffer(base64.b64decode(saved), dtype="<i8")
-            saved = flat.reshape(-1, 2).tolist()
-        return cls(saved, len(saved) if requeued_front is None else requeued_front)
+    def loaded(cls, saved: str, requeued_front: int | None = None) -> SplitQueue:
+        """The queue `packed()` saved; `requeued_front` None: every piece (snapshots from
+        before it was kept)."""
+        pieces = np.frombuffer(base64.b64decode(saved), dtype="<i8").reshape(-1, 2).tolist()
+        return cls(pieces, len(pieces) if requeued_front is None else requeued_front)
 
     def packed(self) -> str:
         """The pieces as base64 of little-endian int64 pairs, for a journal snapshot: a

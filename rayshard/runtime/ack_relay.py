@@ -224,16 +224,15 @@ class AckRelays:
                 ray.kill(known[1])
 
 
-async def record_each(methods: dict[str, Callable[..., Any]], calls: list) -> list:
-    """`methods[method](*args, **kwargs)` of each (method, args, kwargs) call (awaited if
-    a coroutine: one that never suspends, as the coordinator's journal batch is written
-    only once all are recorded): its answer, or the error it raised (one refused call
-    fails alone, not the relay's whole call)."""
+def record_each(methods: dict[str, Callable[..., Any]], calls: list) -> list:
+    """`methods[method](*args, **kwargs)` of each (method, args, kwargs) call (a coroutine
+    run to its end at once: `finished_now`): its answer, or the error it raised (one
+    refused call fails alone, not the relay's whole call)."""
     answers = []
     for method, args, options in calls:
         try:
             answer = methods[method](*args, **options)
-            answers.append(await answer if inspect.isawaitable(answer) else answer)
+            answers.append(finished_now(answer) if inspect.iscoroutine(answer) else answer)
         except Exception as error:  # noqa: BLE001 - returned to that call's rank
             names = ("generation", "dp_rank", "epoch", "batches" if method == "ack" else "count")
             head = dict(zip(names, args))
@@ -241,4 +240,17 @@ async def record_each(methods: dict[str, Callable[..., Any]], calls: list) -> li
     return answers
 
 
-__all__ = ["IDLE_RELEASE_S", "AckRelay", "AckRelays", "record_each"]
+def finished_now(coroutine: Any) -> Any:
+    """The result of `coroutine`, which must end without suspending: the coordinator
+    records a relayed call's commands in one journal batch, written before any answer goes
+    out, and a call that suspended would let other calls answer with their entries still
+    unwritten. One that suspends is closed and refused (a bug, not a condition to meet)."""
+    try:
+        coroutine.send(None)
+    except StopIteration as ended:
+        return ended.value
+    coroutine.close()
+    raise RuntimeError(f"{coroutine.__qualname__} suspended inside a relayed call's journal batch")
+
+
+__all__ = ["IDLE_RELEASE_S", "AckRelay", "AckRelays", "finished_now", "record_each"]

@@ -187,9 +187,9 @@ class Coordinator:
     async def relayed(self, node: str, token: str, calls: list) -> list:
         """Relay `token` of `node` forwards its node's `calls`, each (method, args, kwargs)
         of `ack` or `lease`, in one call; returns their answers (or errors) in order."""
-        methods = {"ack": self._record_ack, "lease": self.lease}  # (neither suspends)
+        methods = {"ack": self._record_ack, "lease": self.lease}  # (`lease` runs at once)
         with self._journal.batched():  # one write for the lot, before the answers
-            answers = await record_each(methods, calls)  # one refused fails alone
+            answers = record_each(methods, calls)  # one refused fails alone
         self._relays.forwarded(node, token, calls, answers)
         async with self._acked:
             self._acked.notify_all()

@@ -54,6 +54,7 @@ def dynamic_rows(
     reader: str = "",
     pacing: LeasePacing | None = None,
     leases: Any = None,
+    lease_ids: LeaseIds | None = None,
 ) -> Iterator[Any]:
     """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
     reader thread's stop event. The leased pieces are read by `reads` as one stream
@@ -66,7 +67,8 @@ def dynamic_rows(
     serve: once the rank registered again (a newer iterator), they are refused. `pacing`:
     the rank's, kept from epoch to epoch by its reading (default: a new one). `leases`:
     the rank's `AckSender` when it reads in its consumer: lease calls then go through the
-    node's relay whenever its acknowledgements do (default: straight)."""
+    node's relay whenever its acknowledgements do (default: straight). `lease_ids`: the
+    ids of the reading's calls (default: new ones, as for a new reading)."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
@@ -76,15 +78,13 @@ def dynamic_rows(
     pacing = pacing or lease_pacing(settings, splits)
     count = pacing.base
     boundaries = split_boundaries(splits)
-    # Each call has its own id: Ray retries a call in flight when the coordinator restarts,
-    # and the retry must get the answer the first call was given (journaled), not more.
-    calls = (f"{uuid.uuid4().hex}:{n}" for n in itertools.count())
+    lease_ids = lease_ids or LeaseIds()
 
     def ask(pieces: int = count, share: bool = False) -> Sent:
         """A lease call in flight for up to `pieces` (its answer is `answer` of it);
         `share`: a paced ask, granted within a share of what is unleased. It reports the
         time the reading waited for answers since the last call (for `loader.stats()`)."""
-        args = (generation, rank, epoch, pieces, finishing, next(calls))
+        args = (generation, rank, epoch, pieces, finishing, lease_ids())
         options = {"reader": reader, "share": share and not finishing}
         options["waited_s"] = pacing.take_waited()
         if leases is not None:
@@ -143,6 +143,21 @@ def dynamic_rows(
             yield from pad_rows(source, pad, last_index, settings.columns, pad_cache)
             rows_out += pad
         leased = None
+
+
+class LeaseIds:
+    """Ids of one rank reading's lease calls, "<reading>:<n>", n rising across its streams
+    and epochs. Ray's retry of a call in flight (after a coordinator restart), or its
+    resend straight past a relay that failed, keeps its id and gets the answer the first
+    was given (journaled), not more; a call the reading went past (delivered late by a
+    frozen relay, or of a stream it abandoned) is refused (`Lease.check_after`) rather
+    than granted to no reader. Safe from several threads (one count)."""
+
+    def __init__(self) -> None:
+        self._reading, self._numbers = uuid.uuid4().hex, itertools.count()
+
+    def __call__(self) -> str:
+        return f"{self._reading}:{next(self._numbers)}"
 
 
 def lease_pacing(settings: LoaderConfig, splits: list) -> LeasePacing:
@@ -271,4 +286,11 @@ def keep_rows(batch: pa.RecordBatch, kept: iv.Intervals) -> pa.RecordBatch:
     return batch if mask.all() else batch.filter(arrow_of(mask))
 
 
-__all__ = ["LeaseStream", "drop_taken_back", "dynamic_rows", "keep_rows", "lease_pacing"]
+__all__ = [
+    "LeaseIds",
+    "LeaseStream",
+    "drop_taken_back",
+    "dynamic_rows",
+    "keep_rows",
+    "lease_pacing",
+]

@@ -24,7 +24,7 @@ from rayshard.data.batching import (
     reading_pieces,
 )
 from rayshard.device.affinity import reader_pool
-from rayshard.runtime.dynamic_rows import dynamic_rows, lease_pacing
+from rayshard.runtime.dynamic_rows import LeaseIds, dynamic_rows, lease_pacing
 from rayshard.runtime.packing_stage import packed_batches
 from rayshard.runtime.pipeline import flush_before_error, reader_batches
 from rayshard.runtime.reading_threads import reading_threads
@@ -84,13 +84,14 @@ def epoch_batches(
     batches: Callable[[Iterator[pa.RecordBatch]], Iterator[Any]],
     pacing: Any = None,
     leases: Any = None,
+    lease_ids: Any = None,
 ) -> Iterator[Any]:
     """The batches (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`, as the
     coordinator's `start_epoch` answered (`started`): packed documents, leased rows under
     `dynamic`, or the static plan's rows. `reads` reads pieces (under `dynamic`, the leases
     as one stream: `dynamic_rows`), `batches(rows)` rebatches
     (and transforms) rows; `cancel()` stops a `dynamic` stream, which `pacing` paces and
-    whose lease calls `leases` (see `dynamic_rows`) may relay."""
+    whose lease calls, named by `lease_ids`, `leases` may relay (see `dynamic_rows`)."""
     _, epoch, _ = key
     plan = started["plan"]
     if settings.packing is not None:
@@ -99,7 +100,7 @@ def epoch_batches(
     if plan is None:
         reader = started.get("reader", "")
         args = (coordinator, source, splits, settings, key, cancel, reads, reader, pacing)
-        rows = dynamic_rows(*args, leases=leases)
+        rows = dynamic_rows(*args, leases=leases, lease_ids=lease_ids)
         return batches(rows)
     return batches(static_rows(source, settings, splits, plan, epoch, reads))
 
@@ -124,6 +125,7 @@ class RankReading:
         self._pool: Any = None
         self._threads = 1
         self._pacing: Any = None  # under `dynamic`: lease pacing, kept across epochs
+        self._lease_ids = LeaseIds()  # under `dynamic`: its lease calls' ids (see there)
 
     def splits(self) -> Any:
         if self._splits is None:
@@ -184,6 +186,7 @@ class RankReading:
             reads=reads or self.thread_reads(epoch),
             pacing=self._pacing,
             leases=leases,
+            lease_ids=self._lease_ids,
             batches=lambda rows: reader_batches(
                 rows,
                 batch_size=settings.plan.batch_size,

@@ -272,7 +272,7 @@ def test_groups_that_arrive_while_a_call_is_in_flight_go_in_one_call(ray_session
         loader.shutdown()
 
 
-def test_an_unused_relay_isended(ray_session, monkeypatch):
+def test_an_unused_relay_is_ended(ray_session, monkeypatch):
     monkeypatch.setattr(ack_relay, "IDLE_RELEASE_S", 0.2)
 
     async def made_then_idle() -> tuple[int, object]:

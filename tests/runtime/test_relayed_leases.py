@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
+from rayshard.errors import RayshardError, StaleClientError
 from rayshard.loader import Loader
 from rayshard.plan import intervals as iv
 from rayshard.sources.parquet import ParquetSource
@@ -145,5 +146,43 @@ def test_a_reader_actors_lease_calls_go_straight(ray_session, tmp_path):
         )
         assert stats["leases_relayed"] == 0 and stats["lease_calls"][0]["calls"] > 0, stats
         iterator.close()
+    finally:
+        loader.shutdown()
+
+
+def test_a_lease_refused_through_the_relay_raises_the_coordinators_error(ray_session, tmp_path):
+    loader = _dynamic_loader(tmp_path)
+    try:
+        sender, generation, _, _ = _rank_with_relay(loader)
+        token = sender.relay_token
+        stale = sender.lease((generation - 1, 0, 0, 1, False, "stream:1"), {})
+        assert stale.relay == token
+        with pytest.raises(StaleClientError, match=f"generation {generation - 1}"):
+            sender.answer(stale)  # the relay's refusal, sent again straight: its own error
+        assert sender.relay_token == token  # a refusal does not drop a working relay
+        sender.stop()
+    finally:
+        loader.shutdown()
+
+
+def test_relayed_lease_calls_fail_alone_and_a_retry_gets_the_same_answer(ray_session, tmp_path):
+    loader = _dynamic_loader(tmp_path)
+    coordinator = loader._coordinator
+    try:
+        dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
+        generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
+        ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+        good = ("lease", (generation, 0, 0, 1, False, "stream:0"), {"waited_s": 0.5})
+        refused = ("lease", (generation + 1, 0, 0, 1, False, "stream:1"), {})
+        node = ray.get_runtime_context().get_node_id()
+        leased, error = ray.get(coordinator.relayed.remote(node, "no relay", [good, refused]))
+        assert leased.pieces and isinstance(error, RayshardError)
+        assert "relayed lease {'generation': " in str(error) and "refused" in str(error)
+        # the same call sent again straight (its relay failed after forwarding it)
+        again = ray.get(coordinator.lease.remote(*good[1], **good[2]))
+        assert again == leased and _held(loader, generation) == iv.normalize(leased.pieces)
+        described = ray.get(coordinator.describe.remote())
+        assert (described["leases_relayed"], described["ack_relay_calls"]) == (2, 1)
+        assert described["lease_calls"][0]["calls"] == 2  # the relayed one, the retry
     finally:
         loader.shutdown()
