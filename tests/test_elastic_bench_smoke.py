@@ -32,7 +32,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     done = run_benchmark(*command)
     report = json.loads(out.read_text())
     results = report["results"]
-    assert set(results) == {"recovery", "throughput", "acks", "core", "busy", "epoch"}
+    assert set(results) == {"recovery", "throughput", "acks", "leases", "core", "busy", "epoch"}
 
     recovery = results["recovery"]
     assert set(recovery["summary"]) == {"ray_kill", "sigkill"}
@@ -84,6 +84,17 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     relayed = runs["node"]
     assert relayed["groups_relayed"] > 0 and relayed["relay_cpu_share"] is not None
     assert 0 < relayed["relay_calls"] <= relayed["groups_relayed"] < relayed["groups"]
+
+    leases = {run["config"]["ack_relay"]: run for run in results["leases"]["runs"]}
+    assert set(leases) == {"off", "node"}
+    for run in leases.values():  # each rank leased, and every received batch was recorded
+        assert run["leases"] >= 20 and run["recorded_all"] and run["groups"] >= 20, run
+        assert 0 < run["lease_round_trip_s_median"] <= run["lease_round_trip_s_p90"]
+    assert leases["off"]["leases_relayed"] == 0 and leases["off"]["relay_calls"] == 0
+    # once relayed, lease calls and groups share the relay's calls to the coordinator
+    relayed = leases["node"]
+    assert 0 < relayed["leases_relayed"] <= relayed["leases"]
+    assert relayed["relay_calls"] <= relayed["leases_relayed"] + relayed["groups_relayed"]
 
     core = {run["case"]: run for run in results["core"]["runs"]}
     assert set(core) == {"steady", "node lost", "node lost, stragglers on"}
