@@ -19,8 +19,8 @@ from benchmarks.elastic.ack_load import RELAY_START_S
 from benchmarks.elastic.common import pid_of
 
 BATCH = 16
-PIECE_BATCHES = 4  # a piece (a Parquet row group) holds 4 batches: a lease every 4 steps
-ROWS_PER_RANK = 200_000
+PIECE_BATCHES = 4  # a piece (`split_rows`) holds 4 batches: a lease every 4 steps
+ROWS_PER_RANK = 20_000  # more than a rank receives in the load (no rank runs out)
 
 
 class _LeasingRanks:
@@ -113,9 +113,9 @@ def run_lease_load(
 
     path = workdir / "leases.parquet"
     ids = np.arange(ranks * ROWS_PER_RANK, dtype=np.int64)
-    pq.write_table(pa.table({"id": ids}), path, row_group_size=BATCH * PIECE_BATCHES)
+    pq.write_table(pa.table({"id": ids}), path, row_group_size=1 << 20)
     loader = Loader(
-        ParquetSource([str(path)]),
+        ParquetSource([str(path)], split_rows=BATCH * PIECE_BATCHES),
         batch_size=BATCH,
         name=f"leases-{uuid.uuid4().hex[:8]}",
         policy="dynamic",
