@@ -443,31 +443,21 @@ def main(argv: list[str] | None = None) -> int:
                 args.ranks,
                 sizes["ack_calls"],
             ),
-            "acks": lambda: {
-                "runs": [
-                    run_ack_load(
-                        workdir,
-                        args.ack_ranks,
-                        args.ack_seconds,
-                        args.step_s,
-                        ACK_INTERVAL_S,
-                        relay=relay,
-                    )
-                    for relay in args.ack_relay
-                ]
-            },
-            "leases": lambda: {
-                "runs": [
-                    run_lease_load(
-                        workdir,
-                        args.ack_ranks,
-                        args.ack_seconds,
-                        args.step_s,
-                        ACK_INTERVAL_S,
-                        relay=relay,
-                    )
-                    for relay in args.ack_relay
-                ]
+            **{
+                section: lambda load=load: {
+                    "runs": [
+                        load(
+                            workdir,
+                            args.ack_ranks,
+                            args.ack_seconds,
+                            args.step_s,
+                            ACK_INTERVAL_S,
+                            relay=relay,
+                        )
+                        for relay in args.ack_relay
+                    ]
+                }
+                for section, load in (("acks", run_ack_load), ("leases", run_lease_load))
             },
             "core": lambda: run_core(args.core_ranks),
             "busy": lambda: run_busy(

@@ -159,14 +159,9 @@ def run_lease_load(
     relay_calls = described["ack_relay_calls"] - before["ack_relay_calls"]
     coordinator_calls = leases - relayed + groups - groups_relayed + relay_calls
     return {
-        "config": {
-            "ranks": ranks,
-            "seconds": seconds,
-            "step_s": step_s,
-            "ack_interval_s": interval_s,
-            "ack_relay": relay,
-            "piece_batches": PIECE_BATCHES,
-            "callers": callers,
+        "config": {  # (`seconds`, `step_s` and `callers` as the acks load has them)
+            **dict(ranks=ranks, seconds=seconds, step_s=step_s, ack_interval_s=interval_s),
+            **dict(ack_relay=relay, piece_batches=PIECE_BATCHES, callers=callers),
         },
         "steps_per_caller": [load["steps"] for load in loads],
         "leases": leases,

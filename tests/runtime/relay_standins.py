@@ -111,3 +111,21 @@ def relaying_sender(coordinator, generation: int, first: int) -> tuple:
     token = wait_until(relay_taken, "the sender to take its node's relay")
     _, relay = ray.get(coordinator.relay.remote(ray.get_runtime_context().get_node_id()))
     return sender, token, relay
+
+
+def exact_epochs_until(loader, iterator, rows: int, enough) -> tuple[int, dict]:
+    """Read epochs from 0 on, each holding every sample id in `range(rows)` once, until
+    `enough(loader.stats())`; (epochs read, those stats)."""
+    epochs = 0
+
+    def an_exact_epoch_then_enough() -> dict | None:
+        nonlocal epochs
+        iterator.set_epoch(epochs)
+        seen = np.concatenate([batch["id"] for batch in iterator])
+        assert np.array_equal(np.sort(seen), np.arange(rows)), f"epoch {epochs}"
+        epochs += 1
+        stats = loader.stats()
+        return stats if enough(stats) else None
+
+    stats = wait_until(an_exact_epoch_then_enough, "enough epochs relayed", poll=0)
+    return epochs, stats

@@ -26,6 +26,7 @@ from tests.runtime.relay_standins import (
     ForwardRecorder,
     RelayingCoordinator,
     ended,
+    exact_epochs_until,
     frozen,
     relaying_sender,
 )
@@ -69,20 +70,9 @@ def test_a_dynamic_epoch_through_the_relay_is_exact_and_ends(ray_session, tmp_pa
     loader = _relaying_loader(tmp_path, policy="dynamic", ack_interval_s=0)
     try:
         iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-        epochs = 0
-
-        def an_exact_epoch_then_relayed() -> dict | None:
-            """Read one more epoch (every sample once); `stats()` once a whole epoch's
-            worth of groups went through the relay."""
-            nonlocal epochs
-            iterator.set_epoch(epochs)
-            seen = np.concatenate([batch["id"] for batch in iterator])
-            assert np.array_equal(np.sort(seen), np.arange(ROWS)), f"epoch {epochs}"
-            epochs += 1
-            stats = loader.stats()
-            return stats if stats["acks_relayed"] >= ROWS // 8 else None
-
-        stats = wait_until(an_exact_epoch_then_relayed, "an epoch's groups relayed", poll=0)
+        epochs, stats = exact_epochs_until(  # until an epoch's worth of groups went through
+            loader, iterator, ROWS, lambda stats: stats["acks_relayed"] >= ROWS // 8
+        )
         assert stats["ack_relays"] == 1, stats
         assert stats["acks_relayed"] >= ROWS // 8, f"{epochs} epochs: {stats['acks_relayed']}"
         # the epoch's end was seen through relayed groups: its state is complete

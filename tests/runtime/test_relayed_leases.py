@@ -17,7 +17,7 @@ from rayshard.errors import RayshardError, StaleClientError
 from rayshard.loader import Loader
 from rayshard.plan import intervals as iv
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.relay_standins import ended, frozen, relaying_sender
+from tests.runtime.relay_standins import ended, exact_epochs_until, frozen, relaying_sender
 from tests.timeouts import wait_until
 
 pytestmark = [pytest.mark.ray]
@@ -40,31 +40,13 @@ def _dynamic_loader(tmp_path, **options) -> Loader:
     )
 
 
-def _exact_epochs_until(loader, iterator, enough) -> tuple[int, dict]:
-    """Read epochs, each holding every sample once, until `enough(loader.stats())`;
-    (epochs read, those stats)."""
-    epochs = 0
-
-    def an_exact_epoch_then_enough() -> dict | None:
-        nonlocal epochs
-        iterator.set_epoch(epochs)
-        seen = np.concatenate([batch["id"] for batch in iterator])
-        assert np.array_equal(np.sort(seen), np.arange(ROWS)), f"epoch {epochs}"
-        epochs += 1
-        stats = loader.stats()
-        return stats if enough(stats) else None
-
-    stats = wait_until(an_exact_epoch_then_enough, "enough epochs relayed", poll=0)
-    return epochs, stats
-
-
 def test_a_rank_reading_in_its_consumer_leases_through_the_relay_exactly(ray_session, tmp_path):
     loader = _dynamic_loader(tmp_path)
     try:
         iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
         # until an epoch's worth of lease calls (a piece each at least) went through it
-        epochs, stats = _exact_epochs_until(
-            loader, iterator, lambda stats: stats["leases_relayed"] >= ROWS // 30
+        epochs, stats = exact_epochs_until(
+            loader, iterator, ROWS, lambda stats: stats["leases_relayed"] >= ROWS // 30
         )
         assert stats["ack_relays"] == 1 and stats["acks_relayed"] > 0, stats
         state = iterator.state_dict()
@@ -141,8 +123,8 @@ def test_a_reader_actors_lease_calls_go_straight(ray_session, tmp_path):
     loader = _dynamic_loader(tmp_path, consumer_reads=False, ack_interval_s=0)
     try:
         iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-        _, stats = _exact_epochs_until(
-            loader, iterator, lambda stats: stats["acks_relayed"] >= ROWS // 8
+        _, stats = exact_epochs_until(
+            loader, iterator, ROWS, lambda stats: stats["acks_relayed"] >= ROWS // 8
         )
         assert stats["leases_relayed"] == 0 and stats["lease_calls"][0]["calls"] > 0, stats
         iterator.close()
