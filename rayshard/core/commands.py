@@ -86,17 +86,18 @@ class Lease(Command):
 
     def check_after(self, last: str) -> None:
         """Raise `StaleClientError` if this call is older than `last`, its rank's latest
-        lease call: both "<stream>:<n>" ids of one stream (a rank's epoch), this one with
-        the smaller n. A relay that was late (a frozen process) may deliver a call its rank
-        has since sent straight and gone past; granting it would lease pieces no one reads."""
+        lease call: both "<reading>:<n>" ids of one rank reading (numbered across its
+        epochs), this one with the smaller n. A relay that was late (a frozen process) may
+        deliver a call its rank has since sent straight and gone past, and a stream the
+        reading abandoned may send one late; granting it would lease pieces no one reads."""
         stream, _, number = self.request.rpartition(":")
         last_stream, _, last_number = last.rpartition(":")
         same = bool(stream) and stream == last_stream
         if same and number.isdigit() and last_number.isdigit() and int(number) < int(last_number):
             raise StaleClientError(
                 f"lease call {self.request!r} of data-parallel rank {self.dp_rank} came after "
-                f"its later call {last!r} (delayed in a relay while the rank sent it "
-                "straight): not granted"
+                f"its later call {last!r} (delayed, as in a relay that was frozen, or of a "
+                "stream its reading left): not granted"
             )
 
 

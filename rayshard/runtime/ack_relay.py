@@ -131,14 +131,8 @@ class AckRelay:
         """Calls forwarded, the groups and leases they carried, and the calls waiting for
         their answer now (for tests and benchmarks)."""
         calls, groups, leases = self.forwarded
-        waiting = self._waiting
-        return {
-            "calls": calls,
-            "groups": groups,
-            "leases": leases,
-            "waiting": waiting,
-            "node": self._node,
-        }
+        counts = {"calls": calls, "groups": groups, "leases": leases}
+        return {**counts, "waiting": self._waiting, "node": self._node}
 
 
 class AckRelays:
