@@ -5,6 +5,7 @@ refused call fails alone, and a rank reading's lease ids order its calls."""
 from __future__ import annotations
 
 import asyncio
+import pickle
 
 import pytest
 
@@ -62,3 +63,14 @@ def test_a_readings_lease_ids_order_its_calls_across_its_streams():
             cmd.Lease(0, 0, request=older).check_after(later)
         cmd.Lease(0, 0, request=later).check_after(older)  # the later one goes on
     cmd.Lease(0, 0, request=LeaseIds()()).check_after(third)  # another reading: not ordered
+
+
+def test_a_copy_of_a_readings_lease_ids_is_a_new_reading():
+    """A `RankReading` pickled into its reader actor carries its `LeaseIds`: the copy must
+    not reuse the original's ids (the coordinator would answer one with the other's)."""
+    ids = LeaseIds()
+    ids(), ids()
+    copy = pickle.loads(pickle.dumps(ids))
+    first = copy()
+    assert first.rpartition(":")[0] != ids().rpartition(":")[0]
+    assert first.endswith(":0")

@@ -142,9 +142,11 @@ class Coordinator:
         re-registered; `share`: see `cmd.Lease`; `waited_s`: how long the rank's reading
         waited for answers since its last call."""
         self._core.check_epoch(generation, dp_rank, epoch, reader)
+        repeat = request != "" and self._core.last_lease.get(dp_rank, ("",))[0] == request
         asked = cmd.Lease(dp_rank, epoch, count, finishing, time.time(), request, share)
         answer = self._do(asked)
-        self._usage.leased(dp_rank, answer, share, waited_s)
+        if not repeat:  # (a retried call, answered again, is counted once)
+            self._usage.leased(dp_rank, answer, share, waited_s)
         return answer
 
     async def await_change(

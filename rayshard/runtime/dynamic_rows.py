@@ -159,6 +159,12 @@ class LeaseIds:
     def __call__(self) -> str:
         return f"{self._reading}:{next(self._numbers)}"
 
+    def __reduce__(self) -> tuple:
+        """A copy (a `RankReading` pickled into its reader actor) is a new reading: two
+        readings with one id would get each other's answers. (Also: `itertools.count`
+        itself does not pickle in every Python.)"""
+        return LeaseIds, ()
+
 
 def lease_pacing(settings: LoaderConfig, splits: list) -> LeasePacing:
     """A rank's lease pacing: without it, enough pieces per call to fill one object's worth

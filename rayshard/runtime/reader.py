@@ -216,6 +216,8 @@ class ShardReader:
                 self._final = self._next_to_read
                 self._cond.notify_all()
         except BaseException as error:  # noqa: BLE001 - reported to every consumer
+            if cancel.is_set():  # an epoch left behind (its thread outlived the join):
+                return  # its error (a late lease call refused, say) is not the new one's
             trace = traceback.format_exc()
             if isinstance(error, StaleClientError):  # the coordinator refused: no Ray trace
                 error = unwrap_task_error(error, "coordinator")
