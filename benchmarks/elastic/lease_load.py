@@ -34,19 +34,25 @@ class _LeasingRanks:
         self.hands: dict[int, list] = {rank: [] for rank in ranks}  # rows leased, not received
         self.calls = {rank: 0 for rank in ranks}
         self.received = {rank: 0 for rank in ranks}
+        self.steps = 0
 
     def _lease_empty_hands(self, round_trips: list) -> None:
-        """One lease call for each rank whose hand is empty, all in flight together."""
-        sent = {}
+        """One lease call for each rank whose hand is empty, all in flight together; each
+        call's round trip ends when its answer arrives (`ray.wait`), not when it is read."""
+        import ray
+
+        sent, sent_at = {}, {}
         for rank, hand in self.hands.items():
             if not hand:
                 self.calls[rank] += 1
                 args = (self.generation, rank, 0, 1, False, f"load-{rank}:{self.calls[rank]}")
-                sent[rank] = (time.perf_counter(), self.ranks[rank].lease(args, {}))
-        for rank, (began, call) in sent.items():
-            leased = self.ranks[rank].answer(call)
-            round_trips.append(time.perf_counter() - began)
-            for start, end in leased.pieces:
+                sent[rank], sent_at[rank] = self.ranks[rank].lease(args, {}), time.perf_counter()
+        waiting = {call.ref: rank for rank, call in sent.items()}
+        while waiting:
+            done, _ = ray.wait(list(waiting), num_returns=1)
+            round_trips.append(time.perf_counter() - sent_at[waiting.pop(done[0])])
+        for rank, call in sent.items():
+            for start, end in self.ranks[rank].answer(call).pieces:
                 self.hands[rank].extend(range(start, end, BATCH))
 
     def _take_relay(self) -> None:
@@ -59,34 +65,44 @@ class _LeasingRanks:
                 sender.flush(wait=True)
                 time.sleep(0.01)
 
-    def run(self, seconds: float, step_s: float, take_relay: bool) -> dict:
-        round_trips: list[float] = []
-        steps = 0
+    def _step(self, round_trips: list) -> None:
+        """Lease for the ranks whose hands are empty, then each rank receives a batch.
+        Rank r begins receiving at step r % `PIECE_BATCHES`, so its leases fall on other
+        steps than most ranks' (not all ranks' calls at once)."""
+        self.steps += 1
+        self._lease_empty_hands(round_trips)
+        for rank, hand in self.hands.items():
+            if hand and self.steps > rank % PIECE_BATCHES:
+                start = hand.pop(0)
+                self.received[rank] += 1
+                runs = np.array([[start, start + BATCH]], dtype=np.int64)
+                self.ranks[rank].add(0, self.received[rank], runs, BATCH, 8 * BATCH, 0.0)
 
-        def step() -> None:
-            nonlocal steps
-            steps += 1
-            self._lease_empty_hands(round_trips)
-            for rank, hand in self.hands.items():
-                if hand:
-                    start = hand.pop(0)
-                    self.received[rank] += 1
-                    runs = np.array([[start, start + BATCH]], dtype=np.int64)
-                    self.ranks[rank].add(0, self.received[rank], runs, BATCH, 8 * BATCH, 0.0)
+    def groups(self) -> int:
+        """Acknowledgement groups its senders sent so far."""
+        return sum(sender.groups_sent for sender in self.ranks.values())
 
+    def warm(self, take_relay: bool) -> None:
+        """The first steps (every rank's first lease), and with `take_relay` every sender
+        takes its node's relay: kept out of the measured load."""
+        for _ in range(PIECE_BATCHES):
+            self._step([])
         if take_relay:
-            step()
             self._take_relay()
-            round_trips.clear()
+
+    def run(self, seconds: float, step_s: float) -> dict:
+        """Step every `step_s` for `seconds`, then stop the senders."""
+        round_trips: list[float] = []
+        steps_before = self.steps
         began = time.time()
         while time.time() - began < seconds:
-            step()
+            self._step(round_trips)
             time.sleep(step_s)
         for sender in self.ranks.values():
             sender.stop()
         groups = sum(sender.groups_sent for sender in self.ranks.values())
         return {
-            "steps": steps,
+            "steps": self.steps - steps_before,
             "round_trips": round_trips,
             "received": dict(self.received),
             "groups": groups,
@@ -134,11 +150,12 @@ def run_lease_load(
             )
             for i in range(callers)
         ]
-        ray.get([loop.__ray_ready__.remote() for loop in loops])
+        ray.get([loop.warm.remote(relay == "node") for loop in loops])
         pid = ray.get(coordinator.__ray_call__.remote(pid_of))
         before = ray.get(coordinator.describe.remote())
+        groups_before = sum(ray.get([loop.groups.remote() for loop in loops]))
         cpu_before, began = process_cpu_s(pid), time.time()
-        loads = ray.get([loop.run.remote(seconds, step_s, relay == "node") for loop in loops])
+        loads = ray.get([loop.run.remote(seconds, step_s) for loop in loops])
         wall = time.time() - began
         cpu = process_cpu_s(pid) - cpu_before
         described = ray.get(coordinator.describe.remote())
@@ -154,7 +171,7 @@ def run_lease_load(
         before["lease_calls"].get(r, {}).get("calls", 0) for r in range(ranks)
     )
     relayed = described["leases_relayed"] - before["leases_relayed"]
-    groups = sum(load["groups"] for load in loads)
+    groups = sum(load["groups"] for load in loads) - groups_before
     groups_relayed = described["acks_relayed"] - before["acks_relayed"]
     relay_calls = described["ack_relay_calls"] - before["ack_relay_calls"]
     coordinator_calls = leases - relayed + groups - groups_relayed + relay_calls
