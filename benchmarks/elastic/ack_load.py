@@ -21,6 +21,18 @@ BATCH = 16
 RELAY_START_S = 120.0  # how long `ack_relay="node"` senders may wait for their relay
 
 
+def take_relays(senders: list) -> None:
+    """Flush each `AckSender` (nothing pending: it takes its relay once it runs) until
+    every one took its node's relay, within `RELAY_START_S`."""
+    deadline = time.time() + RELAY_START_S
+    for sender in senders:
+        while not sender.relay_token:
+            if time.time() > deadline:
+                raise RuntimeError(f"no relay taken within {RELAY_START_S} s")
+            sender.flush(wait=True)
+            time.sleep(0.01)
+
+
 class _Ranks:
     """Simulated training loops in one process: one `AckSender` per rank, as an iterator
     has, each `add`ing one received batch of `BATCH` rows every `step_s`."""
@@ -47,14 +59,8 @@ class _Ranks:
                 sender.add(0, steps, runs, BATCH, 8 * BATCH, 0.0)
 
         if take_relay:
-            step()
-            deadline = time.time() + RELAY_START_S
-            for sender, _ in self.senders:  # the first answer asks for the relay
-                while not sender.relay_token:
-                    if time.time() > deadline:
-                        raise RuntimeError(f"no relay taken within {RELAY_START_S} s")
-                    sender.flush(wait=True)  # (nothing pending: takes it once it runs)
-                    time.sleep(0.01)
+            step()  # the first answer asks for the relay
+            take_relays([sender for sender, _ in self.senders])
         began = time.time()
         while time.time() - began < seconds:
             step()

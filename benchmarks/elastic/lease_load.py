@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from benchmarks._cpu import process_cpu_s
-from benchmarks.elastic.ack_load import RELAY_START_S
+from benchmarks.elastic.ack_load import take_relays
 from benchmarks.elastic.common import pid_of
 
 BATCH = 16
@@ -55,16 +55,6 @@ class _LeasingRanks:
             for start, end in self.ranks[rank].answer(call).pieces:
                 self.hands[rank].extend(range(start, end, BATCH))
 
-    def _take_relay(self) -> None:
-        """Step once, then flush until every sender took its node's relay."""
-        deadline = time.time() + RELAY_START_S
-        for sender in self.ranks.values():
-            while not sender.relay_token:
-                if time.time() > deadline:
-                    raise RuntimeError(f"no relay taken within {RELAY_START_S} s")
-                sender.flush(wait=True)
-                time.sleep(0.01)
-
     def _step(self, round_trips: list) -> None:
         """Lease for the ranks whose hands are empty, then each rank receives a batch.
         Rank r begins receiving at step r % `PIECE_BATCHES`, so its leases fall on other
@@ -88,7 +78,7 @@ class _LeasingRanks:
         for _ in range(PIECE_BATCHES):
             self._step([])
         if take_relay:
-            self._take_relay()
+            take_relays(list(self.ranks.values()))
 
     def run(self, seconds: float, step_s: float) -> dict:
         """Step every `step_s` for `seconds`, then stop the senders."""
