@@ -13,6 +13,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -160,6 +161,29 @@ class Journal:
                     "replayed (delete it to start the loader afresh)"
                 ) from error
             yield entry
+
+
+def remove_when_ended(path: str, coordinator: Any, patience_s: float = 10.0) -> bool:
+    """Remove the default journal `path` of a `coordinator` that was just killed
+    (`Loader.shutdown`): it serves only that coordinator's restarts, and every job would
+    otherwise leave a file in the temp folder. Waits until a call to the actor fails, so no
+    write of it (a compaction replaces the file) comes after; one still answering after
+    `patience_s` keeps its file. Returns whether the file is gone."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            ray.get(coordinator.ping.remote(), timeout=patience_s)
+        except ray.exceptions.RayActorError:
+            break
+        except ray.exceptions.GetTimeoutError:
+            return False
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)  # the kill is on its way: the next call fails
+    for name in (path, f"{path}.compact"):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(name)
+    return True
 
 
 def actor_was_restarted() -> bool:

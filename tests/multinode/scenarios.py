@@ -23,6 +23,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -192,10 +193,18 @@ def wait_until(predicate, what: str, poll: float = 0.05) -> float:
     return time.time() - start
 
 
+def scratch(prefix: str) -> str:
+    """A new folder for one scenario's files, inside this run's folder, which `main`
+    removes at its end (the scenarios' data, journals and Train storage)."""
+    if "folder" not in _SCRATCH:
+        _SCRATCH["folder"] = tempfile.mkdtemp(prefix="rayshard-scenarios-")
+    return tempfile.mkdtemp(prefix=prefix, dir=_SCRATCH["folder"])
+
+
 def make_dataset(rows: list[int], row_group_size: int) -> str:
     from tests.runtime.helpers import write_parquet
 
-    folder = tempfile.mkdtemp(prefix="rayshard-multinode-")
+    folder = scratch("rayshard-multinode-")
     return write_parquet(os.path.join(folder, "data"), rows, row_group_size=row_group_size)
 
 
@@ -279,7 +288,7 @@ def dynamic_loader(data: str, name: str, source: Any = None, **options) -> Any:
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
-    journal = os.path.join(tempfile.mkdtemp(prefix="rayshard-journal-"), f"{name}.jsonl")
+    journal = os.path.join(scratch("rayshard-journal-"), f"{name}.jsonl")
     return Loader(
         source if source is not None else ParquetSource(data),
         name=name,
@@ -723,7 +732,7 @@ def scenario_elastic_trainer() -> dict:
     from rayshard.loader import Loader
     from rayshard.sources.parquet import ParquetSource
 
-    journal = os.path.join(tempfile.mkdtemp(prefix="rayshard-journal-"), "elastic.jsonl")
+    journal = os.path.join(scratch("rayshard-journal-"), "elastic.jsonl")
     loader = Loader(
         ParquetSource(data),
         batch_size=batch_size,
@@ -750,7 +759,7 @@ def scenario_elastic_trainer() -> dict:
         ),
         run_config=RunConfig(
             name="elastic",
-            storage_path=tempfile.mkdtemp(prefix="rayshard-train-"),
+            storage_path=scratch("rayshard-train-"),
             failure_config=FailureConfig(max_failures=4),
             checkpoint_config=CheckpointConfig(num_to_keep=None),
         ),
@@ -1017,6 +1026,8 @@ def main(argv: list[str]) -> int:
         cluster = _CLUSTER.get("cluster")
         if cluster is not None:
             cluster.shutdown()
+        if "folder" in _SCRATCH:
+            shutil.rmtree(_SCRATCH.pop("folder"), ignore_errors=True)
 
 
 def run_one(name: str) -> dict:
@@ -1031,6 +1042,7 @@ def run_one(name: str) -> dict:
 
 
 _CLUSTER: dict[str, Any] = {}
+_SCRATCH: dict[str, str] = {}  # "folder": this run's scratch folder, once made
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -4,6 +4,7 @@ a coordinator restart from its journal, and randomized churn."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -201,7 +202,10 @@ def test_coordinator_restarts_from_journal_mid_epoch(ray_session, dataset):
     assert all(c.error is None for c in consumers), [c.error for c in consumers]
     assert Counter(consumers[0].ids + consumers[1].ids) == Counter(range(300))
     assert "coordinator_restarted" in [e["event"] for e in loader.stats()["events"]]
+    journal = loader.journal_path  # the default one, which the restart replayed
+    assert os.path.exists(journal)
     loader.shutdown()
+    assert not os.path.exists(journal), "a default journal outlived its loader's shutdown"
 
 
 def test_coordinator_over_an_in_memory_table_restarts_mid_epoch(ray_session):
@@ -258,6 +262,7 @@ def test_journal_of_another_loader_is_refused(ray_session, dataset, tmp_path):
     journal = tmp_path / "journal.jsonl"
     first = dynamic_loader(dataset, journal_path=str(journal))
     first.shutdown()
+    assert journal.exists()  # a journal_path of the user's outlives the loader
     with pytest.raises(ConfigError, match="belongs to loader"):
         dynamic_loader(dataset, batch_size=4, journal_path=str(journal))
     journal.write_text("not json\n")
@@ -326,8 +331,6 @@ def test_rank_back_under_same_number_is_watched_again(ray_session, dataset):
 
 
 def test_default_journal_is_private_to_user_cluster_and_job(ray_session):
-    import os
-
     from rayshard.loader import default_journal_path
 
     path = default_journal_path("rayshard-01000000", "demo")
