@@ -294,6 +294,13 @@ def report_tables(results: dict) -> list[str]:
                 ),
             },
             {
+                "path": "Journal restore",
+                "rate": 1e3 / max(t["journal_restore_ms"]),
+                "what": "read and loaded, as a restarted coordinator does: {ms} ms each".format(
+                    ms=", ".join(f"{ms:.0f}" for ms in t["journal_restore_ms"]),
+                ),
+            },
+            {
                 "path": "actor lease.remote",
                 "rate": t["actor"]["leases_per_s"],
                 "what": "{callers} callers x {inflight_per_caller} in flight".format(**t["config"]),

@@ -51,6 +51,8 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert throughput["journal_appends_per_s"] > 0
     assert len(throughput["journal_compaction_ms"]) == 3
     assert all(ms > 0 for ms in throughput["journal_compaction_ms"])
+    assert len(throughput["journal_restore_ms"]) == 3
+    assert all(ms > 0 for ms in throughput["journal_restore_ms"])
     assert throughput["actor"]["leases_per_s"] > 0
     assert throughput["actor"]["leases"] == throughput["actor"]["calls"]
     assert throughput["config"]["callers"] == 1 and throughput["config"]["ranks"] == 100

@@ -61,9 +61,13 @@ def _journal_rate(workdir: Path, count: int, ranks: int = RANKS) -> float:
     return count / (time.perf_counter() - began)
 
 
-def _compaction_ms(workdir: Path, splits: int, ranks: int = RANKS, repeats: int = 3) -> list:
+def _compaction_ms(
+    workdir: Path, splits: int, ranks: int = RANKS, repeats: int = 3
+) -> tuple[list, list]:
     """Milliseconds of each of `repeats` journal compactions (the core's snapshot made,
-    then written) of a `dynamic` epoch of `splits` pieces, `ranks` ranks, 20,000 leased."""
+    then written) of a `dynamic` epoch of `splits` pieces, `ranks` ranks, 20,000 leased;
+    and of each of `repeats` restores from that journal (read, then loaded into a new
+    core: a restarted coordinator's work before it answers)."""
     from rayshard.config.loader_config import LoaderConfig
     from rayshard.core import commands as cmd
     from rayshard.core.coordination import CoordinatorCore
@@ -82,12 +86,17 @@ def _compaction_ms(workdir: Path, splits: int, ranks: int = RANKS, repeats: int 
         core.apply(cmd.Lease(i % ranks, 0, 1, request=f"bench-{i % ranks}:{i}"))
     journal = Journal(str(workdir / "journal-compact.jsonl"), "bench")
     journal.start_fresh(replace_any=True)
-    times = []
+    times, restores = [], []
     for _ in range(repeats):
         began = time.perf_counter()
         journal.compact(core.to_dict())
         times.append((time.perf_counter() - began) * 1e3)
-    return times
+    for _ in range(repeats):
+        began = time.perf_counter()
+        (snapshot,) = Journal(journal.path, "bench").replay()
+        CoordinatorCore("bench", source, core.settings).load_dict(snapshot["state"])
+        restores.append((time.perf_counter() - began) * 1e3)
+    return times, restores
 
 
 RELAYED_PER_CALL = 8  # calls a `relayed` call carries: a node of 8 ranks' relay
@@ -277,7 +286,7 @@ def run_throughput(
 
     book = _lease_book_rates(splits, ranks)
     journal_per_s = _journal_rate(workdir, min(splits, 100_000), ranks)
-    compaction_ms = _compaction_ms(workdir, splits, ranks)
+    compaction_ms, restore_ms = _compaction_ms(workdir, splits, ranks)
     folder = workdir / "throughput"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tiny.parquet"
@@ -305,6 +314,7 @@ def run_throughput(
         "lease_book": book,
         "journal_appends_per_s": journal_per_s,
         "journal_compaction_ms": compaction_ms,
+        "journal_restore_ms": restore_ms,
     }
     try:
         regs = ray.get(

@@ -24,44 +24,63 @@ import numpy as np
 from rayshard.plan import intervals as iv
 
 
+TAKEN_AHEAD = 256  # untouched pieces made tuples at once for `take`
+
+
 class SplitQueue:
-    """Pieces `(start, end)` in leasing order (see module docstring)."""
+    """Pieces `(start, end)` in leasing order (see module docstring). The pieces never
+    taken from are kept as one int64 array with a cursor, and only the pieces in front of
+    them (taken back, the rest of a piece cut, and up to `TAKEN_AHEAD` about to be
+    leased) as a deque of tuples: a snapshot (`packed`) then costs a copy of numbers, not
+    a Python step per queued piece."""
 
     def __init__(self, pieces: Iterable[tuple[int, int]] = (), requeued_front: int = 0) -> None:
-        self._pieces: collections.deque[tuple[int, int]] = collections.deque(
-            (int(a), int(b)) for a, b in pieces
+        if not isinstance(pieces, np.ndarray):
+            pieces = np.fromiter(itertools.chain.from_iterable(pieces), dtype=np.int64)
+        untouched = pieces.reshape(-1, 2)
+        front = min(requeued_front, len(untouched))
+        # every requeued piece sits in `_front` (it holds at least `requeued_front`)
+        self._front: collections.deque[tuple[int, int]] = collections.deque(
+            (a, b) for a, b in untouched[:front].tolist()
         )
-        self.rows = iv.total(self._pieces)
-        self.requeued_front = min(requeued_front, len(self._pieces))
-        self.front_rows = iv.normalize(list(self._pieces)[: self.requeued_front])
+        self._untouched = untouched[front:]  # (n, 2), read from `_next` on
+        self._next, self._untouched_count = 0, len(self._untouched)
+        self.rows = int((untouched[:, 1] - untouched[:, 0]).sum())
+        self.requeued_front = front
+        self.front_rows = iv.normalize(list(self._front))
 
     @classmethod
     def loaded(cls, saved: str, requeued_front: int | None = None) -> SplitQueue:
         """The queue `packed()` saved; `requeued_front` None: every piece (snapshots from
         before it was kept)."""
-        pieces = np.frombuffer(base64.b64decode(saved), dtype="<i8").reshape(-1, 2).tolist()
-        return cls(pieces, len(pieces) if requeued_front is None else requeued_front)
+        numbers = np.frombuffer(base64.b64decode(saved), dtype="<i8").astype(np.int64)
+        return cls(numbers, len(numbers) // 2 if requeued_front is None else requeued_front)
 
     def packed(self) -> str:
         """The pieces as base64 of little-endian int64 pairs, for a journal snapshot: a
         queue of many pieces (a large dataset's row groups) saved as numbers rather than a
         Python list per piece, which took most of a compaction's time."""
-        flat = itertools.chain.from_iterable(self._pieces)
-        numbers = np.fromiter(flat, dtype="<i8", count=2 * len(self._pieces))
+        front = np.array(self._front, dtype=np.int64).reshape(-1, 2)
+        numbers = np.concatenate([front, self._untouched[self._next :]]).astype("<i8")
         return base64.b64encode(numbers.tobytes()).decode("ascii")
 
     def __bool__(self) -> bool:
-        return bool(self._pieces)
+        return bool(self._front) or self._next < self._untouched_count
 
     def __iter__(self) -> Iterator[tuple[int, int]]:
-        return iter(self._pieces)
+        rest = (tuple(piece) for piece in self._untouched[self._next :].tolist())
+        return itertools.chain(self._front, rest)
 
     def take(self, room: int) -> tuple[int, int]:
         """The front piece, cut to `room` rows (its rest stays in front). Not empty."""
-        start, end = self._pieces.popleft()
+        if not self._front:  # the next untouched pieces, a few at a time, as tuples
+            chunk = self._untouched[self._next : self._next + TAKEN_AHEAD].tolist()
+            self._front.extend((a, b) for a, b in chunk)
+            self._next += len(chunk)
+        start, end = self._front.popleft()
         taken_back = self.requeued_front > 0
         if end - start > room:
-            self._pieces.appendleft((start + room, end))
+            self._front.appendleft((start + room, end))
             end = start + room
         else:
             self.requeued_front -= taken_back
@@ -72,7 +91,7 @@ class SplitQueue:
 
     def put_back(self, pieces: list[tuple[int, int]]) -> None:
         """Taken-back pieces go to the front, in order."""
-        self._pieces.extendleft(reversed(pieces))
+        self._front.extendleft(reversed(pieces))
         self.requeued_front += len(pieces)
         self.front_rows = iv.normalize([*self.front_rows, *pieces])
         self.rows += iv.total(pieces)
@@ -81,9 +100,9 @@ class SplitQueue:
         """Rows a consumer received (`received` normalized) leave the queue."""
         if not iv.intersect(received, self.front_rows):
             return
-        front = [self._pieces.popleft() for _ in range(self.requeued_front)]
+        front = [self._front.popleft() for _ in range(self.requeued_front)]
         kept = [p for piece in front for p in iv.subtract((piece,), received)]
-        self._pieces.extendleft(reversed(kept))
+        self._front.extendleft(reversed(kept))
         self.requeued_front = len(kept)
         self.front_rows = iv.subtract(self.front_rows, received)
         self.rows -= iv.total(front) - iv.total(kept)
