@@ -6,12 +6,15 @@ go on exactly as the live one."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from unittest import mock
 
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from rayshard.core import split_queue
 from rayshard.core.leases import LeaseBook
 from rayshard.core.rank_clocks import RankClocks
 from rayshard.core.split_queue import SplitQueue
@@ -175,6 +178,45 @@ def test_a_queue_saved_packed_loads_as_it_was(pieces, front):
     assert loaded.requeued_front == queue.requeued_front
     assert loaded.front_rows == queue.front_rows
     assert SplitQueue.loaded(saved).requeued_front == len(pieces)  # (none kept: all)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 9), max_size=40),
+    front=st.integers(0, 5),
+    ops=st.lists(st.tuples(st.sampled_from(["take", "back", "save"]), st.integers(1, 40))),
+)
+def test_a_queue_is_its_pieces_in_order_through_takes_put_backs_and_saves(sizes, front, ops):
+    """Against a plain list of pieces: taking (cutting a piece to the room), putting back
+    and saving then loading (`packed`) keep the same pieces in the same order, the same
+    rows and emptiness, past the pieces the queue turns into tuples ahead of a take."""
+    with mock.patch.object(split_queue, "TAKEN_AHEAD", 3):  # its edges met often
+        _run_queue_against_a_list(sizes, front, ops)
+
+
+def _run_queue_against_a_list(sizes: list, front: int, ops: list) -> None:
+    offsets = list(itertools.accumulate(sizes, initial=0))
+    model = list(zip(offsets, offsets[1:]))
+    queue = SplitQueue(model, front)
+    out: list[tuple[int, int]] = []
+    for op, n in ops:
+        if op == "take" and model:
+            start, end = model.pop(0)
+            if end - start > n:
+                model.insert(0, (start + n, end))
+                end = start + n
+            assert queue.take(n) == (start, end)
+            out.append((start, end))
+        elif op == "back" and out:
+            returned, out = out[-n:], out[:-n]
+            queue.put_back(returned)
+            model[:0] = returned
+        elif op == "save":
+            front = queue.requeued_front
+            queue = SplitQueue.loaded(queue.packed(), front)
+            assert queue.requeued_front == front
+        assert list(queue) == model
+        assert queue.rows == iv.total(model) and bool(queue) == bool(model)
 
 
 def _leased_rows(queue: SplitQueue) -> list[tuple[int, int]]:
