@@ -130,6 +130,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ranks", type=int, default=1000, help="registered ranks (throughput)")
     parser.add_argument("--inflight", type=int, default=64, help="calls in flight per caller")
     parser.add_argument(
+        "--splits", type=int, help="pieces of the throughput epoch (default 200,000; quick 10,000)"
+    )
+    parser.add_argument(
         "--ack-ranks", type=int, help="ranks acknowledging (acks; default 400, quick 20)"
     )
     parser.add_argument(
@@ -423,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     sizes = {
         "recovery_rows": 15_000 if args.quick else RECOVERY["rows"],
-        "splits": 10_000 if args.quick else 200_000,
+        "splits": args.splits or (10_000 if args.quick else 200_000),
         "calls": 2_000 if args.quick else 20_000,
         "ack_calls": 500 if args.quick else 20_000,
         "epoch_rows": 30_000 if args.quick else 1_000_000,

@@ -23,7 +23,6 @@ import numpy as np
 
 from rayshard.plan import intervals as iv
 
-
 TAKEN_AHEAD = 256  # untouched pieces made tuples at once for `take`
 
 
