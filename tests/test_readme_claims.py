@@ -440,8 +440,10 @@ def test_readme_states_when_an_acknowledgement_relay_is_ended():
     assert RuntimeConfig().ack_relay == "auto" and "`ack_relay=\"auto\"` (the default)" in text
     for mode in RELAY_MODES:
         assert f'`ack_relay="{mode}"`' in text, mode
-    from rayshard.runtime.relay_link import PROBE_S, RELAY_PATIENCE_S
+    from rayshard.runtime.relay_link import PROBE_S, RELAY_PATIENCE_S, RELAY_START_S
 
     found = re.search(r"did not answer within (\d+) s, nor a probe within (\d+) s: a", text)
     assert found and float(found.group(1)) == RELAY_PATIENCE_S
     assert float(found.group(2)) == PROBE_S
+    found = re.search(r"one not running within (\d+) s is asked for again", text)
+    assert found and float(found.group(1)) == RELAY_START_S

@@ -187,10 +187,15 @@ class Leased:
     stragglers: tuple[int, ...] = ()  # ranks whose work was taken back for this request
     unleased: int = -1  # rows no rank held once this was given (-1: not known)
     ranks: int = 0  # members of the epoch then (the reader's pacing shares `unleased`)
+    relay: bool = False  # set by the actor, not the core: send lease calls via the relay
 
     @property
     def done(self) -> bool:
         return not self.pieces and not self.wait
+
+    def relayed(self, relay: bool) -> Leased:
+        """This answer, saying whether to send lease calls through the node's relay."""
+        return dataclasses.replace(self, relay=True) if relay else self
 
 
 @dataclasses.dataclass(frozen=True)

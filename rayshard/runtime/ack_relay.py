@@ -6,8 +6,9 @@ core on calls, and asks for ever longer intervals (`rayshard.core.ack_pacing`), 
 what a lost rank repeats. A relay on each node takes its consumers' groups and forwards
 those that arrived meanwhile in one `relayed` call, one call in flight: the coordinator's
 calls shrink by the consumers per node, their per-call cost is paid on their own node.
-A `dynamic` rank reading in its consumer sends its lease calls through the same relay once
-its groups go there: a lease sent again straight keeps its request id, so it is answered
+A `dynamic` rank sends its lease calls through the same relay once its groups go there or
+a lease answer asks for it (a reader actor, which sends no groups): a lease sent again
+straight keeps its request id, so it is answered
 as before, not granted twice, and one a late relay delivers after its rank's next call is
 refused (`Lease.check_after`).
 

@@ -43,7 +43,8 @@ class AckSender:
     the coordinator for it and, once it runs, sends its groups there (`RelayLink`). A group
     whose relay failed, or hangs (no answer within `RELAY_PATIENCE_S`, and none to a probe),
     is sent again straight to the coordinator, and the next relay asked for replaces it.
-    A rank reading in its consumer sends its `dynamic` lease calls the same way (`lease`)."""
+    A rank's `dynamic` lease calls go the same way (`lease`): a reader actor has a sender
+    for them alone, which asks for the relay when a lease answer says so."""
 
     def __init__(
         self,
@@ -127,19 +128,26 @@ class AckSender:
 
     def lease(self, args: tuple, options: dict) -> Sent:
         """A `Coordinator.lease` call of this rank's reading (`dynamic`), through the relay
-        its groups go through (none taken: straight); its answer is `answer(sent)`."""
+        its groups go through, or that a lease answer asked for (none taken: straight);
+        its answer is `answer(sent)`."""
         with self._lock:
+            self._link.take()
             return self._link.send((args, options), method="lease")
 
     def answer(self, sent: Sent) -> Any:
         """The answer to lease call `sent`: a relayed one is sent again straight past a
         relay that failed or hangs, as a group is (`_recorded`), or whose answer is an
-        error (a relay returns a lease's errors: see `AckRelay.lease`)."""
+        error (a relay returns a lease's errors: see `AckRelay.lease`). An answer that
+        asks for the node's relay (`Leased.relay`) has it asked for, as a group's does:
+        a reader actor, which sends no groups, relays its leases so."""
         answer = self._recorded(sent)
         if sent.relay and isinstance(answer, Exception):
             with self._lock:
                 again = self._link.failed(sent, answer)
-            return ray.get(again.ref)
+            answer = ray.get(again.ref)
+        if getattr(answer, "relay", False):
+            with self._lock:
+                self._link.want()
         return answer
 
     @property

@@ -1,8 +1,7 @@
-"""The coordinator actor: the Ray shell around the pure `CoordinatorCore`.
-
-One actor per loader. A request is checked (clients of an older `generation`, of an epoch
-their rank left, or (leases) of a replaced registration are refused as stale), turned into
-a command, applied to the core, journaled and answered. A restarted coordinator (Ray
+"""The coordinator actor: the Ray shell around the pure `CoordinatorCore`. One actor per
+loader. A request is checked (clients of an older `generation`, of an epoch their rank
+left, or (leases) of a replaced registration are refused as stale), turned into a command,
+applied to the core, journaled and answered. A restarted coordinator (Ray
 `max_restarts`) loads the journal's latest snapshot and replays the commands after it; the
 journal is compacted at each epoch's end, each restore and every `COMPACT_EVERY` commands.
 An async actor: one event loop, no locks. It watches each rank's reader (under `dynamic`
@@ -139,15 +138,16 @@ class Coordinator:
         """Up to `count` pieces for `dp_rank` in one round trip. `request` identifies the
         call (Ray's retry after a restart, or a rank's past a failed relay, gets the same
         answer); `reader` (the rank's reader at the epoch's start) is refused once it
-        re-registered; `share`: see `cmd.Lease`; `waited_s`: how long the rank's reading
-        waited for answers since its last call."""
+        re-registered; `share`: see `cmd.Lease`; `waited_s`: the reading's wait since its
+        last call. The answer's `relay`: lease through the node's relay (as `AckAnswer`)."""
         self._core.check_epoch(generation, dp_rank, epoch, reader)
         repeat = request != "" and self._core.last_lease.get(dp_rank, ("",))[0] == request
         asked = cmd.Lease(dp_rank, epoch, count, finishing, time.time(), request, share)
         answer = self._do(asked)
         if not repeat:  # (a retried call, answered again, is counted once)
             self._usage.leased(dp_rank, answer, share, waited_s)
-        return answer
+        asked = self._ack_pacing.answer(self._core.consumers(), self._settings.ack_relay)
+        return answer.relayed(asked.relay)
 
     async def await_change(
         self, generation: int, epoch: int, seen: str, timeout_s: float

@@ -66,8 +66,9 @@ def dynamic_rows(
     lease is asked for once `cancel()` is set. `reader` names the registration the leases
     serve: once the rank registered again (a newer iterator), they are refused. `pacing`:
     the rank's, kept from epoch to epoch by its reading (default: a new one). `leases`:
-    the rank's `AckSender` when it reads in its consumer: lease calls then go through the
-    node's relay whenever its acknowledgements do (default: straight). `lease_ids`: the
+    an `AckSender` (the consumer's when the rank reads in it, the reader actor's own):
+    lease calls then go through the node's relay whenever its acknowledgements or a
+    lease answer ask for it (default: straight). `lease_ids`: the
     ids of the reading's calls (default: new ones, as for a new reading)."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
@@ -95,7 +96,7 @@ def dynamic_rows(
         """The answer to lease `call`, the time spent waiting for it counted."""
         began = time.monotonic()
         try:
-            return leases.answer(call) if call.relay else ray.get(call.ref)
+            return leases.answer(call) if leases is not None else ray.get(call.ref)
         finally:
             pacing.waited(time.monotonic() - began)
 

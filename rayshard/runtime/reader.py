@@ -33,6 +33,7 @@ from rayshard.errors import (
     same_kind,
     unwrap_task_error,
 )
+from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import Block, shipped_bytes, tag_batch
 from rayshard.runtime.metrics import set_prefetch_depth
 from rayshard.runtime.reader_workers import start_workers, worker_reads
@@ -65,6 +66,9 @@ class ShardReader:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
+        # `dynamic` lease calls' way: through the node's relay once an answer asks for it
+        # (it sends no acknowledgement groups: its consumers do; generation unused)
+        self._leases = AckSender(self._coordinator, 0, self._dp_rank, 0, self._loader_name)
 
     def start(self, generation: int, epoch: int) -> dict:
         """Begin (or join) reading `epoch`; idempotent for the members of one group, also
@@ -106,6 +110,7 @@ class ShardReader:
             reads=self._reads(epoch),
             workers=self._workers_ if self._separate_workers() else None,
             keep_text=True,  # string and binary columns ship as Arrow: `for_wire` below
+            leases=self._leases,
         )
         self._stop_thread()
         with self._cond:
@@ -169,6 +174,7 @@ class ShardReader:
     def stop(self) -> None:
         """End the reader thread and release the watch (graceful leave)."""
         self._stop_thread()
+        self._leases.stop()
         self._stopped.set()
 
     def _reads(self, epoch: int) -> Reads:

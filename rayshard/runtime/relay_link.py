@@ -1,7 +1,7 @@
 """A sender's way to its node's acknowledgement relay (`rayshard.runtime.ack_relay`):
 asked for when the coordinator's answer says so, taken once the relay runs, dropped when
-it ends or hangs, so that its groups go straight to the coordinator meanwhile. A rank
-reading in its consumer sends its `dynamic` lease calls the same way."""
+it ends or hangs, so that its groups go straight to the coordinator meanwhile. A rank's
+`dynamic` lease calls go the same way (its consumer's sender, or its reader actor's)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,10 @@ log = logging.getLogger("rayshard.runtime.acks")  # one logger for the sender's 
 # its groups sent straight and a new relay asked for.
 RELAY_PATIENCE_S = 10.0
 PROBE_S = 2.0
+# A relay offered but not running this long is asked for again (a new one replaces it):
+# longer than a call's patience, since a loaded node may take many seconds to start a
+# process, and groups go straight meanwhile.
+RELAY_START_S = 60.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,10 +101,14 @@ class RelayLink:
         if self._asking is None:
             return
         if ray.wait([self._asking], timeout=0)[1]:  # not answered yet
-            late = self._offered and time.monotonic() - self._asked_at > RELAY_PATIENCE_S
+            late = self._offered and time.monotonic() - self._asked_at > RELAY_START_S
             if late:  # a relay that does not start: ask again, for a new one
-                log.warning("this node's acknowledgement relay did not start; asking again")
+                log.warning(
+                    "this node's acknowledgement relay did not start within %g s; asking again",
+                    RELAY_START_S,
+                )
                 self._failed, self._asking, self._offered = self._offered[0], None, None
+                self.want()
             return
         offered, self._offered = self._offered, None
         try:

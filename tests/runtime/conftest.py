@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from rayshard.runtime import relay_link
@@ -9,7 +11,16 @@ from rayshard.runtime import relay_link
 
 @pytest.fixture
 def short_relay_patience(monkeypatch):
-    """A relayed call's patience 1 s and a probe's 0.5 s, in this process's senders (a
-    frozen relay is bypassed within the test's time)."""
-    monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 1.0)
-    monkeypatch.setattr(relay_link, "PROBE_S", 0.5)
+    """A context in which this process's senders give a relayed call 1 s and a probe
+    0.5 s, so a frozen relay is bypassed within the test's time. Only around the frozen
+    part: the same patience bounds a relay's start, which a loaded machine may stretch
+    past 1 s (a relay that does not start in time is asked for again, and again)."""
+
+    @contextlib.contextmanager
+    def shortened():
+        with monkeypatch.context() as patch:
+            patch.setattr(relay_link, "RELAY_PATIENCE_S", 1.0)
+            patch.setattr(relay_link, "PROBE_S", 0.5)
+            yield
+
+    return shortened

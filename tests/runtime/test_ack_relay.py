@@ -140,17 +140,19 @@ def _flush_in_thread(sender, first: int, batch: int) -> threading.Thread:
     return thread
 
 
-@pytest.mark.usefixtures("short_relay_patience")
-def test_a_frozen_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
+def test_a_frozen_relay_is_bypassed_and_replaced(
+    ray_session, tmp_path, caplog, short_relay_patience
+):
     caplog.set_level(logging.INFO, logger="rayshard.runtime.acks")
     loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
     try:
         sender, token, relay = relaying_sender(coordinator, generation, first)
         with frozen(relay):
-            flushing = _flush_in_thread(sender, first, 2)
-            flushing.join(EVENT_TIMEOUT_S)
-            assert not flushing.is_alive(), "flush(wait=True) still waits on the frozen relay"
+            with short_relay_patience():
+                flushing = _flush_in_thread(sender, first, 2)
+                flushing.join(EVENT_TIMEOUT_S)
+                assert not flushing.is_alive(), "flush(wait=True) still waits on the frozen relay"
             assert "ended or hangs (relay" in caplog.text and sender.relay_token == ""
             assert ray.get(coordinator.describe.remote())["consumers"][0]["batches"] == 2
             new = wait_until(
@@ -163,13 +165,14 @@ def test_a_frozen_relay_is_bypassed_and_replaced(ray_session, tmp_path, caplog):
         loader.shutdown()
 
 
-@pytest.mark.usefixtures("short_relay_patience")
-def test_flushes_that_do_not_wait_bypass_a_frozen_relay(ray_session, tmp_path):
+def test_flushes_that_do_not_wait_bypass_a_frozen_relay(
+    ray_session, tmp_path, short_relay_patience
+):
     loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
     try:
         sender, _, relay = relaying_sender(coordinator, generation, first)
-        with frozen(relay):
+        with frozen(relay), short_relay_patience():
             sender.add(0, 2, np.array([[first + 8, first + 16]]), 8, 64, 0.0)
             sender.flush()  # to the frozen relay; not waited for (the background thread's way)
 
@@ -186,12 +189,16 @@ def test_flushes_that_do_not_wait_bypass_a_frozen_relay(ray_session, tmp_path):
 
 
 def test_a_relay_waiting_on_a_slow_coordinator_is_kept(ray_session, tmp_path, caplog, monkeypatch):
-    monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 0.5)  # (read by this process's sender)
     caplog.set_level(logging.DEBUG, logger="rayshard.runtime.acks")
     loader, generation, first = _one_rank_begun(tmp_path)
     coordinator = loader._coordinator
     try:
         sender, token, _ = relaying_sender(coordinator, generation, first)
+        # Patience short once the relay runs (it also bounds a relay's start), read by this
+        # process's sender; the relay lives, so its probe's answer is waited for however
+        # loaded the machine (2 s would take a slow relay process for a frozen one).
+        monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 0.5)
+        monkeypatch.setattr(relay_link, "PROBE_S", EVENT_TIMEOUT_S)
         relayed = ray.get(coordinator.describe.remote())["acks_relayed"]
         flag, started = str(tmp_path / "release"), str(tmp_path / "held")
         held = coordinator.__ray_call__.remote(_hold_until(flag, started))
