@@ -110,3 +110,27 @@ def test_no_sample_is_ever_lost_under_churn(sizes, equal, batch, script):
     assert book.consumed() == ((0, total),)
     book.close_finished()
     assert not book.outstanding() and book.exhausted()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 30), max_size=15),
+    order=st.randoms(use_true_random=False),
+    consumed=st.lists(st.tuples(st.integers(0, 450), st.integers(1, 40)), max_size=6),
+)
+def test_a_resumed_epoch_leases_exactly_what_was_not_consumed_in_split_order(
+    sizes, order, consumed
+):
+    """A book made with what a resumed epoch consumed leases every other row of its
+    splits once, in the splits' (shuffled) order, and no consumed row; empty splits hold
+    nothing."""
+    splits, _ = _splits(sizes)
+    order.shuffle(splits)
+    done = iv.normalize((start, start + size) for start, size in consumed)
+    book = LeaseBook(splits, [0], batch_size=7, equal_steps=False, consumed=done)
+    leased = []
+    while (lease := book.lease(0)) is not None:
+        leased.append((lease.start, lease.end))
+        book.ack([leased[-1]])
+    assert iv.concat(leased) == iv.concat(iv.subtract(splits, done))
+    assert not iv.intersect(iv.normalize(leased), done)

@@ -52,12 +52,9 @@ class LeaseBook:
         equal_steps: bool = True,
         consumed: Sequence[tuple[int, int]] = (),
     ) -> None:
-        done = iv.normalize(consumed)
-        if done:  # a resumed epoch: what was consumed is not leased again
-            pieces = (p for split in splits for p in iv.subtract((tuple(split),), done))
-        else:  # (a step per split less: an epoch of many splits starts sooner)
-            pieces = ((a, b) for a, b in splits if b > a)
-        self._queue = SplitQueue(pieces)
+        done = iv.normalize(consumed)  # a resumed epoch's: not leased again
+        whole = ((a, b) for a, b in splits if b > a)
+        self._queue = SplitQueue(iv.subtract(whole, done) if done else whole)
         self._out_rows = 0  # rows of the leases not closed
         self._batch = batch_size
         self._equal = equal_steps

@@ -8,9 +8,8 @@ those that arrived meanwhile in one `relayed` call, one call in flight: the coor
 calls shrink by the consumers per node, their per-call cost is paid on their own node.
 A `dynamic` rank sends its lease calls through the same relay once its groups go there or
 a lease answer asks for it (a reader actor, which sends no groups): a lease sent again
-straight keeps its request id, so it is answered
-as before, not granted twice, and one a late relay delivers after its rank's next call is
-refused (`Lease.check_after`).
+straight keeps its request id, so it is answered as before, not granted twice, and one a
+late relay delivers after its rank's next call is refused (`Lease.check_after`).
 
 A relay answers a group only once the coordinator recorded it (with its answer), so a
 consumer's waiting flushes keep their meaning. A group whose relay failed (it died, its

@@ -146,8 +146,8 @@ class Coordinator:
         answer = self._do(asked)
         if not repeat:  # (a retried call, answered again, is counted once)
             self._usage.leased(dp_rank, answer, share, waited_s)
-        asked = self._ack_pacing.answer(self._core.consumers(), self._settings.ack_relay)
-        return answer.relayed(asked.relay)
+        relay = self._ack_pacing.answer(self._core.consumers(), self._settings.ack_relay).relay
+        return answer.relayed(relay)
 
     async def await_change(
         self, generation: int, epoch: int, seen: str, timeout_s: float
