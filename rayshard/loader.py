@@ -30,7 +30,7 @@ from rayshard.runtime import generations
 from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.iterator import ShardIterator
 from rayshard.runtime.iterator_args import check_iterator_args
-from rayshard.runtime.journal import Journal, remove_when_ended
+from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
 from rayshard.runtime.placement_check import warn_about_actor_resources
 from rayshard.runtime.process_watch import watch_rank
@@ -271,8 +271,8 @@ class Loader:
         """Stop the readers and the coordinator, and release this loader's ranks from
         their processes' shared watches (iterators of this loader stop working). Its
         iterators in this process are closed first: what their loops received is recorded,
-        and their threads end. The default journal (no `journal_path` given) is removed
-        once the coordinator is gone; a `journal_path` of the user's is left."""
+        and their threads end. The coordinator journals nothing more, and removes the
+        default journal (no `journal_path` given); a `journal_path` of the user's is kept."""
         for iterator in generations.made_here(generations.key_of(self._coordinator)):
             with contextlib.suppress(Exception):  # a dead coordinator: nothing to record
                 iterator.close()
@@ -287,9 +287,9 @@ class Loader:
         for watch, key in watches:
             with contextlib.suppress(ValueError):  # its process ended, and the watch with it
                 ray.get_actor(watch, namespace=self.namespace).end_watch.remote(key)
+        with contextlib.suppress(Exception):  # a dead coordinator: it writes no more
+            ray.get(self._coordinator.close.remote(self.settings.journal_path is None), timeout=30)
         ray.kill(self._coordinator, no_restart=True)
-        if self.settings.journal_path is None:
-            remove_when_ended(self.journal_path, self._coordinator)
 
 
 def default_journal_path(namespace: str, name: str) -> str:

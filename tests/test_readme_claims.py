@@ -447,3 +447,4 @@ def test_readme_states_when_an_acknowledgement_relay_is_ended():
     assert float(found.group(2)) == PROBE_S
     found = re.search(r"one not running within (\d+) s is asked for again", text)
     assert found and float(found.group(1)) == RELAY_START_S
+    assert RELAY_START_S < ack_relay.IDLE_RELEASE_S  # (the idle release would end it first)

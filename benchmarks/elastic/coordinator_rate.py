@@ -61,7 +61,7 @@ def _journal_rate(workdir: Path, count: int, ranks: int = RANKS) -> float:
     return count / (time.perf_counter() - began)
 
 
-def _compaction_ms(
+def _compaction_and_restore_ms(
     workdir: Path, splits: int, ranks: int = RANKS, repeats: int = 3
 ) -> tuple[list, list]:
     """Milliseconds of each of `repeats` journal compactions (the core's snapshot made,
@@ -93,8 +93,9 @@ def _compaction_ms(
         times.append((time.perf_counter() - began) * 1e3)
     for _ in range(repeats):
         began = time.perf_counter()
-        (snapshot,) = Journal(journal.path, "bench").replay()
-        CoordinatorCore("bench", source, core.settings).load_dict(snapshot["state"])
+        restarted = Journal(journal.path, "bench")
+        restarted.restore(CoordinatorCore("bench", source, core.settings))
+        restarted.close(remove=False)
         restores.append((time.perf_counter() - began) * 1e3)
     return times, restores
 
@@ -286,7 +287,7 @@ def run_throughput(
 
     book = _lease_book_rates(splits, ranks)
     journal_per_s = _journal_rate(workdir, min(splits, 100_000), ranks)
-    compaction_ms, restore_ms = _compaction_ms(workdir, splits, ranks)
+    compaction_ms, restore_ms = _compaction_and_restore_ms(workdir, splits, ranks)
     folder = workdir / "throughput"
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "tiny.parquet"

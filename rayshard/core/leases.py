@@ -54,7 +54,8 @@ class LeaseBook:
     ) -> None:
         done = iv.normalize(consumed)  # a resumed epoch's: not leased again
         whole = ((a, b) for a, b in splits if b > a)
-        self._queue = SplitQueue(iv.subtract(whole, done) if done else whole)
+        rest = (p for split in whole for p in iv.subtract((split,), done)) if done else whole
+        self._queue = SplitQueue(rest)  # (split by split: adjacent rests stay apart)
         self._out_rows = 0  # rows of the leases not closed
         self._batch = batch_size
         self._equal = equal_steps

@@ -60,7 +60,7 @@ class SplitQueue:
         queue of many pieces (a large dataset's row groups) saved as numbers rather than a
         Python list per piece, which took most of a compaction's time."""
         front = np.array(self._front, dtype=np.int64).reshape(-1, 2)
-        numbers = np.concatenate([front, self._untouched[self._next :]]).astype("<i8")
+        numbers = np.concatenate([front, self._untouched[self._next :]], dtype="<i8")
         return base64.b64encode(numbers.tobytes()).decode("ascii")
 
     def __bool__(self) -> bool:

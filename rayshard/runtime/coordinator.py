@@ -59,11 +59,7 @@ class Coordinator:
         self._trace: list | None = None  # (time, kind, dp rank, pieces), when tracing
         self._journal = journal.Journal(journal_path, loader_id)
         if journal.actor_was_restarted():
-            for entry in self._journal.replay():
-                if entry["op"] == "snapshot":
-                    self._core.load_dict(entry["state"])
-                else:
-                    self._core.apply(cmd.command_from_entry(entry))
+            self._journal.restore(self._core)
             self._core.events.append({"time": time.time(), "event": "coordinator_restarted"})
             self._rewatch_pending = True
         else:
@@ -255,6 +251,10 @@ class Coordinator:
     async def ping(self) -> bool:
         self._rewatch()
         return True
+
+    async def close(self, remove_journal: bool) -> None:
+        """`Loader.shutdown`, before the kill: journal nothing more (`Journal.close`)."""
+        self._journal.close(remove=remove_journal)
 
     async def trace(self, enable: bool = True) -> list:
         """Record leases and rank losses from now on (`enable`), or stop; returns those so far."""

@@ -13,13 +13,13 @@ import contextlib
 import json
 import logging
 import os
-import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import ray
 
+from rayshard.core.commands import command_from_entry
 from rayshard.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -36,6 +36,7 @@ class Journal:
         self._fsync = fsync
         self._handle: Any = None
         self._batching = False  # inside `batched()`: flushed once, at its end
+        self._closed = False  # `close()`d: nothing is written any more
 
     def check_reusable(self) -> None:
         """Refuse a file at this path that is corrupt or another loader's, and a path whose
@@ -64,6 +65,27 @@ class Journal:
         self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - kept open
         self._write({"op": "header", "version": JOURNAL_VERSION, "loader": self.loader_id})
 
+    def restore(self, core: Any) -> None:
+        """Load the latest snapshot into `core` (a `CoordinatorCore`) and apply the commands
+        recorded after it (a restarted coordinator), then reopen for appending."""
+        for entry in self.replay():
+            if entry["op"] == "snapshot":
+                core.load_dict(entry["state"])
+            else:
+                core.apply(command_from_entry(entry))
+
+    def close(self, *, remove: bool) -> None:
+        """Write nothing more (the coordinator ends next: `Loader.shutdown`), and remove
+        the file if `remove` (the default journal: it served only this loader's restarts,
+        and every job would otherwise leave one in the temp folder)."""
+        if self._handle is not None:
+            self._handle.close()
+        self._handle, self._closed = None, True
+        if remove:
+            for name in (self.path, f"{self.path}.compact"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(name)
+
     def replay(self) -> Iterator[dict]:
         """The recorded entries after the header (restart), then reopen for appending."""
         entries = list(self._entries())
@@ -75,6 +97,8 @@ class Journal:
 
     def compact(self, state: dict) -> None:
         """Replace everything recorded so far by one snapshot of the state it led to."""
+        if self._closed:
+            return
         temporary = f"{self.path}.compact"
         with open(temporary, "w", encoding="utf-8") as handle:
             for entry in (
@@ -103,11 +127,15 @@ class Journal:
             self._flush()
 
     def _write(self, entry: dict) -> None:
+        if self._closed:
+            return
         self._handle.write(json.dumps(entry, separators=(",", ":")) + "\n")
         if not self._batching:
             self._flush()
 
     def _flush(self) -> None:
+        if self._closed:
+            return
         self._handle.flush()
         if self._fsync:
             os.fsync(self._handle.fileno())
@@ -161,29 +189,6 @@ class Journal:
                     "replayed (delete it to start the loader afresh)"
                 ) from error
             yield entry
-
-
-def remove_when_ended(path: str, coordinator: Any, patience_s: float = 10.0) -> bool:
-    """Remove the default journal `path` of a `coordinator` that was just killed
-    (`Loader.shutdown`): it serves only that coordinator's restarts, and every job would
-    otherwise leave a file in the temp folder. Waits until a call to the actor fails, so no
-    write of it (a compaction replaces the file) comes after; one still answering after
-    `patience_s` keeps its file. Returns whether the file is gone."""
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            ray.get(coordinator.ping.remote(), timeout=patience_s)
-        except ray.exceptions.RayActorError:
-            break
-        except ray.exceptions.GetTimeoutError:
-            return False
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)  # the kill is on its way: the next call fails
-    for name in (path, f"{path}.compact"):
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(name)
-    return True
 
 
 def actor_was_restarted() -> bool:

@@ -25,8 +25,9 @@ RELAY_PATIENCE_S = 10.0
 PROBE_S = 2.0
 # A relay offered but not running this long is asked for again (a new one replaces it):
 # longer than a call's patience, since a loaded node may take many seconds to start a
-# process, and groups go straight meanwhile.
-RELAY_START_S = 60.0
+# process (groups go straight meanwhile), and shorter than the coordinator's idle release
+# (`ack_relay.IDLE_RELEASE_S`), which would end it first.
+RELAY_START_S = 20.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +96,9 @@ class RelayLink:
     def take(self) -> None:
         """Take the relay the coordinator answered with once it runs: the coordinator's
         answer comes before the actor started, and groups sent to a relay still starting
-        would wait unrecorded, growing what a lost rank repeats. A failed step is logged;
-        the next answer that asks for a relay asks again, replacing one that failed to
-        start."""
+        would wait unrecorded, growing what a lost rank repeats. A relay not running within
+        `RELAY_START_S` is asked for again at once, replaced by a new one; after a failed
+        step (logged), the next answer that asks for a relay asks again."""
         if self._asking is None:
             return
         if ray.wait([self._asking], timeout=0)[1]:  # not answered yet
@@ -205,4 +206,4 @@ def _probe_ok(probe: Any) -> bool:
     return True
 
 
-__all__ = ["PROBE_S", "RELAY_PATIENCE_S", "RelayHung", "RelayLink", "Sent"]
+__all__ = ["PROBE_S", "RELAY_PATIENCE_S", "RELAY_START_S", "RelayHung", "RelayLink", "Sent"]

@@ -13,8 +13,7 @@ from rayshard.runtime import relay_link
 def short_relay_patience(monkeypatch):
     """A context in which this process's senders give a relayed call 1 s and a probe
     0.5 s, so a frozen relay is bypassed within the test's time. Only around the frozen
-    part: the same patience bounds a relay's start, which a loaded machine may stretch
-    past 1 s (a relay that does not start in time is asked for again, and again)."""
+    part: a loaded machine may take a live relay longer than that to answer."""
 
     @contextlib.contextmanager
     def shortened():

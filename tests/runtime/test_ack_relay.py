@@ -194,9 +194,9 @@ def test_a_relay_waiting_on_a_slow_coordinator_is_kept(ray_session, tmp_path, ca
     coordinator = loader._coordinator
     try:
         sender, token, _ = relaying_sender(coordinator, generation, first)
-        # Patience short once the relay runs (it also bounds a relay's start), read by this
-        # process's sender; the relay lives, so its probe's answer is waited for however
-        # loaded the machine (2 s would take a slow relay process for a frozen one).
+        # Patience short once the relay runs, read by this process's sender; the relay
+        # lives, so its probe's answer is waited for however loaded the machine (2 s
+        # would take a slow relay process for a frozen one).
         monkeypatch.setattr(relay_link, "RELAY_PATIENCE_S", 0.5)
         monkeypatch.setattr(relay_link, "PROBE_S", EVENT_TIMEOUT_S)
         relayed = ray.get(coordinator.describe.remote())["acks_relayed"]

@@ -28,7 +28,7 @@ ROWS = 240
 
 def _dynamic_loader(tmp_path, **options) -> Loader:
     """A `dynamic` loader over `ROWS` ids in row groups of 30 (its pieces), batches of 8,
-    relaying every group (`ack_relay="node"`)."""
+    relaying every group (`ack_relay="node"`, unless `options` say otherwise)."""
     path = tmp_path / "ids.parquet"
     pq.write_table(pa.table({"id": np.arange(ROWS)}), path, row_group_size=30)
     return Loader(
@@ -36,8 +36,7 @@ def _dynamic_loader(tmp_path, **options) -> Loader:
         batch_size=8,
         name=f"leases-{uuid.uuid4().hex[:8]}",
         policy="dynamic",
-        ack_relay="node",
-        **options,
+        **{"ack_relay": "node", **options},
     )
 
 
@@ -71,6 +70,19 @@ def test_a_reader_actor_leases_through_the_relay_exactly(ray_session, tmp_path):
         assert sum(calls["calls"] for calls in stats["lease_calls"].values()) > 0
         state = iterator.state_dict()
         assert (state["epoch"], state["consumed"]) == (epochs, [])
+        iterator.close()
+    finally:
+        loader.shutdown()
+
+
+def test_a_reader_actor_leases_straight_when_relays_are_off(ray_session, tmp_path):
+    loader = _dynamic_loader(tmp_path, consumer_reads=False, ack_relay="off")
+    try:
+        iterator = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        _, stats = exact_epochs_until(
+            loader, iterator, ROWS, lambda stats: stats["lease_calls"][0]["calls"] >= ROWS // 30
+        )
+        assert stats["leases_relayed"] == 0 and stats["ack_relays"] == 0, stats
         iterator.close()
     finally:
         loader.shutdown()
