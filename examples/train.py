@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         progress.join()
     elapsed = time.perf_counter() - started
     report = ray.get(audit.report.remote())
+    loader.shutdown()  # its readers and coordinator end; its default journal is removed
     seen = sum(r["seen"] for r in report.values())
     exact = len(report) == args.epochs and all(
         r["lost"] == 0 and r["duplicates"] == 0 for r in report.values()
