@@ -304,6 +304,12 @@ def report_tables(results: dict) -> list[str]:
                 ),
             },
             {
+                "path": "actor start_epoch",
+                "rate": 1e3 / t["epoch_start_ms"],
+                "what": "the first rank's call, the lease book of {splits:,} pieces made: "
+                "{ms:.0f} ms".format(splits=t["config"]["splits"], ms=t["epoch_start_ms"]),
+            },
+            {
                 "path": "actor lease.remote",
                 "rate": t["actor"]["leases_per_s"],
                 "what": "{callers} callers x {inflight_per_caller} in flight".format(**t["config"]),

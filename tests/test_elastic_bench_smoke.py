@@ -53,6 +53,7 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert all(ms > 0 for ms in throughput["journal_compaction_ms"])
     assert len(throughput["journal_restore_ms"]) == 3
     assert all(ms > 0 for ms in throughput["journal_restore_ms"])
+    assert throughput["epoch_start_ms"] > 0
     assert throughput["actor"]["leases_per_s"] > 0
     assert throughput["actor"]["leases"] == throughput["actor"]["calls"]
     assert throughput["config"]["callers"] == 1 and throughput["config"]["ranks"] == 100

@@ -327,8 +327,11 @@ def run_throughput(
             ]
         )
         generation = regs[-1]["generation"]
-        # Rank 0 begins the epoch: the coordinator makes its lease book.
+        # Rank 0 begins the epoch: the coordinator makes its lease book (answering nothing
+        # else meanwhile), timed from the call to its answer.
+        began = time.perf_counter()
         ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+        out["epoch_start_ms"] = (time.perf_counter() - began) * 1e3
         actors = [ray.remote(num_cpus=0)(_Caller).remote(coordinator) for _ in range(callers)]
         ray.get(
             [

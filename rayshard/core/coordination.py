@@ -11,7 +11,6 @@ checks a request, builds the command, applies it, journals it and carries out th
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from rayshard.config.loader_config import LoaderConfig
@@ -20,7 +19,8 @@ from rayshard.core import snapshots
 from rayshard.core.leases import LeaseBook
 from rayshard.core.membership import Membership
 from rayshard.core.queries import CoreQueries
-from rayshard.core.sharding import ShardingPolicy, assign
+from rayshard.core.sharding import ShardingPolicy, dynamic_pieces
+from rayshard.core.shuffle import lease_order
 from rayshard.core.state import LoaderState
 from rayshard.core.stragglers import reoffer
 from rayshard.plan import EpochPlan, RankPlan
@@ -294,10 +294,9 @@ class CoordinatorCore(CoreQueries):
     def _new_book(self, epoch: int) -> LeaseBook:
         members, plan = self.members, self.settings.plan
         size = members.live_size()
-        assignment = assign(ShardingPolicy.DYNAMIC, plan, self.source, max(size, 1), epoch)
-        splits = list(assignment.splits)
+        splits = dynamic_pieces(plan, self.source, max(size, 1), epoch)
         if self.settings.shuffle:  # leases in a random order, the same for (seed, epoch)
-            random.Random(f"rayshard-leases:{plan.seed}:{epoch}").shuffle(splits)
+            splits = lease_order(splits, plan.seed, epoch)
         # Every declared rank gets a share from the start, registered yet or not, so equal
         # steps hold when ranks register at slightly different times.
         return LeaseBook(

@@ -28,6 +28,7 @@ from typing import Any
 from rayshard.core.rank_clocks import RankClocks
 from rayshard.core.split_queue import SplitQueue
 from rayshard.plan import intervals as iv
+from rayshard.plan import pieces
 
 
 @dataclasses.dataclass
@@ -53,9 +54,7 @@ class LeaseBook:
         consumed: Sequence[tuple[int, int]] = (),
     ) -> None:
         done = iv.normalize(consumed)  # a resumed epoch's: not leased again
-        whole = ((a, b) for a, b in splits if b > a)
-        rest = (p for split in whole for p in iv.subtract((split,), done)) if done else whole
-        self._queue = SplitQueue(rest)  # (split by split: adjacent rests stay apart)
+        self._queue = SplitQueue(pieces.rest_of(splits, done))
         self._out_rows = 0  # rows of the leases not closed
         self._batch = batch_size
         self._equal = equal_steps

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from enum import Enum
 from typing import Any
 
+import numpy as np
+
 from rayshard.core.shuffle import split_order
 from rayshard.errors import ConfigError
 from rayshard.plan import (
@@ -23,6 +25,7 @@ from rayshard.plan import (
     RankPlan,
     batch_layouts,
     parse_choice,
+    pieces,
     plan_epoch,
     rank_plan_for,
     shard_of,
@@ -176,9 +179,8 @@ def assign(
         plan = plan_epoch(config, layout, world_size, epoch, shuffled=shuffled)
         return Assignment(**common, plan=plan)
     if effective is ShardingPolicy.OFF:
-        return Assignment(
-            **common, plan=_plan_off(config, layout, _splits(source), world_size, epoch)
-        )
+        plan = _plan_off(config, layout, _split_array(source), world_size, epoch)
+        return Assignment(**common, plan=plan)
     if effective is ShardingPolicy.HINT:
         validate(config, layout, world_size)
         shards = config.shards_for(world_size)
@@ -187,16 +189,24 @@ def assign(
             for r in range(world_size)
         )
         return Assignment(**common, hints=hints)
-    _check_world(config, layout, world_size)
-    queue = tuple(split_order(_splits(source), config.seed, epoch))
-    return Assignment(**common, splits=queue)
+    queue = dynamic_pieces(config, source, world_size, epoch)
+    return Assignment(**common, splits=tuple(pieces.as_tuples(queue)))
 
 
-def _splits(source: Source | DataLayout) -> list[tuple[int, int]]:
+def dynamic_pieces(
+    config: PlanConfig, source: Source | DataLayout, world_size: int, epoch: int
+) -> np.ndarray:
+    """`assign`'s `dynamic` queue (splits permuted with (seed, epoch)) as an (n, 2) array."""
+    _check_source_world(source, world_size)
+    _check_world(config, source.layout() if isinstance(source, Source) else source, world_size)
+    return split_order(_split_array(source), config.seed, epoch)
+
+
+def _split_array(source: Source | DataLayout) -> np.ndarray:
     if isinstance(source, Source):
-        return [tuple(s) for s in source.splits()]
-    offsets = source.offsets if source.file_rows is not None else (0, source.num_samples)
-    return [(a, b) for a, b in zip(offsets, offsets[1:]) if b > a]
+        return source.split_array()
+    bounds = source.offsets if source.file_rows is not None else (0, source.num_samples)
+    return pieces.between(bounds)
 
 
 def _check_source_world(source: Source | DataLayout, world_size: int) -> None:
@@ -213,7 +223,7 @@ def _check_source_world(source: Source | DataLayout, world_size: int) -> None:
 def _plan_off(
     config: PlanConfig,
     layout: DataLayout,
-    splits: list[tuple[int, int]],
+    splits: np.ndarray,
     world_size: int,
     epoch: int,
 ) -> EpochPlan:
@@ -229,7 +239,7 @@ def _plan_off(
     )
     ranks = []
     for rank, lay in enumerate(layouts):
-        order = tuple(split_order(splits, config.seed, epoch, rank))
+        order = tuple(pieces.as_tuples(split_order(splits, config.seed, epoch, rank)))
         ranks.append(rank_plan_for(rank, None, order, lay, layout, None, None))
     return EpochPlan(epoch, world_size, 1, tuple(ranks))
 

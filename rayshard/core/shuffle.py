@@ -21,6 +21,7 @@ T = TypeVar("T")
 
 _SPLIT_ORDER = 1
 _BUFFER = 2
+_LEASES = 3
 
 
 def epoch_rng(
@@ -34,11 +35,20 @@ def epoch_rng(
 
 
 def split_order(splits: Sequence[T], seed: int, epoch: int, rank: int | None = None) -> list[T]:
-    """`splits` permuted for this (seed, epoch, rank); `rank=None` gives the global order."""
+    """`splits` permuted for this (seed, epoch, rank); `rank=None` gives the global order.
+    An array of pieces (`rayshard.plan.pieces`) comes back as an array, permuted alike."""
     rng = epoch_rng(seed, epoch, rank, _SPLIT_ORDER)
     # (n,) a permutation of split positions
     order = rng.permutation(len(splits))
+    if isinstance(splits, np.ndarray):
+        return splits[order]
     return [splits[i] for i in order]
+
+
+def lease_order(pieces: np.ndarray, seed: int, epoch: int) -> np.ndarray:
+    """A `dynamic` epoch's pieces (an `(n, 2)` array) in its `shuffle=True` leasing order:
+    permuted for (seed, epoch) by a stream of its own, apart from `split_order`'s."""
+    return pieces[epoch_rng(seed, epoch, None, _LEASES).permutation(len(pieces))]
 
 
 def shuffle_batches(

@@ -20,7 +20,7 @@ import pyarrow.fs as pafs
 from rayshard.config.checks import check_int
 from rayshard.data.arrow_numpy import arrow_of
 from rayshard.errors import ConfigError, DataError, ReadDeniedError
-from rayshard.plan import DataLayout
+from rayshard.plan import DataLayout, pieces
 from rayshard.sources import _catalog, _select
 from rayshard.sources._open_files import OpenFiles
 from rayshard.sources._paths import resolve_paths
@@ -151,17 +151,14 @@ class ChunkedFileSource(Source):
 
     def splits(self, split_rows: int | None = None) -> list[tuple[int, int]]:
         """Chunks (row groups) as sample ranges; chunks larger than `split_rows` are cut."""
+        return pieces.as_tuples(self.split_array(split_rows))
+
+    def split_array(self, split_rows: int | None = None) -> np.ndarray:
+        """`splits(split_rows)` as an `(n, 2)` int64 array, cut without a Python step per
+        split (a dataset of millions of row groups)."""
         limit = split_rows if split_rows is not None else self._split_rows
-        out: list[tuple[int, int]] = []
-        offset = 0
-        for file in self._files:
-            for rows in file.chunk_rows:
-                step = limit or rows or 1
-                out.extend(
-                    (a, min(a + step, offset + rows)) for a in range(offset, offset + rows, step)
-                )
-                offset += rows
-        return out
+        rows = [np.asarray(f.chunk_rows, dtype=np.int64) for f in self._files]
+        return pieces.cut_chunks(np.concatenate(rows) if rows else [], limit)
 
     def read(
         self, start: int, end: int, columns: Sequence[str] | None = None

@@ -11,9 +11,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import pyarrow as pa
 
-from rayshard.plan import DataLayout
+from rayshard.plan import DataLayout, pieces
 
 
 class Source(abc.ABC):
@@ -44,6 +45,11 @@ class Source(abc.ABC):
             return [(0, layout.num_samples)] if layout.num_samples else []
         offsets = layout.offsets
         return [(a, b) for a, b in zip(offsets, offsets[1:]) if b > a]
+
+    def split_array(self) -> np.ndarray:
+        """`splits()` as an `(n, 2)` int64 array: what a `dynamic` epoch queues. Sources of
+        millions of splits compute it directly (no Python tuple per split)."""
+        return pieces.as_pieces(self.splits())
 
     def describe(self) -> str:
         """A short human name for messages (a path, a table)."""
@@ -92,10 +98,17 @@ class TableSource(Source):
         yield from part.to_batches()
 
     def splits(self) -> list[tuple[int, int]]:
-        offsets = [0]
-        for chunk in self._table.column(0).chunks if self._table.num_columns else []:
-            offsets.append(offsets[-1] + len(chunk))
-        return [(a, b) for a, b in zip(offsets, offsets[1:]) if b > a] or super().splits()
+        return pieces.as_tuples(self.split_array())
+
+    def split_array(self) -> np.ndarray:
+        """The table's chunks (of its first column), or the whole table if it has none."""
+        if self._table.num_columns:
+            column = self._table.column(0)
+            lengths = np.fromiter(map(len, column.iterchunks()), np.int64, column.num_chunks)
+            chunks = pieces.cut_chunks(lengths, None)
+            if len(chunks):
+                return chunks
+        return pieces.as_pieces(super().splits())
 
     def describe(self) -> str:
         return f"in-memory table ({self._table.num_rows} rows)"
