@@ -24,8 +24,9 @@ def as_pieces(splits: Iterable[Sequence[int]] | np.ndarray) -> np.ndarray:
 
 
 def as_tuples(pieces: np.ndarray) -> list[tuple[int, int]]:
-    """The pieces as a list of `(start, end)` tuples of Python ints."""
-    return [(a, b) for a, b in pieces.tolist()]
+    """The pieces as a list of `(start, end)` tuples of Python ints (zipped from the two
+    columns: no list per piece made and dropped)."""
+    return list(zip(pieces[:, 0].tolist(), pieces[:, 1].tolist()))
 
 
 def nonempty(pieces: np.ndarray) -> np.ndarray:
