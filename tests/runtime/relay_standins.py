@@ -36,19 +36,29 @@ class HeldRelay:
 
 class RelayingCoordinator:
     """A stand-in coordinator that asks for the relay in every answer and offers one whose
-    start is held (`HeldRelay`)."""
+    start is held (`HeldRelay`); asked again in place of that one (`failed="held"`), it
+    offers a relay held by `replacement_flag`, if given. `asks` records each ask's `failed`."""
 
-    def __init__(self, flag: str) -> None:
+    def __init__(self, flag: str, replacement_flag: str | None = None) -> None:
         self.straight, self.flag, self.relay_handle = 0, flag, None
+        self.replacement_flag, self.replacement, self.asks = replacement_flag, None, []
 
     def ack(self, *args, **kwargs):
         self.straight += 1
         return AckAnswer(0.1, relay=True)
 
     def relay(self, node: str, failed: str = ""):
+        self.asks.append(failed)
+        if failed == "held" and self.replacement_flag is not None:
+            if self.replacement is None:
+                self.replacement = ray.remote(HeldRelay).remote(self.replacement_flag)
+            return ("replacement", self.replacement)
         if self.relay_handle is None:
             self.relay_handle = ray.remote(HeldRelay).remote(self.flag)
         return ("held", self.relay_handle)
+
+    def asked(self) -> list:
+        return list(self.asks)
 
     def counts(self) -> tuple:
         return self.straight, self.relay_handle is not None

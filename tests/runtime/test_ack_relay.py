@@ -286,6 +286,39 @@ def test_an_unused_relay_is_ended(ray_session, monkeypatch):
         ray.get(handle.counts.remote())
 
 
+def test_a_relay_that_does_not_start_is_replaced(ray_session, tmp_path, monkeypatch, caplog):
+    """An offered relay not running within `RELAY_START_S` is asked for again at once, in
+    its place (`failed` names it), and the new one is taken; groups go straight meanwhile."""
+    monkeypatch.setattr(relay_link, "RELAY_START_S", 0.5)  # read by `take` on each call
+    never, ready = tmp_path / "never touched", tmp_path / "replacement may start"
+    ready.touch()
+    coordinator = ray.remote(RelayingCoordinator).remote(str(never), str(ready))
+    sender = AckSender(coordinator, generation=1, dp_rank=0, interval_s=0)  # each at once
+    added = 0
+
+    def one_more_batch() -> None:
+        nonlocal added
+        added += 1
+        sender.add(0, added, np.array([[added, added + 1]]), 1, 8, 0.0)
+
+    with caplog.at_level(logging.WARNING, logger="rayshard.runtime.acks"):
+        wait_until(
+            lambda: one_more_batch() or sender.relay_token == "replacement",
+            "the replacement relay taken",
+        )
+    assert ray.get(coordinator.asked.remote()) == ["", "held"]
+    assert "did not start within 0.5 s; asking again" in caplog.text
+    replacement = ray.get(coordinator.__ray_call__.remote(lambda c: c.replacement))
+    one_more_batch()
+    sender.flush(wait=True)
+    straight = ray.get(coordinator.counts.remote())[0]
+    assert straight + ray.get(replacement.count.remote()) == added  # each group went one way
+    assert ray.get(replacement.count.remote()) >= 1
+    sender.stop()
+    never.touch()  # the held relay may end its start, and go with the coordinator
+    ray.kill(coordinator)
+
+
 def test_groups_go_straight_until_the_offered_relay_runs(ray_session, tmp_path):
     flag = tmp_path / "relay may start"
     coordinator = ray.remote(RelayingCoordinator).remote(str(flag))
