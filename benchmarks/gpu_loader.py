@@ -9,8 +9,9 @@ One rank in the driver process (the process that owns the GPU) reads the loader
 benchmark's Parquet data (`x` fixed_size_list<float32>[128], `label`, `id`; batch 1024):
 
   rayshard   `Loader(ParquetSource).iterator(batch_format="torch", device="cuda")`: the
-             reader actor puts blocks in the object store, the device feed packs each batch
-             into a pinned buffer and copies it on a side stream, `prefetch_depth=2`
+             rank reads in the driver's own reading threads (`consumer_reads`, the
+             default), the device feed packs each batch into a pinned buffer and copies it
+             on a side stream, `prefetch_depth=2`
   ray_data   `read_parquet(...).iter_torch_batches(device="cuda", pin_memory=True,
              prefetch_batches=2)`
 
