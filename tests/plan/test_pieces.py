@@ -16,6 +16,7 @@ from rayshard.core.shuffle import lease_order, split_order
 from rayshard.plan import DataLayout, PlanConfig, pieces
 from rayshard.plan import intervals as iv
 from rayshard.sources import TableSource
+from rayshard.sources.arrow_files import ArrowFileSource
 from rayshard.sources.base import Source
 from rayshard.sources.parquet import ParquetSource
 
@@ -76,6 +77,19 @@ def test_parquet_split_array_is_its_splits(tmp_path):
         assert int((array[:, 1] - array[:, 0]).sum()) == 35
     assert source.splits() == [(0, 4), (4, 8), (8, 10), (10, 17), (17, 24), (24, 31), (31, 35)]
     assert ParquetSource(str(tmp_path), split_rows=3).split_array().tolist()[:2] == [[0, 3], [3, 4]]
+
+
+def test_arrow_file_split_array_is_its_splits(tmp_path):
+    """Arrow IPC files: record batches of 5, 5, 2 rows, then of 9, cut or whole."""
+    for name, sizes in {"a": [5, 5, 2], "b": [9]}.items():
+        batches = [pa.record_batch({"id": pa.array(np.arange(n), pa.int64())}) for n in sizes]
+        with pa.ipc.new_file(str(tmp_path / f"{name}.arrow"), batches[0].schema) as writer:
+            for batch in batches:
+                writer.write_batch(batch)
+    source = ArrowFileSource(sorted(str(p) for p in tmp_path.glob("*.arrow")))
+    assert source.splits() == [(0, 5), (5, 10), (10, 12), (12, 21)]
+    for limit in (None, 2, 4):
+        assert pieces.as_tuples(source.split_array(limit)) == source.splits(limit)
 
 
 def test_table_split_array_is_its_chunks():
