@@ -64,6 +64,18 @@ class RelayingCoordinator:
         return self.straight, self.relay_handle is not None
 
 
+class OneBatchGroups:
+    """Called, adds one batch to `sender` (a group of its own at `interval_s=0`); `added`
+    counts them."""
+
+    def __init__(self, sender: AckSender) -> None:
+        self.sender, self.added = sender, 0
+
+    def __call__(self) -> None:
+        self.added += 1
+        self.sender.add(0, self.added, np.array([[self.added, self.added + 1]]), 1, 8, 0.0)
+
+
 class ForwardRecorder:
     """A stand-in coordinator for a relay: records each `relayed` call's groups and
     answers the configured interval, None (stale) for a group of generation 0, and an

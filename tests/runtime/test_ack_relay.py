@@ -24,6 +24,7 @@ from rayshard.runtime.acks import AckSender
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.relay_standins import (
     ForwardRecorder,
+    OneBatchGroups,
     RelayingCoordinator,
     ended,
     exact_epochs_until,
@@ -294,12 +295,7 @@ def test_a_relay_that_does_not_start_is_replaced(ray_session, tmp_path, monkeypa
     ready.touch()
     coordinator = ray.remote(RelayingCoordinator).remote(str(never), str(ready))
     sender = AckSender(coordinator, generation=1, dp_rank=0, interval_s=0)  # each at once
-    added = 0
-
-    def one_more_batch() -> None:
-        nonlocal added
-        added += 1
-        sender.add(0, added, np.array([[added, added + 1]]), 1, 8, 0.0)
+    one_more_batch = OneBatchGroups(sender)
 
     with caplog.at_level(logging.WARNING, logger="rayshard.runtime.acks"):
         wait_until(
@@ -312,7 +308,7 @@ def test_a_relay_that_does_not_start_is_replaced(ray_session, tmp_path, monkeypa
     one_more_batch()
     sender.flush(wait=True)
     straight = ray.get(coordinator.counts.remote())[0]
-    assert straight + ray.get(replacement.count.remote()) == added  # each group went one way
+    assert straight + ray.get(replacement.count.remote()) == one_more_batch.added  # each one way
     assert ray.get(replacement.count.remote()) >= 1
     sender.stop()
     never.touch()  # the held relay may end its start, and go with the coordinator
@@ -323,12 +319,7 @@ def test_groups_go_straight_until_the_offered_relay_runs(ray_session, tmp_path):
     flag = tmp_path / "relay may start"
     coordinator = ray.remote(RelayingCoordinator).remote(str(flag))
     sender = AckSender(coordinator, generation=1, dp_rank=0, interval_s=0)  # each at once
-    added = 0
-
-    def one_more_batch() -> None:
-        nonlocal added
-        added += 1
-        sender.add(0, added, np.array([[added, added + 1]]), 1, 8, 0.0)
+    one_more_batch = OneBatchGroups(sender)
 
     # the first answers ask for the relay; the coordinator offers one that cannot start
     wait_until(lambda: one_more_batch() or ray.get(coordinator.counts.remote())[1], "an offer")
@@ -336,7 +327,7 @@ def test_groups_go_straight_until_the_offered_relay_runs(ray_session, tmp_path):
         ray.get(coordinator.counts.remote())  # before: the sender takes it at a flush here
         one_more_batch()  # (so none of these may go to the relay, which is not running)
     wait_until(
-        lambda: ray.get(coordinator.counts.remote())[0] == added,
+        lambda: ray.get(coordinator.counts.remote())[0] == one_more_batch.added,
         "every group sent while the relay was starting to reach the coordinator",
     )
     assert sender.relay_token == ""
@@ -347,7 +338,7 @@ def test_groups_go_straight_until_the_offered_relay_runs(ray_session, tmp_path):
     sender.flush(wait=True)
     assert ray.get(relay.count.remote()) >= 1
     straight = ray.get(coordinator.counts.remote())[0]
-    assert straight + ray.get(relay.count.remote()) == added  # each group went one way
+    assert straight + ray.get(relay.count.remote()) == one_more_batch.added  # each one way
     sender.stop()
 
 
