@@ -20,6 +20,13 @@ from rayshard.plan import DataLayout, pieces
 class Source(abc.ABC):
     """A dataset the planner can split."""
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        # A subclass that redefines `splits()` alone gets the `split_array` converting it,
+        # not a parent's array made without its `splits()`.
+        if "splits" in cls.__dict__ and "split_array" not in cls.__dict__:
+            cls.split_array = Source.split_array
+
     @abc.abstractmethod
     def layout(self) -> DataLayout:
         """Sample count, plus per-file row counts for file-based sources (metadata only)."""

@@ -118,6 +118,20 @@ class _ListSplits(Source):
         return [[0, 2], (2, 9)]
 
 
+def test_a_subclass_redefining_splits_alone_queues_its_own_splits(tmp_path):
+    class Halves(TableSource):
+        def splits(self):
+            return [(0, 30), (30, 60)]
+
+    table = pa.Table.from_batches(
+        [pa.record_batch({"id": pa.array(np.arange(a, a + 6))}) for a in range(0, 60, 6)]
+    )
+    assert pieces.as_tuples(Halves(table).split_array()) == [(0, 30), (30, 60)]
+    queue = dynamic_pieces(PlanConfig(batch_size=4), Halves(table), 1, 0)
+    assert sorted(pieces.as_tuples(queue)) == [(0, 30), (30, 60)]
+    assert len(TableSource(table).split_array()) == 10  # the parent's own stays as it was
+
+
 def test_dynamic_pieces_is_the_list_paths_queue_for_any_source():
     """The array queue is the seeded order of the splits as lists of tuples gave it."""
     table = pa.Table.from_batches(
