@@ -85,7 +85,8 @@ class Stager:
         if staged.event is not None:
             consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(staged.event)
-            for tensor in staged.batch.values():
+            batch = staged.batch  # a dict, or the tuple or list a `collate_fn` made
+            for tensor in batch.values() if isinstance(batch, Mapping) else batch:
                 if isinstance(tensor, torch.Tensor) and tensor.device == self.device:
                     tensor.record_stream(consumer)
         return staged.batch
