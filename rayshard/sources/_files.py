@@ -151,11 +151,17 @@ class ChunkedFileSource(Source):
 
     def splits(self, split_rows: int | None = None) -> list[tuple[int, int]]:
         """Chunks (row groups) as sample ranges; chunks larger than `split_rows` are cut."""
-        return pieces.as_tuples(self.split_array(split_rows))
+        return pieces.as_tuples(self._cut(split_rows))
 
     def split_array(self, split_rows: int | None = None) -> np.ndarray:
         """`splits(split_rows)` as an `(n, 2)` int64 array, cut without a Python step per
-        split (a dataset of millions of row groups)."""
+        split (a dataset of millions of row groups); a subclass's own `splits()` rules."""
+        if type(self).splits is not ChunkedFileSource.splits:
+            args = () if split_rows is None else (split_rows,)
+            return pieces.as_pieces(self.splits(*args))
+        return self._cut(split_rows)
+
+    def _cut(self, split_rows: int | None) -> np.ndarray:
         limit = split_rows if split_rows is not None else self._split_rows
         rows = [np.asarray(f.chunk_rows, dtype=np.int64) for f in self._files]
         return pieces.cut_chunks(np.concatenate(rows) if rows else [], limit)

@@ -20,13 +20,6 @@ from rayshard.plan import DataLayout, pieces
 class Source(abc.ABC):
     """A dataset the planner can split."""
 
-    def __init_subclass__(cls, **kwargs: object) -> None:
-        super().__init_subclass__(**kwargs)
-        # A subclass that redefines `splits()` alone gets the `split_array` converting it,
-        # not a parent's array made without its `splits()`.
-        if "splits" in cls.__dict__ and "split_array" not in cls.__dict__:
-            cls.split_array = Source.split_array
-
     @abc.abstractmethod
     def layout(self) -> DataLayout:
         """Sample count, plus per-file row counts for file-based sources (metadata only)."""
@@ -105,9 +98,14 @@ class TableSource(Source):
         yield from part.to_batches()
 
     def splits(self) -> list[tuple[int, int]]:
-        return pieces.as_tuples(self.split_array())
+        return pieces.as_tuples(self._chunk_pieces())
 
     def split_array(self) -> np.ndarray:
+        if type(self).splits is not TableSource.splits:  # a subclass's own splits() rules
+            return super().split_array()
+        return self._chunk_pieces()
+
+    def _chunk_pieces(self) -> np.ndarray:
         """The table's chunks (of its first column), or the whole table if it has none."""
         if self._table.num_columns:
             column = self._table.column(0)

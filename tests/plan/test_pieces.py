@@ -131,6 +131,26 @@ def test_a_subclass_redefining_splits_alone_queues_its_own_splits(tmp_path):
     assert sorted(pieces.as_tuples(queue)) == [(0, 30), (30, 60)]
     assert len(TableSource(table).split_array()) == 10  # the parent's own stays as it was
 
+    class FirstHalf(TableSource):  # an override through the parent's splits()
+        def splits(self):
+            return super().splits()[:5]
+
+    assert pieces.as_tuples(FirstHalf(table).split_array()) == FirstHalf(table).splits()
+    assert len(FirstHalf(table).splits()) == 5
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=6)
+
+    class Evens(ParquetSource):
+        def splits(self, split_rows=None):
+            return super().splits(split_rows)[::2]
+
+    evens = Evens(str(tmp_path / "t.parquet"))
+    assert (
+        pieces.as_tuples(evens.split_array())
+        == evens.splits()
+        == [(0, 6), (12, 18), (24, 30), (36, 42), (48, 54)]
+    )
+    assert pieces.as_tuples(dynamic_pieces(PlanConfig(batch_size=4), evens, 1, 0)) != []
+
 
 def test_dynamic_pieces_is_the_list_paths_queue_for_any_source():
     """The array queue is the seeded order of the splits as lists of tuples gave it."""

@@ -302,7 +302,8 @@ def test_a_relay_that_does_not_start_is_replaced(ray_session, tmp_path, monkeypa
             lambda: one_more_batch() or sender.relay_token == "replacement",
             "the replacement relay taken",
         )
-    assert ray.get(coordinator.asked.remote()) == ["", "held"]
+    # (a loaded machine may start the replacement late too, and ask again meanwhile)
+    assert ray.get(coordinator.asked.remote())[:2] == ["", "held"]
     assert "did not start within 0.5 s; asking again" in caplog.text
     replacement = ray.get(coordinator.__ray_call__.remote(lambda c: c.replacement))
     one_more_batch()
