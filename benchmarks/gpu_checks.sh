@@ -4,7 +4,8 @@
 # against Ray Data (needs Ray), then the CPU loader benchmark on that machine's cores. Each
 # step runs under its own limit and a shared deadline; one that fails is reported and the
 # next runs. Logs and JSON land in OUT as they are written, so a run cut short keeps its
-# finished steps.
+# finished steps. Exit status: 0 every step passed, 1 a step failed or was cut for time,
+# 2 no CUDA device, 3 torch did not import (or hung) in PYTHON.
 #
 #   bash benchmarks/gpu_checks.sh [OUT]        (default OUT: gpu-results)
 #
@@ -29,6 +30,7 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 summary="$out/summary.txt"
 : >"$summary"
+failed=0
 
 note() { echo "$*" | tee -a "$summary"; }
 
@@ -39,17 +41,19 @@ step() {
     local left=$((deadline - SECONDS))
     if ((left < 20)); then
         note "$name: skipped, ${left}s of the budget left"
+        failed=$((failed + 1))
         return
     fi
     ((cap > left)) && cap=$left
     local began=$SECONDS
     timeout --kill-after=10 "$cap" "$@" >"$out/$name.log" 2>&1
     local rc=$?
+    ((rc != 0)) && failed=$((failed + 1))
     note "$name: exit $rc in $((SECONDS - began))s (limit ${cap}s; log $name.log)"
     tail -n 25 "$out/$name.log"
 }
 
-"$py" - >"$out/environment.txt" 2>&1 <<'EOF'  # what ran where: in every report
+timeout 120 "$py" - >"$out/environment.txt" 2>&1 <<'EOF'  # what ran where: in every report
 import platform, os
 import torch
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
@@ -58,18 +62,22 @@ if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0))
 EOF
 cat "$out/environment.txt" | tee -a "$summary"
+if ! grep -q "^cuda available" "$out/environment.txt"; then
+    note "torch did not import, or hung, in $py (environment.txt above): set PYTHON to the Python with CUDA PyTorch"
+    exit 3
+fi
 if [ "$device" = cuda ] && ! grep -q "cuda available True" "$out/environment.txt"; then
     note "no CUDA device seen by $py: nothing to check (RAYSHARD_GPU_DEVICE=cpu smoke-runs this script)"
     exit 2
 fi
 
-if ! "$py" -c "import ray" 2>/dev/null && [ -n "${RAYSHARD_WHEELS:-}" ]; then
+if ! timeout 60 "$py" -c "import ray" 2>/dev/null && [ -n "${RAYSHARD_WHEELS:-}" ]; then
     site=${RAYSHARD_SITE:-/tmp/rayshard-site}
     step wheels 120 "$py" -m pip install -q --no-index --no-deps --no-compile \
         --no-cache-dir --upgrade --target "$site" "$RAYSHARD_WHEELS"/*.whl
     export PYTHONPATH="$PYTHONPATH:$site"
 fi
-note "ray: $("$py" -c 'import ray; print(ray.__version__)' 2>&1 | tail -n 1)"
+note "ray: $(timeout 60 "$py" -c 'import ray; print(ray.__version__)' 2>&1 | tail -n 1)"
 
 if [ "$device" = cuda ]; then
     step gpu_tests 150 "$py" -m pytest -m gpu tests/device -q -rs
@@ -85,4 +93,5 @@ else
     step gpu_loader 330 "$py" -m benchmarks.gpu_loader --rows 50000 --epochs 1 --step-ms 1 \
         --loaders rayshard,rayshard:4,ray_data --device cpu --json "$out/gpu_loader.json"
 fi
-note "done: $SECONDS s"
+note "done: $SECONDS s, $failed step(s) failed or cut for time"
+exit $((failed > 0))

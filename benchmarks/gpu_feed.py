@@ -79,6 +79,22 @@ def feed_bandwidth(
     return batches * arrays[0].nbytes / elapsed / 1e9
 
 
+def empty_host_cache(device: torch.device) -> bool:
+    """Return torch's cached page-locked blocks to the system, so a fresh pool pays for
+    locking its buffers as a new process would; False where this torch cannot."""
+    if device.type != "cuda":
+        return False
+    synchronize(device)
+    for empty in (
+        getattr(torch.accelerator, "empty_host_cache", None),  # newer torch
+        getattr(torch._C, "_host_emptyCache", None),  # older 2.x
+    ):
+        if empty is not None:
+            empty()
+            return True
+    return False
+
+
 def raw_copy_bandwidth(arrays: list[np.ndarray], batches: int, device: torch.device) -> float:
     """GB/s of `copy_` from (pinned, on CUDA) host tensors into fresh device tensors."""
     pin = device.type == "cuda"
@@ -194,6 +210,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # One pool for every timed run; best_of's untimed warm-up run fills it.
     pool = HostBufferPool() if device.type == "cuda" else None
     feed_gbps = best_of(3, lambda: feed_bandwidth(arrays, batches, device, depth, pool))
+    host_cache_emptied = empty_host_cache(device)  # so a fresh pool page-locks afresh
     cold_feed_gbps = feed_bandwidth(arrays, batches, device, depth)
     raw_gbps = best_of(3, lambda: raw_copy_bandwidth(arrays, batches, device))
     stall = stall_fraction(small, steps, step_ms / 1000, device, depth)
@@ -213,6 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "bandwidth": {
             "feed_gbps": feed_gbps,
             "feed_gbps_fresh_pool": cold_feed_gbps,
+            "fresh_pool_host_cache_emptied": host_cache_emptied,
             "baseline_gbps": raw_gbps,
             "baseline": "pinned copy_" if device.type == "cuda" else "plain copy",
             "ratio": feed_gbps / raw_gbps,

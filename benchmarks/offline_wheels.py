@@ -3,15 +3,15 @@ to copy there with the repository (about 48 MB): `benchmarks/gpu_checks.sh` inst
 (`RAYSHARD_WHEELS=DEST`) before the benchmarks that need Ray.
 
     python benchmarks/offline_wheels.py DEST [--python-version 3.12] [--ray 2.60.0]
-                                             [--extra NAME==VERSION ...]
+                                             [--extra NAME==VERSION ...] [--no-default-extras]
 
 Downloads, for that Python on manylinux x86-64 and without dependencies, Ray and the
-packages Ray's `data` and `train` extras need beyond such an image (`--extra`; the default
-list: jsonschema and its three helpers, pydantic with pydantic-core pinned to it, and
-tensorboardX), then rewrites Ray's wheel without its Java worker (`ray/jars`, 31 of its
-79 MB; rayshard starts Python workers only). A pure-Python check of the result:
-`pip install --no-index --no-deps --target DIR DEST/*.whl`, then `import ray` with DIR on
-PYTHONPATH.
+packages Ray's `data` and `train` extras need beyond such an image (jsonschema and its
+three helpers, pydantic with pydantic-core pinned to it, and tensorboardX; `--extra` adds
+more, `--no-default-extras` drops that list), then rewrites Ray's wheel without its Java
+worker (`ray/jars`, 31 of its 79 MB; rayshard starts Python workers only). A pure-Python
+check of the result: `pip install --no-index --no-deps --target DIR DEST/*.whl`, then
+`import ray` with DIR on PYTHONPATH.
 """
 
 from __future__ import annotations
@@ -60,17 +60,28 @@ def download(names: list[str], dest: Path, python_version: str) -> None:
     subprocess.run([*command, "-d", str(dest), *names], check=True)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with `wanted`: the wheels to download besides Ray's."""
     import ray
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dest", type=Path)
     parser.add_argument("--python-version", default="3.12", help="the GPU machine's Python")
     parser.add_argument("--ray", default=ray.__version__, help="Ray's version (this one's)")
-    parser.add_argument("--extra", nargs="*", default=list(EXTRA), help="more wheels")
+    parser.add_argument("--extra", nargs="*", default=[], help="wheels to add to the list")
+    parser.add_argument(
+        "--no-default-extras", action="store_true", help="only Ray and the --extra wheels"
+    )
     args = parser.parse_args(argv)
+    args.wanted = [*(() if args.no_default_extras else EXTRA), *args.extra]
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     args.dest.mkdir(parents=True, exist_ok=True)
-    download([*args.extra], args.dest, args.python_version)
+    if args.wanted:
+        download(args.wanted, args.dest, args.python_version)
     whole = args.dest / "whole"
     whole.mkdir(exist_ok=True)
     download([f"ray=={args.ray}"], whole, args.python_version)

@@ -64,21 +64,27 @@ class Stager:
         if not self.cuda:
             buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
             _staging.fill(buffer, layout)
-            return Staged(_staging.views(buffer.to(self.device), layout))
+            moves = _staging.moved(layout, self.device)
+            return Staged(_staging.views(buffer.to(self.device), layout, moves))
         self._reclaim(keep=self._max_pending)
         buffer = self.pool.acquire(layout.nbytes, layout.num_samples)
+        copying = False
         try:
             _staging.fill(buffer, layout)
             with torch.cuda.stream(self.stream):
                 on_device = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
+                copying = True
                 on_device.copy_(buffer[: layout.nbytes], non_blocking=True)
+                moves = _staging.moved(layout, self.device)  # covered by the same event
                 event = torch.cuda.Event()
                 event.record(self.stream)
         except BaseException:
+            if copying:  # the queued copy reads the buffer until it ends: never hand it out before
+                self.stream.synchronize()
             self.pool.release(buffer)
             raise
         self._pending.append((event, buffer))
-        return Staged(_staging.views(on_device, layout), event)
+        return Staged(_staging.views(on_device, layout, moves), event)
 
     def deliver(self, staged: Staged) -> dict[str, torch.Tensor]:
         """Make the consumer's current stream wait for the copy and own the memory."""
@@ -86,8 +92,8 @@ class Stager:
             consumer = torch.cuda.current_stream(self.device)
             consumer.wait_event(staged.event)
             batch = staged.batch  # a dict, or the tuple or list a `collate_fn` made
-            for tensor in batch.values() if isinstance(batch, Mapping) else batch:
-                if isinstance(tensor, torch.Tensor) and tensor.device == self.device:
+            for value in batch.values() if isinstance(batch, Mapping) else batch:
+                for tensor in _device_memory(value, self.device):
                     tensor.record_stream(consumer)
         return staged.batch
 
@@ -115,3 +121,13 @@ class Stager:
             if layout.num_samples:
                 per_sample = math.ceil(layout.nbytes / layout.num_samples)
                 self.max_bytes_per_sample = max(self.max_bytes_per_sample, per_sample)
+
+
+def _device_memory(value: Any, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The plain tensors holding `value`'s memory on `device`: itself, or a jagged nested
+    tensor's values and offsets (`record_stream` takes plain tensors only)."""
+    if not isinstance(value, torch.Tensor) or value.device != device:
+        return ()
+    if value.is_nested and value.layout == torch.jagged:
+        return (value.values(), value.offsets())
+    return (value,)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
@@ -48,8 +48,9 @@ class Column:
 
 @dataclass(frozen=True)
 class Layout:
-    """The columns to stage, the values passed through (tensors already on the device,
-    nested tensors, Python lists of strings or bytes), and the buffer size."""
+    """The columns to stage, the values passed through as they are (tensors already on the
+    device, Python lists of strings or bytes), the tensors moved on their own (nested
+    tensors, tensors on another device: `moved`), and the buffer size."""
 
     keys: tuple[str, ...]
     columns: tuple[Column, ...]
@@ -57,13 +58,14 @@ class Layout:
     nbytes: int
     num_samples: int | None
     sequence: type | None = None  # tuple or list: the batch was one (keys "0", "1", ...)
+    moves: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -> Layout:
     """Decide the offset of every column; tensors already on `device` and Python lists
-    that are not numbers are passed through, nested (jagged) tensors moved to `device` on
-    their own. A tuple or list of arrays (a `collate_fn`'s `(x, y)`) is staged the same
-    way and comes back as one."""
+    that are not numbers are passed through; nested (jagged) tensors and tensors on another
+    device are left to `moved`, which moves each on its own. A tuple or list of arrays (a
+    `collate_fn`'s `(x, y)`) is staged the same way and comes back as one."""
     sequence = type(batch) if type(batch) in (tuple, list) else None
     if sequence is not None:
         batch = {str(i): value for i, value in enumerate(batch)}
@@ -74,6 +76,7 @@ def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -
         )
     columns: list[Column] = []
     passthrough: dict[str, Any] = {}
+    moves: dict[str, torch.Tensor] = {}
     offset = 0
     num_samples = None
     for key, value in batch.items():
@@ -82,14 +85,11 @@ def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -
             passthrough[key] = value
             continue
         if isinstance(value, torch.Tensor):
-            if value.is_nested:
-                passthrough[key] = value.to(device)
-                continue
             if value.device == device:
                 passthrough[key] = value
                 continue
-            if value.device.type != "cpu":
-                passthrough[key] = value.to(device, non_blocking=True)
+            if value.is_nested or value.device.type != "cpu":
+                moves[key] = value
                 continue
             dtype, shape = value.dtype, tuple(value.shape)
         else:
@@ -100,7 +100,16 @@ def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -
         nbytes = math.prod(shape) * dtype.itemsize
         columns.append(Column(key, offset, nbytes, shape, dtype, value))
         offset = _aligned(offset + nbytes)
-    return Layout(tuple(batch), tuple(columns), passthrough, offset, num_samples, sequence)
+    return Layout(tuple(batch), tuple(columns), passthrough, offset, num_samples, sequence, moves)
+
+
+def moved(layout: Layout, device: torch.device) -> dict[str, torch.Tensor]:
+    """The tensors `plan_layout` left to move on their own, on `device`. On CUDA the stager
+    calls this on its copy stream, so the copy's event covers these moves too."""
+    return {
+        key: value.to(device, non_blocking=not value.is_nested)
+        for key, value in layout.moves.items()
+    }
 
 
 def fill(buffer: torch.Tensor, layout: Layout) -> None:
@@ -119,7 +128,7 @@ def fill(buffer: torch.Tensor, layout: Layout) -> None:
 def host_views(layout: Layout) -> dict[str, Any]:
     """The batch on the CPU without a copy: each numpy column as a tensor viewing its
     memory (a copy only where torch cannot view it), tensors and passed-through values as
-    they are, in the source's key order."""
+    they are (tensors on a device moved to the CPU), in the source's key order."""
     staged = {}
     for column in layout.columns:
         value = column.value
@@ -130,6 +139,7 @@ def host_views(layout: Layout) -> dict[str, Any]:
                 value = torch.from_numpy(native)
         staged[column.key] = value
     staged.update(layout.passthrough)
+    staged.update(moved(layout, torch.device("cpu")))
     return _assembled(staged, layout)
 
 
@@ -170,10 +180,14 @@ def host_tensor(array: np.ndarray) -> torch.Tensor | None:
     return torch.from_numpy(array)
 
 
-def views(buffer: torch.Tensor, layout: Layout) -> dict[str, Any]:
-    """The batch as tensors viewing `buffer` (host or device), in the source's key order."""
+def views(
+    buffer: torch.Tensor, layout: Layout, moves: Mapping[str, torch.Tensor] | None = None
+) -> dict[str, Any]:
+    """The batch as tensors viewing `buffer` (host or device) with the passed-through values
+    and the `moved` tensors, in the source's key order."""
     staged = {c.key: t for c, t in zip(layout.columns, _typed_views(buffer, layout), strict=True)}
     staged.update(layout.passthrough)
+    staged.update(moves or {})
     return _assembled(staged, layout)
 
 

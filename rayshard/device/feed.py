@@ -88,12 +88,22 @@ def default_device() -> torch.device:
 
 
 def check_available(device: torch.device) -> None:
-    """A CUDA `device` where CUDA is not available is a `ConfigError` (without making a
-    CUDA context: a process may fork workers after this check)."""
-    if device.type == "cuda" and not torch.cuda.is_available():
+    """A CUDA `device` where CUDA is not available, or whose index this process does not
+    see, is a `ConfigError`. This check initialises the CUDA driver (`cuInit`, no
+    context), so do it after forking workers, not before."""
+    if device.type != "cuda":
+        return
+    if not torch.cuda.is_available():
         raise ConfigError(
             f"device={str(device)!r} but CUDA is not available: pass device='cpu' "
             f"or leave device unset"
+        )
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise ConfigError(
+            f"device={str(device)!r} but this process sees {count} CUDA device(s) "
+            f"(indices 0-{count - 1}; CUDA_VISIBLE_DEVICES renumbers them): pass one of "
+            f"those, or 'cuda' for the current device"
         )
 
 

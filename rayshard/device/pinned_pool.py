@@ -2,10 +2,12 @@
 
 Allocating and freeing page-locked memory synchronises the device, so (as in DALI) pinned
 buffers are kept and only ever grow: a request larger than every free buffer reallocates
-one, over-allocating by `growth_factor`. Ordinary host memory is cheap to allocate, so a
-non-pinned buffer shrinks to the request when the request is below `shrink_threshold`
-times its size (0 never shrinks, 1 always does). Statistics record the largest batch and
-the largest bytes-per-sample seen, which is the number to pass back as
+one, over-allocating by `growth_factor`. A pinned buffer is rounded up to a power of two,
+the block torch's caching host allocator page-locks for it anyway, so `pool_bytes` is the
+memory the pool's buffers really lock and all of it is usable. Ordinary host memory is
+cheap to allocate, so a non-pinned buffer shrinks to the request when the request is below
+`shrink_threshold` times its size (0 never shrinks, 1 always does). Statistics record the
+largest batch and the largest bytes-per-sample seen, which is the number to pass back as
 `bytes_per_sample_hint` so the next run presizes and never reallocates.
 """
 
@@ -158,11 +160,19 @@ class HostBufferPool:
                 return
 
     def _allocate(self, nbytes: int) -> torch.Tensor:
+        if self.pinned:  # torch page-locks the next power of two anyway: use all of it
+            nbytes = _power_of_two_ceil(nbytes)
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=self.pinned)
 
 
 def _capacity(buffer: torch.Tensor) -> int:
     return buffer.numel()
+
+
+def _power_of_two_ceil(nbytes: int) -> int:
+    """The smallest power of two >= `nbytes` (0 stays 0): the block torch's caching host
+    allocator page-locks for a pinned request of `nbytes`."""
+    return 1 << (nbytes - 1).bit_length() if nbytes > 1 else nbytes
 
 
 _warned_no_pinning = False

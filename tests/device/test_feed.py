@@ -383,3 +383,26 @@ def test_a_collate_fn_may_return_a_tuple_or_list_of_arrays(shape):
     assert isinstance(y, torch.Tensor) and y.tolist() == [0, 1, 2] and s == ["a", "b", "c"]
     with pytest.raises(TypeError, match="got int; make the collate_fn return one of those"):
         list(DeviceFeed(source, device="cpu", collate_fn=lambda batch: 5))
+
+
+def jagged(lengths: list[int]) -> torch.Tensor:
+    offsets = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int64)
+    return torch.nested.nested_tensor_from_jagged(torch.arange(float(sum(lengths))), offsets)
+
+
+def test_a_nested_tensor_for_the_cpu_passes_through_as_it_is():
+    nested = jagged([2, 0, 3])
+    (batch,) = list(DeviceFeed([{"tokens": nested, "y": np.arange(3)}], device="cpu"))
+    assert batch["tokens"] is nested
+    assert batch["y"].tolist() == [0, 1, 2]
+
+
+def test_nested_and_cpu_tensors_move_to_another_device_on_their_own():
+    """Off the CPU and off CUDA (torch's `meta` device stands in: no data, real placement),
+    a nested tensor is moved on its own, beside the staged columns, in the batch's order."""
+    source = [{"x": np.arange(4.0), "tokens": jagged([1, 3]), "ids": ["a", "b"]}]
+    (batch,) = list(DeviceFeed(source, device="meta"))
+    assert list(batch) == ["x", "tokens", "ids"]
+    assert batch["x"].device.type == "meta" and batch["x"].shape == (4,)
+    assert batch["tokens"].is_nested and batch["tokens"].device.type == "meta"
+    assert batch["ids"] == ["a", "b"]

@@ -96,3 +96,50 @@ def test_presize_from_the_hint_means_no_reallocation():
     list(feed)
     assert pool.stats().reallocations == 0
     assert pool.stats().allocations == 3  # prefetch_depth + 1 presized buffers
+
+
+def test_pinned_buffers_are_the_power_of_two_torch_locks():
+    pool = HostBufferPool(growth_factor=1.0)
+    buffer = pool.acquire(3000)
+    assert buffer.is_pinned() and buffer.numel() == 4096
+    assert pool.stats().pool_bytes == 4096
+
+
+def test_a_nested_tensor_moves_on_the_copy_stream_and_is_ordered_before_the_consumer():
+    """Jagged token rows beside a staged column: the consumer's stream is kept busy, so
+    correct sums prove it waited on the copy's event, which must cover the nested move."""
+
+    def source():
+        for index in range(6):
+            lengths = [3, 0, 5, 2]
+            offsets = torch.tensor(np.cumsum([0, *lengths]), dtype=torch.int64)
+            values = torch.full((sum(lengths),), float(index))
+            yield {
+                "tokens": torch.nested.nested_tensor_from_jagged(values, offsets),
+                "x": np.full((4, 8), index, dtype=np.float32),
+            }
+
+    sums = []
+    with DeviceFeed(source(), device="cuda", prefetch_depth=2) as feed:
+        for batch in feed:
+            assert batch["tokens"].is_nested and batch["tokens"].device.type == "cuda"
+            torch.cuda._sleep(1_000_000)
+            sums.append((batch["tokens"].values().sum(), batch["x"].sum()))
+            del batch
+    torch.cuda.synchronize()
+    assert [(int(t.item()), int(x.item())) for t, x in sums] == [(10 * i, 32 * i) for i in range(6)]
+
+
+def test_a_tensor_already_on_the_device_passes_through():
+    on_device = torch.arange(8, device="cuda")
+    (batch,) = list(DeviceFeed([{"t": on_device, "x": np.arange(8)}], device="cuda"))
+    assert batch["t"] is on_device
+    assert batch["x"].device.type == "cuda"
+
+
+def test_a_device_index_this_process_does_not_see_is_a_config_error():
+    from rayshard.errors import ConfigError
+
+    missing = f"cuda:{torch.cuda.device_count()}"
+    with pytest.raises(ConfigError, match=rf"device='{missing}'.*sees"):
+        DeviceFeed([], device=missing)

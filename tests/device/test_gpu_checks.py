@@ -12,7 +12,7 @@ import zipfile
 import pytest
 import torch
 
-from benchmarks.offline_wheels import strip_wheel
+from benchmarks.offline_wheels import EXTRA, parse_args, strip_wheel
 from tests.benchmark_runs import ROOT
 from tests.timeouts import SCENARIO_TIMEOUT_S
 
@@ -39,6 +39,37 @@ def test_without_cuda_the_checks_stop_and_say_why(tmp_path):
     assert not (tmp_path / "gpu_feed.json").exists()
 
 
+def _shadowing(tmp_path, module: str) -> str:
+    """A folder whose `module` fails to import, to put first on PYTHONPATH."""
+    package = tmp_path / "shadow" / module
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(f"raise ImportError('{module} shadowed by the test')\n")
+    return str(package.parent)
+
+
+def test_without_torch_the_checks_stop_and_say_why(tmp_path):
+    out = tmp_path / "out"
+    done = run_checks(out, PYTHONPATH=_shadowing(tmp_path, "torch"))
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "torch did not import" in (out / "summary.txt").read_text()
+
+
+@pytest.mark.slow
+def test_a_failed_step_fails_the_run_and_the_next_steps_still_run(tmp_path):
+    out = tmp_path / "out"
+    done = run_checks(
+        out,
+        RAYSHARD_GPU_DEVICE="cpu",
+        PYTHONPATH=_shadowing(tmp_path, "ray"),
+        RAYSHARD_GPU_BUDGET_S="300",
+    )
+    summary = (out / "summary.txt").read_text()
+    assert done.returncode == 1, summary + done.stdout[-3000:] + done.stderr[-3000:]
+    assert "gpu_feed: exit 0 in" in summary, summary  # needs no Ray
+    assert "gpu_loader: exit 0 in" not in summary and "gpu_loader: exit" in summary, summary
+    assert "step(s) failed or cut for time" in summary and ", 0 step(s)" not in summary, summary
+
+
 @pytest.mark.slow
 def test_a_cpu_smoke_run_runs_every_step(tmp_path):
     done = run_checks(tmp_path, RAYSHARD_GPU_DEVICE="cpu", RAYSHARD_GPU_BUDGET_S="500")
@@ -46,6 +77,7 @@ def test_a_cpu_smoke_run_runs_every_step(tmp_path):
     assert done.returncode == 0, summary + done.stdout[-3000:] + done.stderr[-3000:]
     for name in ("gpu_tests", "gpu_feed", "gpu_loader"):
         assert f"{name}: exit 0 in" in summary, summary
+    assert ", 0 step(s) failed or cut for time" in summary, summary
     assert json.loads((tmp_path / "gpu_feed.json").read_text())["device"] == "cpu"
     loaders = json.loads((tmp_path / "gpu_loader.json").read_text())["results"]
     assert set(loaders) == {"rayshard", "rayshard:4", "ray_data"}
@@ -90,3 +122,11 @@ def test_a_stripped_wheel_installs_without_the_dropped_files(tmp_path):
         check=True,
     )
     assert imported.stdout.strip() == "7"
+
+
+def test_extra_wheels_add_to_the_default_list_unless_it_is_dropped(tmp_path):
+    assert parse_args([str(tmp_path)]).wanted == list(EXTRA)
+    added = parse_args([str(tmp_path), "--extra", "click==8.1.8", "msgpack"]).wanted
+    assert added == [*EXTRA, "click==8.1.8", "msgpack"]
+    only = parse_args([str(tmp_path), "--no-default-extras", "--extra", "msgpack"]).wanted
+    assert only == ["msgpack"]

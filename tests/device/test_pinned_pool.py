@@ -222,3 +222,18 @@ def test_a_repeated_batch_pattern_allocates_nothing_new(sizes, data):
     after = pool.stats()
     assert (after.allocations, after.reallocations) == (before.allocations, 0)
     assert after.pool_bytes == before.pool_bytes
+
+
+def test_power_of_two_ceil_is_the_smallest_power_of_two_not_below():
+    from rayshard.device.pinned_pool import _power_of_two_ceil
+
+    assert _power_of_two_ceil(0) == 0
+    for nbytes in range(1, 5000):
+        rounded = _power_of_two_ceil(nbytes)
+        assert rounded >= nbytes and rounded & (rounded - 1) == 0
+        assert rounded == 1 or rounded // 2 < nbytes
+
+
+def test_ordinary_buffers_are_not_rounded():
+    pool = HostBufferPool(pinned=False, growth_factor=1.0)
+    assert pool.acquire(3000).numel() == 3000
