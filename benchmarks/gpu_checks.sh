@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every GPU check of rayshard in one run, for a CUDA machine held for minutes: the device
 # feed's tests and benchmark (PyTorch only), then the loader benchmark feeding the GPU
-# against Ray Data (needs Ray), then the CPU loader benchmark on that machine's cores. Each
+# against Ray Data (needs Ray), the stall diagnosis (rayshard with a GPU step and a host
+# step), then the CPU loader benchmark on that machine's cores. Each
 # step runs under its own limit and a shared deadline; one that fails is reported and the
 # next runs. Logs and JSON land in OUT as they are written, so a run cut short keeps its
 # finished steps. Exit status: 0 every step passed, 1 a step failed or was cut for time,
@@ -85,6 +86,10 @@ if [ "$device" = cuda ]; then
     rows=${RAYSHARD_GPU_ROWS:-2000000}
     step gpu_loader 330 "$py" -m benchmarks.gpu_loader --rows "$rows" --epochs 3 --step-ms 1 \
         --loaders rayshard,rayshard:4,ray_data --json "$out/gpu_loader.json"
+    # Where rayshard stalls on a step slower than its delivery: the step as a GPU kernel
+    # plus a host sync, and as a host sleep; the device feed's phases per batch say which.
+    step gpu_stall 150 "$py" -m benchmarks.gpu_loader --rows 1000000 --epochs 2 --step-ms 4 \
+        --loaders rayshard --host-step --json "$out/gpu_stall.json"
     step loader_bench 330 "$py" -m benchmarks --rows 6000000 --epochs 6 --ray-cpus 16 \
         --loaders raw,rayshard,rayshard_cpus --json "$out/loader_bench.json"
 else
@@ -92,6 +97,8 @@ else
     step gpu_feed 150 "$py" benchmarks/gpu_feed.py --quick --device cpu --json "$out/gpu_feed.json"
     step gpu_loader 330 "$py" -m benchmarks.gpu_loader --rows 50000 --epochs 1 --step-ms 1 \
         --loaders rayshard,rayshard:4,ray_data --device cpu --json "$out/gpu_loader.json"
+    step gpu_stall 150 "$py" -m benchmarks.gpu_loader --rows 50000 --epochs 1 --step-ms 1 \
+        --loaders rayshard --host-step --device cpu --json "$out/gpu_stall.json"
 fi
 note "done: $SECONDS s, $failed step(s) failed or cut for time"
 exit $((failed > 0))

@@ -57,8 +57,11 @@ def calibrate_sleep_cycles(torch, device) -> float:
     return cycles / ((time.perf_counter() - started) * 1000)
 
 
-def run_epoch(torch, device, batches, rows: int, step_cycles: int) -> dict[str, Any]:
-    """Consume one epoch; returns wall time, time waiting in next(), rows and coverage."""
+def run_epoch(
+    torch, device, batches, rows: int, step_cycles: int, host_step_s: float = 0.0, probe=None
+) -> dict[str, Any]:
+    """Consume one epoch; returns wall time, time waiting in next(), rows and coverage, and
+    what `probe()` reports at its end (rayshard: the device feed's statistics)."""
     seen = torch.zeros(rows, dtype=torch.int32, device=device)  # coverage, kept on the GPU
     total = torch.zeros((), device=device)
     iterator = iter(batches)
@@ -82,7 +85,10 @@ def run_epoch(torch, device, batches, rows: int, step_cycles: int) -> dict[str, 
         x = batch["x"]
         if x.device != device:
             raise TypeError(f"x arrived on {x.device}, expected {device}")
-        if step_cycles and device.type == "cpu":  # a smoke run without a GPU
+        if host_step_s:  # the host busy elsewhere, no CUDA call: the control for `step`
+            time.sleep(host_step_s)
+            total += x.sum()
+        elif step_cycles and device.type == "cpu":  # a smoke run without a GPU
             time.sleep(step_cycles / 1e6)
             total += x.sum()
         elif step_cycles:
@@ -98,6 +104,7 @@ def run_epoch(torch, device, batches, rows: int, step_cycles: int) -> dict[str, 
     count = int(seen.sum())
     waited_after_first = waited - (first_batch_s or 0.0)
     return {
+        **({"feed": probe()} if probe else {}),
         "wall_s": wall,
         "rows": count,
         "rows_per_s": count / wall,
@@ -124,11 +131,7 @@ def rayshard_epochs(paths, rows, torch, device, args, step_cycles, reader_thread
     )
     try:
         batches = loader.iterator(world_rank=0, world_size=1, batch_format="torch", device=device)
-        return [
-            run_epoch(torch, device, batches, rows, step_cycles if step else 0)
-            for step in (False, True)
-            for _ in range(args.epochs + 1)
-        ]
+        return run_loops(torch, device, batches, rows, args, step_cycles, probe=feed_probe(batches))
     finally:
         loader.shutdown()
 
@@ -146,26 +149,96 @@ def ray_data_epochs(paths, rows, torch, device, args, step_cycles):
             prefetch_batches=2,
         )
 
-    return [
-        run_epoch(torch, device, batches(), rows, step_cycles if step else 0)
-        for step in (False, True)
-        for _ in range(args.epochs + 1)
-    ]
+    return run_loops(torch, device, batches, rows, args, step_cycles)
+
+
+def feed_probe(iterator):
+    """The rayshard iterator's device feed statistics of the epoch just ended (the feed is
+    replaced when the next epoch begins)."""
+    return lambda: iterator.stats().get("feed")
+
+
+def run_loops(torch, device, batches, rows, args, step_cycles, probe=None) -> dict[str, list]:
+    """Each loop's epochs, the first of each a warm-up: `deliver`, `step` and, with
+    `--host-step`, `host_step` (the same step as a host sleep, no CUDA call)."""
+    loops = {"deliver": {}, "step": {"step_cycles": step_cycles}}
+    if args.host_step:
+        loops["host_step"] = {"host_step_s": args.step_ms / 1000}
+    return {
+        name: [
+            run_epoch(
+                torch,
+                device,
+                iter(batches()) if callable(batches) else batches,
+                rows,
+                **{"step_cycles": 0, **kind},
+                probe=probe,
+            )
+            for _ in range(args.epochs + 1)
+        ]
+        for name, kind in loops.items()
+    }
 
 
 RUNNERS = {"rayshard": rayshard_epochs, "ray_data": ray_data_epochs}
 
 
-def summarize(epochs: list[dict], count: int) -> dict[str, Any]:
-    deliver, step = epochs[1 : count + 1], epochs[count + 2 :]
-    return {
-        "rows_per_s": statistics.median(e["rows_per_s"] for e in deliver),
-        "first_batch_s_warm": statistics.median(e["first_batch_s"] for e in deliver),
-        "step_stall_fraction": statistics.median(e["stall_fraction"] for e in step),
-        "step_rows_per_s": statistics.median(e["rows_per_s"] for e in step),
-        "coverage_ok": all(e["coverage_ok"] for e in epochs),
-        "epochs": epochs,
+def summarize(loops: dict[str, list[dict]]) -> dict[str, Any]:
+    """Medians of each loop's warm epochs; with the device feed's statistics, the staging
+    thread's seconds per batch in each phase (where a stall comes from)."""
+    warm = {name: epochs[1:] for name, epochs in loops.items()}
+    result = {
+        "rows_per_s": statistics.median(e["rows_per_s"] for e in warm["deliver"]),
+        "first_batch_s_warm": statistics.median(e["first_batch_s"] for e in warm["deliver"]),
+        "coverage_ok": all(e["coverage_ok"] for epochs in loops.values() for e in epochs),
+        "epochs": loops,
     }
+    for name, epochs in warm.items():
+        prefix = "" if name == "deliver" else f"{name}_"
+        if name != "deliver":
+            result[f"{prefix}stall_fraction"] = statistics.median(
+                e["stall_fraction"] for e in epochs
+            )
+            result[f"{prefix}rows_per_s"] = statistics.median(e["rows_per_s"] for e in epochs)
+        feeds = [e["feed"] for e in epochs if e.get("feed")]
+        if feeds:
+            result[f"{name}_feed_ms_per_batch"] = {
+                phase: statistics.median(
+                    1000 * f[f"{phase}_seconds"] / max(f["batches_delivered"], 1) for f in feeds
+                )
+                for phase in ("source", "stage", "handover")
+            }
+    return result
+
+
+def print_table(results: dict[str, dict]) -> None:
+    """One line per loader, then the device feed's phases per loop (rayshard only)."""
+    base = results.get("ray_data", {}).get("rows_per_s")
+    host = any("host_step_rows_per_s" in result for result in results.values())
+    print(
+        f"{'loader':<10} {'rows/s to GPU':>14} {'x Ray Data':>10} {'stall @step':>12} "
+        f"{'step rows/s':>12} {'TTFB warm':>10} coverage"
+        + (f" {'stall @host step':>16} {'host step rows/s':>16}" if host else "")
+    )
+    for name, result in results.items():
+        ratio = result["rows_per_s"] / base if base else float("nan")
+        line = (
+            f"{name:<10} {result['rows_per_s']:>14,.0f} {ratio:>10.2f} "
+            f"{result['step_stall_fraction']:>12.2%} {result['step_rows_per_s']:>12,.0f} "
+            f"{result['first_batch_s_warm']:>10.3f} {result['coverage_ok']}"
+        )
+        if host:
+            line += (
+                f" {result['host_step_stall_fraction']:>16.2%}"
+                f" {result['host_step_rows_per_s']:>16,.0f}"
+            )
+        print(line)
+    for name, result in results.items():
+        for key, phases in result.items():
+            if key.endswith("_feed_ms_per_batch"):
+                loop = key.removesuffix("_feed_ms_per_batch")
+                spent = ", ".join(f"{phase} {ms:.3f}" for phase, ms in phases.items())
+                print(f"{name} {loop}: staging thread ms per batch: {spent}")
 
 
 def parse_args(argv):
@@ -183,6 +256,11 @@ def parse_args(argv):
     parser.add_argument("--loaders", default=",".join(LOADERS))
     parser.add_argument("--data", type=Path, default=None)
     parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
+    parser.add_argument(
+        "--host-step",
+        action="store_true",
+        help="a third loop whose step is a host sleep of --step-ms (no CUDA call)",
+    )
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)
     args.loaders = [name.strip() for name in args.loaders.split(",") if name.strip()]
@@ -219,20 +297,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             runner, _, threads = name.partition(":")
             extra = {"reader_threads": int(threads)} if threads else {}
             epochs = RUNNERS[runner](paths, args.rows, torch, device, args, step_cycles, **extra)
-            results[name] = summarize(epochs, args.epochs)
+            results[name] = summarize(epochs)
             print(f"{name}: done in {time.perf_counter() - started:.1f} s", flush=True)
-    base = results.get("ray_data", {}).get("rows_per_s")
-    print(
-        f"{'loader':<10} {'rows/s to GPU':>14} {'x Ray Data':>10} {'stall @step':>12} "
-        f"{'step rows/s':>12} {'TTFB warm':>10} coverage"
-    )
-    for name, result in results.items():
-        ratio = result["rows_per_s"] / base if base else float("nan")
-        print(
-            f"{name:<10} {result['rows_per_s']:>14,.0f} {ratio:>10.2f} "
-            f"{result['step_stall_fraction']:>12.2%} {result['step_rows_per_s']:>12,.0f} "
-            f"{result['first_batch_s_warm']:>10.3f} {result['coverage_ok']}"
-        )
+    print_table(results)
     report = {
         "config": {
             "rows": args.rows,
@@ -242,6 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "ray_cpus": args.ray_cpus or os.cpu_count(),
             "reader_threads": args.reader_threads,
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "host_step": args.host_step,
         },
         "results": results,
         "targets": {"rows_vs_ray_data": 2.0, "stall_fraction": 0.02},

@@ -18,7 +18,6 @@ channel, so an iterator's `state_dict()` can resume exactly after them.
 
 from __future__ import annotations
 
-import atexit
 import threading
 import time
 import warnings
@@ -31,6 +30,7 @@ import torch
 
 from rayshard.config.checks import check_int
 from rayshard.data.batching import Tagged
+from rayshard.device import _producer
 from rayshard.device._channel import CLOSED, EMPTY, Channel
 from rayshard.device._stager import Stager
 from rayshard.device.pinned_pool import HostBufferPool
@@ -53,19 +53,14 @@ class FeedStats:
     pool_bytes: int
     num_buffers: int
     reallocations: int
+    # The staging thread's time waiting for the source, packing and starting copies, and
+    # blocked handing batches over (see `rayshard.device._producer`).
+    source_seconds: float = 0.0
+    stage_seconds: float = 0.0
+    handover_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-class _Failure:
-    """The exception the source (or `collate_fn`) raised, carried to the consumer in order."""
-
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
-
-
-_END = object()
 
 
 def default_device() -> torch.device:
@@ -169,9 +164,10 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         self._finished = False
         self._delivered = 0
         self._stall = 0.0
+        self._phases = _producer.Phases()
         # The thread holds no reference to the feed, so an abandoned feed is collected
         # and this finalizer stops the thread.
-        self._finalizer = weakref.finalize(self, _shutdown, self._stop, self._channel)
+        self._finalizer = weakref.finalize(self, _producer.shutdown, self._stop, self._channel)
 
     @property
     def batches_delivered(self) -> int:
@@ -182,13 +178,20 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         """Start staging now rather than at the first `next()` (to warm the queue up)."""
         if self._thread is None and not self._finished:
             self._thread = threading.Thread(
-                target=_produce,
-                args=(self._source, self._collate_fn, self._stager, self._channel, self._stop),
+                target=_producer.produce,
+                args=(
+                    self._source,
+                    self._collate_fn,
+                    self._stager,
+                    self._channel,
+                    self._stop,
+                    self._phases,
+                ),
                 kwargs={"cpus": self._cpus},
                 name="rayshard-device-feed",
                 daemon=True,
             )
-            _LIVE[self._thread] = (self._stop, self._channel)
+            _producer.LIVE[self._thread] = (self._stop, self._channel)
             self._thread.start()
         return self
 
@@ -208,10 +211,10 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
                 self._on_wait()
                 item = self._channel.get()
         self._stall += time.perf_counter() - waited_from
-        if item is _END or item is CLOSED:
+        if item is _producer.END or item is CLOSED:
             self.close()
             raise StopIteration
-        if isinstance(item, _Failure):
+        if isinstance(item, _producer.Failure):
             self.close()
             raise item.error
         self._delivered += 1
@@ -253,62 +256,7 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
             pool_bytes=pool.pool_bytes if pool else 0,
             num_buffers=pool.num_buffers if pool else 0,
             reallocations=pool.reallocations if pool else 0,
+            source_seconds=self._phases.source,
+            stage_seconds=self._phases.stage,
+            handover_seconds=self._phases.handover,
         )
-
-
-def _produce(
-    source: Iterator[Any],
-    collate_fn: CollateFn | None,
-    stager: Stager,
-    channel: Channel,
-    stop: threading.Event,
-    cpus: frozenset[int] | None,
-) -> None:
-    """The staging thread: read, collate, stage, hand over; end with `_END` or a failure."""
-    try:
-        if cpus:
-            from rayshard.device.affinity import pin_current_thread
-
-            pin_current_thread(cpus)
-        with stager.thread_context():
-            for item in source:
-                if stop.is_set():
-                    return
-                tag, batch = item if isinstance(item, Tagged) else (None, item)
-                host = batch if collate_fn is None else collate_fn(batch)
-                staged = stager.stage(host)
-                if not channel.put(staged if tag is None else Tagged(tag, staged)):
-                    return
-            channel.put(_END)
-    except BaseException as error:  # noqa: BLE001 - every failure belongs to the consumer
-        channel.put(_Failure(error))
-    finally:
-        stager.drain()
-        _LIVE.pop(threading.current_thread(), None)
-
-
-def _shutdown(stop: threading.Event, channel: Channel) -> None:
-    stop.set()
-    channel.close()
-
-
-_LIVE: dict[threading.Thread, tuple[threading.Event, Channel]] = {}
-"""Staging threads still running, with what stops them (see `_stop_live_threads`)."""
-
-EXIT_JOIN_TIMEOUT_S = 5.0
-
-
-@atexit.register
-def _stop_live_threads() -> None:
-    """Stop and join every staging thread before the interpreter finalizes.
-
-    A daemon thread still running while Python finalizes is killed as soon as it takes the
-    GIL again; one that was dropping a tensor at that moment unwinds through torch's C++
-    frames and aborts the process, turning a finished training script's exit status into a
-    crash. Each thread gets `EXIT_JOIN_TIMEOUT_S` to leave (one blocked inside the source's
-    `next()` leaves when that call returns or fails)."""
-    live = list(_LIVE.items())
-    for _thread, (stop, channel) in live:
-        _shutdown(stop, channel)
-    for thread, _ in live:
-        thread.join(EXIT_JOIN_TIMEOUT_S)

@@ -249,16 +249,16 @@ def test_abandoned_feed_stops_its_thread():
 def test_exit_hook_stops_and_joins_a_running_feed_that_was_never_closed():
     """At interpreter exit a still-referenced, unclosed feed's thread is stopped and joined
     (a daemon thread left running into finalization can abort the process)."""
-    from rayshard.device import feed as feed_module
+    from rayshard.device import _producer
 
     source = Counting()
     feed = DeviceFeed(source, device="cpu", prefetch_depth=2)
     next(feed)
     (thread,) = feed_threads()
-    assert thread in feed_module._LIVE
-    feed_module._stop_live_threads()
+    assert thread in _producer.LIVE
+    _producer.stop_live_threads()
     assert not thread.is_alive()
-    assert thread not in feed_module._LIVE
+    assert thread not in _producer.LIVE
     read = source.read
     time.sleep(0.05)
     assert source.read == read
@@ -406,3 +406,41 @@ def test_nested_and_cpu_tensors_move_to_another_device_on_their_own():
     assert batch["x"].device.type == "meta" and batch["x"].shape == (4,)
     assert batch["tokens"].is_nested and batch["tokens"].device.type == "meta"
     assert batch["ids"] == ["a", "b"]
+
+
+def test_the_staging_thread_times_waiting_for_the_source():
+    """A source that sleeps 0.1 s before each of its 4 batches: the thread waited for it at
+    least that long, and the three phases never exceed the feed's whole life."""
+
+    def slow():
+        for index in range(4):
+            time.sleep(0.1)
+            yield {"x": np.full(3, index)}
+
+    started = time.perf_counter()
+    with DeviceFeed(slow(), device="cpu") as feed:
+        assert [int(b["x"][0]) for b in feed] == [0, 1, 2, 3]
+        stats = feed.stats()
+    lifetime = time.perf_counter() - started
+    assert stats.source_seconds >= 0.4
+    assert min(stats.stage_seconds, stats.handover_seconds) >= 0
+    assert stats.source_seconds + stats.stage_seconds + stats.handover_seconds <= lifetime
+
+
+def test_the_staging_thread_times_waiting_for_the_consumer():
+    """The consumer takes nothing for 1 s after the second batch was asked of the source:
+    that batch waited to be handed over for that second, less its own (tiny) staging."""
+    asked_second = threading.Event()
+
+    def source():
+        yield {"x": np.zeros(3)}
+        asked_second.set()
+        yield {"x": np.ones(3)}
+
+    with DeviceFeed(source(), device="cpu", prefetch_depth=1) as feed:
+        feed.start()
+        assert asked_second.wait(EVENT_TIMEOUT_S)
+        time.sleep(1.0)
+        assert len(list(feed)) == 2
+        stats = feed.stats()
+    assert stats.handover_seconds >= 0.5, stats

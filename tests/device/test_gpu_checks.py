@@ -75,7 +75,7 @@ def test_a_cpu_smoke_run_runs_every_step(tmp_path):
     done = run_checks(tmp_path, RAYSHARD_GPU_DEVICE="cpu", RAYSHARD_GPU_BUDGET_S="500")
     summary = (tmp_path / "summary.txt").read_text()
     assert done.returncode == 0, summary + done.stdout[-3000:] + done.stderr[-3000:]
-    for name in ("gpu_tests", "gpu_feed", "gpu_loader"):
+    for name in ("gpu_tests", "gpu_feed", "gpu_loader", "gpu_stall"):
         assert f"{name}: exit 0 in" in summary, summary
     assert ", 0 step(s) failed or cut for time" in summary, summary
     assert json.loads((tmp_path / "gpu_feed.json").read_text())["device"] == "cpu"
@@ -83,6 +83,10 @@ def test_a_cpu_smoke_run_runs_every_step(tmp_path):
     assert set(loaders) == {"rayshard", "rayshard:4", "ray_data"}
     assert all(result["coverage_ok"] for result in loaders.values()), loaders
     assert all(result["rows_per_s"] > 0 for result in loaders.values()), loaders
+    stall = json.loads((tmp_path / "gpu_stall.json").read_text())["results"]["rayshard"]
+    assert stall["coverage_ok"] and len(stall["epochs"]["host_step"]) == 2, stall
+    for loop in ("deliver", "step", "host_step"):  # the staging thread's phases, per loop
+        assert set(stall[f"{loop}_feed_ms_per_batch"]) == {"source", "stage", "handover"}
 
 
 def _wheel(folder, files: dict[str, bytes]):
