@@ -58,7 +58,11 @@ timeout 120 "$py" - >"$out/environment.txt" 2>&1 <<'EOF'  # what ran where: in e
 import platform, os
 import torch
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
-print("cuda available", torch.cuda.is_available(), "cpus", os.cpu_count())
+print("cuda available", torch.cuda.is_available(), "cpus", os.cpu_count(),
+      "usable", len(os.sched_getaffinity(0)), "torch threads", torch.get_num_threads())
+for quota in ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
+    if os.path.exists(quota):  # a CPU quota below the core count starves reading threads
+        print("cpu quota", quota, open(quota).read().strip())
 if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0))
 EOF
