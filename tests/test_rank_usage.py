@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rayshard.core import commands as cmd
+from rayshard.runtime import rank_usage
 from rayshard.runtime.rank_usage import RankUsage
 
 
@@ -32,3 +33,21 @@ def test_consumer_totals_add_up_and_the_summary_is_a_copy():
     summary["consumers"][2]["batches"] = 99
     assert usage.summary()["consumers"][2]["batches"] == 4
     assert summary["lease_calls"] == {}
+
+
+def test_a_numbered_group_is_counted_once_in_any_order_and_gaps_are_bounded():
+    usage = RankUsage()
+    one = {"batches": 1, "samples": 8, "bytes": 64, "stall_s": 0.5}
+    for number in (0, 2, 1, 2, 0):  # sent straight past a relay, which forwards it later
+        usage.acked(0, {**one, "group": f"sender-a:{number}"})
+    usage.acked(0, {**one, "group": "sender-b:0"})  # another consumer numbers from 0 too
+    usage.acked(0, one)  # not numbered: counted
+    totals = usage.summary()["consumers"][0]
+    assert totals == {"batches": 5, "samples": 40, "bytes": 320, "stall_s": 2.5}
+    # group 3 never comes (its call failed): past GROUPS_HELD later ones, the gap is closed
+    later = range(4, 4 + rank_usage.GROUPS_HELD + 1)
+    for number in later:
+        usage.acked(0, {"batches": 1, "group": f"sender-a:{number}"})
+    assert usage.summary()["consumers"][0]["batches"] == 5 + len(later)
+    numbers = usage._counted["sender-a"]
+    assert (numbers.low, numbers.above) == (later[-1] + 1, set())

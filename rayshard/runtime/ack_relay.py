@@ -14,7 +14,8 @@ late relay delivers after its rank's next call is refused (`Lease.check_after`).
 A relay answers a group only once the coordinator recorded it (with its answer), so a
 consumer's waiting flushes keep their meaning. A group whose relay failed (it died, its
 node's call failed) is sent again straight to the coordinator by its consumer: recording a
-group twice changes no progress (acknowledged runs are a union, batch counts a maximum).
+group twice changes no progress (acknowledged runs are a union, batch counts a maximum),
+nor the rank's consumer totals (a sender numbers its groups: `RankUsage`).
 The relay measures its own CPU per call like the coordinator and answers with the longer
 of the two intervals. Relays are made by the coordinator (`AckRelays`), pinned to their
 node and owned by it: they end with it, and one unused for `IDLE_RELEASE_S` (or four of

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,7 @@ class AckSender:
         self._asked_s = 0.0  # the interval the coordinator asked for in its last answer
         self._link = RelayLink(coordinator, dp_rank)  # the way to the node's relay
         self.groups_sent = 0  # groups sent (not counting one sent again past a failed relay)
+        self._name = uuid.uuid4().hex  # its groups are "<name>:<groups_sent>" (`RankUsage`)
         self._thread: threading.Thread | None = None
         if interval_s > 0:
             self._thread = threading.Thread(target=self._run, daemon=True, name="rayshard-acks")
@@ -187,6 +189,7 @@ class AckSender:
             # (n, 2) the group's runs, merged: consecutive batches' runs join
             runs = union(np.concatenate([as_runs(r) for r in held]))
             usage = {"batches": count, "samples": samples, "bytes": nbytes, "stall_s": stall}
+            usage["group"] = f"{self._name}:{self.groups_sent}"  # (one sent again: counted once)
             record_batches(self._loader_name, self._rank, count, nbytes, stall)
             args = (self.generation, self._rank, epoch, batches, runs, usage)
             # only under packing: split documents' progress

@@ -3,6 +3,8 @@ received (from their acknowledgements) and, under `dynamic`, how its reading lea
 
 Not journaled: they describe this coordinator process's service, so a restarted
 coordinator counts again from zero (its lease book, which is journaled, is exact).
+A group is counted once: one its relay forwarded, then failed to answer, is sent again
+straight (`rayshard.runtime.ack_relay`), so each sender numbers its groups.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from rayshard.core import commands as cmd
 
 CONSUMER_KEYS = ("batches", "samples", "bytes", "stall_s")
 LEASE_KEYS = ("calls", "paced", "rows", "waited_s")
+GROUPS_HELD = 64  # a sender's group numbers held past a gap (`_Numbers`)
 
 
 class RankUsage:
@@ -21,12 +24,18 @@ class RankUsage:
     def __init__(self) -> None:
         self._consumers: dict[int, dict[str, Any]] = {}
         self._leases: dict[int, dict[str, Any]] = {}
+        self._counted: dict[str, _Numbers] = {}  # sender -> numbers of its groups counted
 
     def acked(self, dp_rank: int, usage: dict | None) -> None:
         """A rank's consumers acknowledged batches: `usage` holds their real samples, bytes
-        and the consumer's stall seconds."""
+        and the consumer's stall seconds, and `group` ("<sender>:<n>", numbered by its
+        sender; absent: counted whatever it is): a group counted already is not again."""
         totals = self._consumers.setdefault(dp_rank, _zeros(CONSUMER_KEYS))
-        for key, value in (usage or {}).items():
+        usage = dict(usage or {})
+        sender, _, number = str(usage.pop("group", "")).rpartition(":")
+        if sender and not self._counted.setdefault(sender, _Numbers()).add(int(number)):
+            return
+        for key, value in usage.items():
             totals[key] = totals.get(key, 0) + value
 
     def leased(self, dp_rank: int, answer: Any, paced: bool, waited_s: float) -> None:
@@ -48,6 +57,28 @@ class RankUsage:
             "consumers": {r: dict(t) for r, t in sorted(self._consumers.items())},
             "lease_calls": {r: dict(t) for r, t in sorted(self._leases.items())},
         }
+
+
+class _Numbers:
+    """The numbers of one sender's groups counted: all below `low` and those in `above`.
+    Groups come nearly in order, so `above` holds the few past a gap; past `GROUPS_HELD`
+    of them the gap counts as filled (a group that never came: its straight call failed,
+    or it came before this coordinator restarted)."""
+
+    def __init__(self) -> None:
+        self.low, self.above = 0, set()
+
+    def add(self, number: int) -> bool:
+        """Whether group `number` is new (it is held from now on)."""
+        if number < self.low or number in self.above:
+            return False
+        self.above.add(number)
+        if len(self.above) > GROUPS_HELD:
+            self.low = min(self.above)
+        while self.low in self.above:
+            self.above.discard(self.low)
+            self.low += 1
+        return True
 
 
 def _zeros(keys: tuple[str, ...]) -> dict[str, Any]:

@@ -189,6 +189,41 @@ def test_flushes_that_do_not_wait_bypass_a_frozen_relay(
         loader.shutdown()
 
 
+def test_a_group_its_frozen_relay_forwarded_and_sent_again_is_counted_once(
+    ray_session, tmp_path, short_relay_patience
+):
+    """The relay forwards a group (the coordinator records it), then freezes before it
+    answers: its consumer sends the group again straight. Progress takes it twice
+    harmlessly; the rank's consumer totals count it once."""
+    loader, generation, first = _one_rank_begun(tmp_path)
+    coordinator = loader._coordinator
+    try:
+        sender, _, relay = relaying_sender(coordinator, generation, first)
+        relayed = ray.get(coordinator.describe.remote())["acks_relayed"]
+        flag, started = str(tmp_path / "release"), str(tmp_path / "held")
+        held = coordinator.__ray_call__.remote(_hold_until(flag, started))
+        wait_until(lambda: (tmp_path / "held").exists(), "the coordinator to be held")
+        with short_relay_patience():
+            flushing = _flush_in_thread(sender, first, 2)
+            wait_until(  # forwarded: the relay's call waits at the held coordinator
+                lambda: ray.get(relay.counts.remote())["waiting"] == 1, "the relay to forward"
+            )
+            with frozen(relay):  # it never answers the group the coordinator records
+                (tmp_path / "release").touch()
+                ray.get(held)
+                flushing.join(EVENT_TIMEOUT_S)
+                assert not flushing.is_alive(), "flush(wait=True) still waits on the frozen relay"
+                assert sender.relay_token == ""  # dropped: the group went again, straight
+                described = ray.get(coordinator.describe.remote())
+        assert described["acks_relayed"] == relayed + 1  # the relay did forward it
+        assert described["consumers"][0]["batches"] == 2, described["consumers"]
+        assert described["consumers"][0]["samples"] == 16
+        sender.stop()
+    finally:
+        (tmp_path / "release").touch()
+        loader.shutdown()
+
+
 def test_a_relay_waiting_on_a_slow_coordinator_is_kept(ray_session, tmp_path, caplog, monkeypatch):
     caplog.set_level(logging.DEBUG, logger="rayshard.runtime.acks")
     loader, generation, first = _one_rank_begun(tmp_path)
