@@ -139,8 +139,8 @@ class Coordinator:
         self._core.check_epoch(generation, dp_rank, epoch, reader)
         repeat = request != "" and self._core.last_lease.get(dp_rank, ("",))[0] == request
         asked = cmd.Lease(dp_rank, epoch, count, finishing, time.time(), request, share)
-        answer = self._do(asked)
-        if not repeat:  # (a retried call, answered again, is counted once)
+        answer = self._do(asked, traced=not repeat)
+        if not repeat:  # (a retried call, answered again, is counted and traced once)
             self._usage.leased(dp_rank, answer, share, waited_s)
         relay = self._ack_pacing.answer(self._core.consumers(), self._settings.ack_relay).relay
         return answer.relayed(relay)
@@ -262,7 +262,7 @@ class Coordinator:
         return recorded
 
     # -- load, step, journal ---------------------------------------------------------------
-    def _do(self, command: cmd.Command) -> Any:
+    def _do(self, command: cmd.Command, traced: bool = True) -> Any:
         self._ack_pacing.called(time.monotonic(), time.process_time)  # its CPU per call
         self._rewatch()
         decision = self._core.apply(command)
@@ -272,7 +272,7 @@ class Coordinator:
             metrics.set_leases_outstanding(self._loader_id, decision.outstanding)
         elif isinstance(decision, cmd.RankLost):
             metrics.record_reserved(self._loader_id, decision.requeued_rows)
-        if self._trace is not None and isinstance(decision, (cmd.Leased, cmd.RankLost)):
+        if traced and self._trace is not None and isinstance(decision, cmd.Leased | cmd.RankLost):
             pieces = decision.pieces if isinstance(decision, cmd.Leased) else decision.requeued
             self._trace.append((time.time(), command.kind, command.dp_rank, list(pieces)))
         if self._since_snapshot >= COMPACT_EVERY:

@@ -192,3 +192,29 @@ def test_relayed_lease_calls_fail_alone_and_a_retry_gets_the_same_answer(ray_ses
         assert described["lease_calls"][0]["waited_s"] == 0.5
     finally:
         loader.shutdown()
+
+
+def test_a_lease_call_answered_again_is_traced_once(ray_session, tmp_path):
+    """The coordinator's trace (`trace()`, read by the elastic benchmarks) holds a grant
+    once: the same call sent again straight, past a relay that had forwarded it, is
+    answered again, not granted again."""
+    loader = _dynamic_loader(tmp_path)
+    coordinator = loader._coordinator
+    try:
+        dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
+        generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
+        ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+        ray.get(coordinator.trace.remote(True))
+        call = ("lease", (generation, 0, 0, 1, False, "stream:0"), {})
+        node = ray.get_runtime_context().get_node_id()
+        (leased,) = ray.get(coordinator.relayed.remote(node, "no relay", [call]))
+        assert ray.get(coordinator.lease.remote(*call[1])) == leased  # again, straight
+        later = ray.get(coordinator.lease.remote(generation, 0, 0, 1, False, "stream:1"))
+        traced = ray.get(coordinator.trace.remote(False))
+        assert [(kind, rank, pieces) for _, kind, rank, pieces in traced] == [
+            ("lease", 0, list(leased.pieces)),
+            ("lease", 0, list(later.pieces)),
+        ]
+        assert ray.get(coordinator.describe.remote())["lease_calls"][0]["calls"] == 2
+    finally:
+        loader.shutdown()
