@@ -98,27 +98,39 @@ class AckRelay:
             self._waiting -= 1
 
     async def _forward(self) -> None:
-        """Send what is pending in one call, then what arrived meanwhile, until none is."""
+        """Send what is pending in one call, then what arrived meanwhile, until none is.
+        Every call of a batch ends answered or failed, whatever goes wrong here: one left
+        unanswered would hold its consumer's waits while this relay still answers probes."""
         while self._pending:
             batch, self._pending = self._pending, []
-            calls = [call for call, _ in batch]
+            lost = "relay lost this call's answer"
             try:
-                answers = await self._coordinator.relayed.remote(self._node, self._token, calls)
-            except Exception as error:  # noqa: BLE001 - each consumer sends its call again
-                for _, waiting in batch:
-                    if not waiting.done():
-                        waiting.set_exception(RuntimeError(f"relay could not forward: {error!r}"))
+                await self._forward_batch(batch)
+            except Exception as error:  # noqa: BLE001 - a bug fails this batch alone
+                lost = f"{lost}: {error!r}"
+            for _, waiting in batch:
+                if not waiting.done():
+                    waiting.set_exception(RuntimeError(lost))
+
+    async def _forward_batch(self, batch: list[tuple[tuple, asyncio.Future]]) -> None:
+        calls = [call for call, _ in batch]
+        try:
+            answers = await self._coordinator.relayed.remote(self._node, self._token, calls)
+        except Exception as error:  # noqa: BLE001 - each consumer sends its call again
+            for _, waiting in batch:
+                if not waiting.done():
+                    waiting.set_exception(RuntimeError(f"relay could not forward: {error!r}"))
+            return
+        self.forwarded[0] += 1
+        self.forwarded[1] += sum(method == "ack" for method, *_ in calls)
+        self.forwarded[2] += sum(method == "lease" for method, *_ in calls)
+        for (_, waiting), recorded in zip(batch, answers, strict=True):
+            if waiting.done():  # (its call was cancelled)
                 continue
-            self.forwarded[0] += 1
-            self.forwarded[1] += sum(method == "ack" for method, *_ in calls)
-            self.forwarded[2] += sum(method == "lease" for method, *_ in calls)
-            for (_, waiting), recorded in zip(batch, answers):
-                if waiting.done():  # (its call was cancelled)
-                    continue
-                if isinstance(recorded, Exception):  # this call alone was refused
-                    waiting.set_exception(recorded)
-                else:
-                    waiting.set_result(recorded)
+            if isinstance(recorded, Exception):  # this call alone was refused
+                waiting.set_exception(recorded)
+            else:
+                waiting.set_result(recorded)
 
     def _consumers(self, now: float) -> int:
         """Consumers heard from within `SENDERS_SEEN_S` (forgetting the others at most once

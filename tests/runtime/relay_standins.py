@@ -99,6 +99,13 @@ class ForwardRecorder:
         return self.calls
 
 
+class ShortAnswers(ForwardRecorder):
+    """A broken stand-in coordinator: it answers every `relayed` call but the last."""
+
+    def relayed(self, node: str, token: str, groups: list) -> list:
+        return super().relayed(node, token, groups)[:-1]
+
+
 @contextlib.contextmanager
 def frozen(relay):
     """The relay's process stopped (`SIGSTOP`: alive, not answering), continued at exit."""

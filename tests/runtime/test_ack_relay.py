@@ -26,6 +26,7 @@ from tests.runtime.relay_standins import (
     ForwardRecorder,
     OneBatchGroups,
     RelayingCoordinator,
+    ShortAnswers,
     ended,
     exact_epochs_until,
     frozen,
@@ -399,6 +400,19 @@ def test_a_relay_answers_the_longer_of_its_own_interval_and_the_coordinators(ray
         ray.get(relay.ack.remote("sender-1", refused))
     assert ray.get(relay.ack.remote("sender-2", group)).relay  # the relay goes on
     assert sum(ray.get(coordinator.seen.remote())) == 24
+
+
+def test_a_call_the_relay_gets_no_answer_for_fails_rather_than_waits(ray_session):
+    """Whatever goes wrong in a relay's forwarding, each call ends: one left unanswered
+    would hold its consumer while the relay still answers probes (so it is never dropped)."""
+    coordinator = ray.remote(ShortAnswers).remote(0.1)
+    node = ray.get_runtime_context().get_node_id()
+    relay = ray.remote(ack_relay.AckRelay).remote(coordinator, node, "token", AckPacing(0.1))
+    group = ((1, 0, 0, 1, np.array([[0, 1]]), {}), {})
+    with pytest.raises(ray.exceptions.RayTaskError, match="lost this call's answer"):
+        ray.get(relay.ack.remote("sender-1", group), timeout=EVENT_TIMEOUT_S)
+    answer = ray.get(relay.lease.remote("sender-1", group), timeout=EVENT_TIMEOUT_S)
+    assert isinstance(answer, RuntimeError) and "lost" in str(answer)  # returned, not raised
 
 
 def test_one_refused_group_fails_alone_in_a_relayed_call(ray_session, tmp_path):
