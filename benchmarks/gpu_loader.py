@@ -206,7 +206,7 @@ def summarize(loops: dict[str, list[dict]]) -> dict[str, Any]:
                 phase: statistics.median(
                     1000 * f[f"{phase}_seconds"] / max(f["batches_delivered"], 1) for f in feeds
                 )
-                for phase in ("source", "stage", "handover")
+                for phase in ("source", "stage", "copy", "handover")
             }
     return result
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ class Stager:
         self._lock = threading.Lock()  # guards the byte statistics read by the consumer
         self.largest_batch_bytes = 0
         self.max_bytes_per_sample = 0
+        self.copy_seconds = 0.0  # in CUDA calls: waiting for old copies, allocating, copying
 
     def thread_context(self) -> contextlib.AbstractContextManager[Any]:
         """Make the staging thread's current CUDA device the target device."""
@@ -66,11 +68,14 @@ class Stager:
             _staging.fill(buffer, layout)
             moves = _staging.moved(layout, self.device)
             return Staged(_staging.views(buffer.to(self.device), layout, moves))
+        began = time.perf_counter()
         self._reclaim(keep=self._max_pending)
         buffer = self.pool.acquire(layout.nbytes, layout.num_samples)
         copying = False
         try:
+            filling = time.perf_counter()
             _staging.fill(buffer, layout)
+            filled = time.perf_counter()
             with torch.cuda.stream(self.stream):
                 on_device = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
                 copying = True
@@ -84,6 +89,7 @@ class Stager:
             self.pool.release(buffer)
             raise
         self._pending.append((event, buffer))
+        self.copy_seconds += (filling - began) + (time.perf_counter() - filled)
         return Staged(_staging.views(on_device, layout, moves), event)
 
     def deliver(self, staged: Staged) -> dict[str, torch.Tensor]:

@@ -53,10 +53,12 @@ class FeedStats:
     pool_bytes: int
     num_buffers: int
     reallocations: int
-    # The staging thread's time waiting for the source, packing and starting copies, and
-    # blocked handing batches over (see `rayshard.device._producer`).
+    # The staging thread's time waiting for the source, packing and starting copies (of
+    # which `copy_seconds` in CUDA calls), and blocked handing batches over (see
+    # `rayshard.device._producer`).
     source_seconds: float = 0.0
     stage_seconds: float = 0.0
+    copy_seconds: float = 0.0
     handover_seconds: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
@@ -258,5 +260,6 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
             reallocations=pool.reallocations if pool else 0,
             source_seconds=self._phases.source,
             stage_seconds=self._phases.stage,
+            copy_seconds=self._stager.copy_seconds,
             handover_seconds=self._phases.handover,
         )

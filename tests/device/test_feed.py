@@ -424,6 +424,7 @@ def test_the_staging_thread_times_waiting_for_the_source():
     lifetime = time.perf_counter() - started
     assert stats.source_seconds >= 0.4
     assert min(stats.stage_seconds, stats.handover_seconds) >= 0
+    assert stats.copy_seconds == 0  # no CUDA call on the CPU
     assert stats.source_seconds + stats.stage_seconds + stats.handover_seconds <= lifetime
 
 

@@ -42,6 +42,7 @@ def test_feed_delivers_correct_batches_in_order_on_the_gpu():
             assert batch["mask"].dtype == torch.bool and bool(batch["mask"].all())
         stats = feed.stats()
     assert stats.batches_delivered == 12 and stats.pinned
+    assert 0 < stats.copy_seconds <= stats.stage_seconds  # the CUDA calls, within staging
     assert stats.largest_batch_bytes >= 256 * 1024 * 4
 
 

@@ -86,7 +86,7 @@ def test_a_cpu_smoke_run_runs_every_step(tmp_path):
     stall = json.loads((tmp_path / "gpu_stall.json").read_text())["results"]["rayshard"]
     assert stall["coverage_ok"] and len(stall["epochs"]["host_step"]) == 2, stall
     for loop in ("deliver", "step", "host_step"):  # the staging thread's phases, per loop
-        assert set(stall[f"{loop}_feed_ms_per_batch"]) == {"source", "stage", "handover"}
+        assert set(stall[f"{loop}_feed_ms_per_batch"]) == {"source", "stage", "copy", "handover"}
 
 
 def _wheel(folder, files: dict[str, bytes]):
