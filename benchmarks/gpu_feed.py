@@ -86,7 +86,7 @@ def empty_host_cache(device: torch.device) -> bool:
         return False
     synchronize(device)
     for empty in (
-        getattr(torch.accelerator, "empty_host_cache", None),  # newer torch
+        getattr(getattr(torch, "accelerator", None), "empty_host_cache", None),  # newer torch
         getattr(torch._C, "_host_emptyCache", None),  # older 2.x
     ):
         if empty is not None:

@@ -15,14 +15,18 @@ benchmark's Parquet data (`x` fixed_size_list<float32>[128], `label`, `id`; batc
   ray_data   `read_parquet(...).iter_torch_batches(device="cuda", pin_memory=True,
              prefetch_batches=2)`
 
-Two loops per loader, each over `--epochs` epochs after one warm-up epoch (medians of the
-warm epochs are reported):
+Two loops per loader (three with `--host-step`), each over `--epochs` epochs after one
+warm-up epoch (medians of the warm epochs are reported):
 
   deliver    rows/s delivered to the device: each batch's `x` is summed on the GPU (no host
              synchronisation per batch), one synchronisation at the end of the epoch
   step       a synthetic training step of `--step-ms` on the GPU per batch (`torch.cuda._sleep`
              calibrated to the clock, then a read of the batch and a host synchronisation,
              like `loss.item()`); stall fraction = time spent waiting in `next()` / wall time
+  host_step  (`--host-step`) the same step as a host sleep, no CUDA sync: if rayshard keeps
+             up here and not under `step`, what stalls it is the CUDA wait, not the reading;
+             rayshard's device feed reports its staging thread's time per batch in each
+             phase (source, stage, copy, handover) for every loop
 
 Coverage (every id exactly once per epoch) is checked in every epoch. Writes
 `benchmarks/results/gpu_loader.json`.
@@ -85,7 +89,7 @@ def run_epoch(
         x = batch["x"]
         if x.device != device:
             raise TypeError(f"x arrived on {x.device}, expected {device}")
-        if host_step_s:  # the host busy elsewhere, no CUDA call: the control for `step`
+        if host_step_s:  # the host busy elsewhere, no CUDA sync: the control for `step`
             time.sleep(host_step_s)
             total += x.sum()
         elif step_cycles and device.type == "cpu":  # a smoke run without a GPU
@@ -259,7 +263,7 @@ def parse_args(argv):
     parser.add_argument(
         "--host-step",
         action="store_true",
-        help="a third loop whose step is a host sleep of --step-ms (no CUDA call)",
+        help="a third loop whose step is a host sleep of --step-ms (no CUDA sync)",
     )
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON)
     args = parser.parse_args(argv)

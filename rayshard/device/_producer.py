@@ -35,8 +35,8 @@ class Phases:
     """Seconds the staging thread spent in each phase; written by that thread alone."""
 
     source: float = 0.0  # waiting for the source's next batch, `collate_fn` included
-    stage: float = 0.0  # packing the batch and starting its copy
-    handover: float = 0.0  # blocked handing a staged batch over: the consumer was behind
+    stage: float = 0.0  # packing the batch and starting its copy (waits for old copies too)
+    handover: float = 0.0  # blocked handing a batch over (counted once the hand-over ends)
 
 
 def produce(

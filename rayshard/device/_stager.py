@@ -77,16 +77,22 @@ class Stager:
             _staging.fill(buffer, layout)
             filled = time.perf_counter()
             with torch.cuda.stream(self.stream):
+                # First the tensors moved on their own (a blocking move waits for this
+                # stream), then the batch's one copy; the event covers both.
+                moves = _staging.moved(layout, self.device)
                 on_device = torch.empty(layout.nbytes, dtype=torch.uint8, device=self.device)
                 copying = True
                 on_device.copy_(buffer[: layout.nbytes], non_blocking=True)
-                moves = _staging.moved(layout, self.device)  # covered by the same event
                 event = torch.cuda.Event()
                 event.record(self.stream)
         except BaseException:
-            if copying:  # the queued copy reads the buffer until it ends: never hand it out before
-                self.stream.synchronize()
-            self.pool.release(buffer)
+            if not copying:
+                self.pool.release(buffer)
+            else:  # the queued copy reads the buffer until it ends; if the stream cannot be
+                # waited for (a broken context), the buffer never returns to the pool
+                with contextlib.suppress(Exception):
+                    self.stream.synchronize()
+                    self.pool.release(buffer)
             raise
         self._pending.append((event, buffer))
         self.copy_seconds += (filling - began) + (time.perf_counter() - filled)
@@ -130,10 +136,14 @@ class Stager:
 
 
 def _device_memory(value: Any, device: torch.device) -> tuple[torch.Tensor, ...]:
-    """The plain tensors holding `value`'s memory on `device`: itself, or a jagged nested
-    tensor's values and offsets (`record_stream` takes plain tensors only)."""
+    """Plain tensors holding `value`'s memory on `device`, for `record_stream` (which older
+    torch takes for plain tensors only): itself; a jagged tensor's values, offsets and
+    lengths; one part of a strided nested tensor (its parts view one buffer)."""
     if not isinstance(value, torch.Tensor) or value.device != device:
         return ()
-    if value.is_nested and value.layout == torch.jagged:
-        return (value.values(), value.offsets())
-    return (value,)
+    if not value.is_nested:
+        return (value,)
+    if value.layout == torch.jagged:
+        parts = (value.values(), value.offsets(), value.lengths())
+        return tuple(part for part in parts if part is not None)
+    return value.unbind()[:1]

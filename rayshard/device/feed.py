@@ -87,7 +87,8 @@ def default_device() -> torch.device:
 def check_available(device: torch.device) -> None:
     """A CUDA `device` where CUDA is not available, or whose index this process does not
     see, is a `ConfigError`. This check initialises the CUDA driver (`cuInit`, no
-    context), so do it after forking workers, not before."""
+    context; not with `PYTORCH_NVML_BASED_CUDA_CHECK=1`), so do it after forking workers,
+    not before."""
     if device.type != "cuda":
         return
     if not torch.cuda.is_available():

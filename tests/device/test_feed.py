@@ -397,15 +397,40 @@ def test_a_nested_tensor_for_the_cpu_passes_through_as_it_is():
     assert batch["y"].tolist() == [0, 1, 2]
 
 
-def test_nested_and_cpu_tensors_move_to_another_device_on_their_own():
+def test_a_jagged_tensor_goes_to_another_device_in_the_batch_copy():
     """Off the CPU and off CUDA (torch's `meta` device stands in: no data, real placement),
-    a nested tensor is moved on its own, beside the staged columns, in the batch's order."""
+    a jagged tensor arrives jagged, beside the staged columns, in the batch's order."""
     source = [{"x": np.arange(4.0), "tokens": jagged([1, 3]), "ids": ["a", "b"]}]
     (batch,) = list(DeviceFeed(source, device="meta"))
     assert list(batch) == ["x", "tokens", "ids"]
     assert batch["x"].device.type == "meta" and batch["x"].shape == (4,)
     assert batch["tokens"].is_nested and batch["tokens"].device.type == "meta"
     assert batch["ids"] == ["a", "b"]
+
+
+@pytest.mark.parametrize("holes", [False, True])
+def test_a_jagged_tensor_is_staged_as_its_parts_and_joined_again(holes):
+    """Its values, offsets (and lengths, with holes) are columns of the one staging buffer;
+    the views of the filled buffer join into the same jagged tensor."""
+    from rayshard.device import _staging
+
+    values = torch.arange(12.0).reshape(6, 2)
+    offsets = torch.tensor([0, 2, 2, 6])
+    lengths = torch.tensor([1, 0, 3]) if holes else None
+    tokens = torch.nested.nested_tensor_from_jagged(values, offsets, lengths=lengths)
+    layout = _staging.plan_layout({"tokens": tokens, "y": np.arange(3)}, torch.device("meta"))
+    parts = ["values", "offsets", "lengths"] if holes else ["values", "offsets"]
+    assert [c.key for c in layout.columns] == [*[("tokens", p) for p in parts], "y"]
+    assert layout.jagged == ("tokens",) and layout.num_samples == 3 and not layout.moves
+    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    _staging.fill(buffer, layout)
+    joined = _staging.views(buffer, layout)["tokens"]
+    assert joined.is_nested and joined.layout == torch.jagged
+    assert torch.equal(joined.values(), values) and torch.equal(joined.offsets(), offsets)
+    assert (joined.lengths() is None) != holes
+    if holes:
+        assert torch.equal(joined.lengths(), lengths)
+    assert joined.values().data_ptr() == buffer.data_ptr()  # a view: no copy of its own
 
 
 def test_the_staging_thread_times_waiting_for_the_source():

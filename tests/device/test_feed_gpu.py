@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from rayshard.device import DeviceFeed, HostBufferPool
+from rayshard.device import DeviceFeed, HostBufferPool, _staging
 
 pytestmark = [
     pytest.mark.gpu,
@@ -106,9 +106,9 @@ def test_pinned_buffers_are_the_power_of_two_torch_locks():
     assert pool.stats().pool_bytes == 4096
 
 
-def test_a_nested_tensor_moves_on_the_copy_stream_and_is_ordered_before_the_consumer():
+def test_a_jagged_column_rides_the_batch_copy_and_is_ordered_before_the_consumer():
     """Jagged token rows beside a staged column: the consumer's stream is kept busy, so
-    correct sums prove it waited on the copy's event, which must cover the nested move."""
+    correct sums prove it waited on the copy's event, which covers the jagged parts."""
 
     def source():
         for index in range(6):
@@ -144,3 +144,47 @@ def test_a_device_index_this_process_does_not_see_is_a_config_error():
     missing = f"cuda:{torch.cuda.device_count()}"
     with pytest.raises(ConfigError, match=rf"device='{missing}'.*sees"):
         DeviceFeed([], device=missing)
+
+
+def test_a_jagged_batch_memory_is_not_reused_while_the_consumer_still_reads_it():
+    """The batch's memory (here only a jagged column's parts) is recorded on the consumer's
+    stream: dropped while a long kernel queued before its read still runs, it is not handed
+    to a new allocation on the copy stream."""
+    values = torch.arange(4096.0)
+    tokens = torch.nested.nested_tensor_from_jagged(values, torch.tensor([0, 1000, 4096]))
+    feed = DeviceFeed([{"tokens": tokens}], device="cuda")
+    (batch,) = list(feed)
+    torch.cuda._sleep(200_000_000)  # the consumer's stream stays busy for a long while
+    used = batch["tokens"].values()
+    address, total = used.data_ptr(), used.sum()
+    del batch, used
+    size = _staging.plan_layout({"tokens": tokens}, torch.device("cuda")).nbytes
+    with torch.cuda.stream(feed._stager.stream):  # the batch's size: its block would fit
+        probe = torch.empty(size, dtype=torch.uint8, device="cuda")
+    assert probe.data_ptr() != address
+    torch.cuda.synchronize()
+    assert int(total.item()) == 4095 * 4096 // 2
+
+
+def test_jagged_with_holes_and_strided_nested_tensors_arrive_whole():
+    values = torch.arange(10.0)
+    holes = torch.nested.nested_tensor_from_jagged(
+        values, torch.tensor([0, 4, 10]), lengths=torch.tensor([2, 5])
+    )
+    strided = torch.nested.nested_tensor([torch.ones(2), torch.zeros(3)])
+    (batch,) = list(DeviceFeed([{"holes": holes, "strided": strided}], device="cuda"))
+    torch.cuda.synchronize()
+    assert batch["holes"].device.type == "cuda"
+    assert batch["holes"].lengths().tolist() == [2, 5]
+    assert batch["holes"].values().cpu().tolist() == values.tolist()
+    assert [t.cpu().tolist() for t in batch["strided"].unbind()] == [[1.0, 1.0], [0.0] * 3]
+
+
+def test_a_cuda_column_for_a_cpu_feed_arrives_complete():
+    """To the CPU the move is a blocking copy: the loop reads the values, not a copy still
+    in flight."""
+    on_device = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
+    torch.cuda._sleep(50_000_000)  # the copy waits behind a long kernel
+    (batch,) = list(DeviceFeed([{"t": on_device * 2}], device="cpu"))
+    assert batch["t"].device.type == "cpu"
+    assert batch["t"][-1].item() == 2 * ((1 << 20) - 1)
