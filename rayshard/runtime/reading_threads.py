@@ -5,7 +5,9 @@ which pyarrow's pool follows), and a Parquet row group of a few columns decodes 
 one thread whatever the pool: a rank that reserved 8 CPUs but reads one piece at a time
 uses one of them. By default a rank reads as many pieces at once as the CPUs Ray assigned
 to the task or actor that reads (1 when it asked for none); in a process Ray did not start
-(a driver), as the CPUs the process may run on; at most `AUTO_READER_THREADS_MAX`. Set
+(a driver), as the CPUs the process may run on, or its container's CPU quota if fewer
+(`rayshard.runtime.cpu_quota`: Ray sizes its workers so too); at most
+`AUTO_READER_THREADS_MAX`. Set
 `RAYSHARD_AFFINITY_MASK` and there is one reading thread per CPU id it names.
 """
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 import ray
 
 from rayshard.device.affinity import allowed_cpus, parse_affinity_mask
+from rayshard.runtime import cpu_quota
 
 AUTO_READER_THREADS_MAX = 8
 
@@ -35,7 +38,7 @@ def threads_for_cpus(cpus: float) -> int:
 
 def _cpus_of_this_process() -> float:
     """The CPUs Ray assigned to this task or actor (fractions round down), or, outside a
-    Ray worker, the CPUs this process may run on."""
+    Ray worker, the CPUs this process may run on within its container's CPU quota."""
     if ray.is_initialized():
         try:
             assigned = ray.get_runtime_context().get_assigned_resources()
@@ -43,7 +46,8 @@ def _cpus_of_this_process() -> float:
             pass
         else:
             return assigned.get("CPU", 0)
-    return len(allowed_cpus())
+    quota = cpu_quota.cpu_quota(cpu_quota.CGROUP_V2, cpu_quota.CGROUP_V1)
+    return min(len(allowed_cpus()), quota or float("inf"))
 
 
 __all__ = ["AUTO_READER_THREADS_MAX", "reading_threads", "threads_for_cpus"]
