@@ -146,4 +146,4 @@ def _device_memory(value: Any, device: torch.device) -> tuple[torch.Tensor, ...]
     if value.layout == torch.jagged:
         parts = (value.values(), value.offsets(), value.lengths())
         return tuple(part for part in parts if part is not None)
-    return value.unbind()[:1]
+    return (value.select(0, 0),) if value.size(0) else ()

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rayshard.device import _jagged
+
 ALIGN = 64
 """Byte alignment of every column inside a buffer (a cache line; enough for any dtype)."""
 
@@ -62,7 +64,7 @@ class Layout:
     num_samples: int | None
     sequence: type | None = None  # tuple or list: the batch was one (keys "0", "1", ...)
     moves: dict[str, torch.Tensor] = field(default_factory=dict)
-    jagged: tuple[str, ...] = ()
+    jagged: tuple[_jagged.Jagged, ...] = ()
 
 
 def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -> Layout:
@@ -82,7 +84,8 @@ def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -
     columns: list[Column] = []
     passthrough: dict[str, Any] = {}
     moves: dict[str, torch.Tensor] = {}
-    jagged: list[str] = []
+    jagged: list[_jagged.Jagged] = []
+    staged_parts: dict[int, Any] = {}  # offsets and lengths staged, by identity
     offset = 0
     num_samples = None
 
@@ -101,10 +104,11 @@ def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -
             if value.device == device:
                 passthrough[key] = value
                 continue
-            if _stageable_jagged(value):
-                jagged.append(key)
-                for part, tensor in _jagged_parts(value).items():
-                    stage((key, part), tensor, tensor.dtype, tuple(tensor.shape))
+            if _jagged.stageable(value):
+                join, parts = _jagged.plan(key, value, staged_parts)
+                jagged.append(join)
+                for column, tensor in parts:
+                    stage(column, tensor, tensor.dtype, tuple(tensor.shape))
                 num_samples = max(num_samples or 0, value.size(0)) or None
                 continue
             if value.is_nested or value.device.type != "cpu":
@@ -137,23 +141,6 @@ def moved(layout: Layout, device: torch.device) -> dict[str, torch.Tensor]:
         key: value.to(device, non_blocking=asynchronous and not value.is_nested)
         for key, value in layout.moves.items()
     }
-
-
-def _stageable_jagged(value: torch.Tensor) -> bool:
-    """A CPU jagged tensor ragged in its first dimension after the batch's (torch's own)."""
-    return (
-        value.is_nested
-        and value.layout == torch.jagged
-        and value.device.type == "cpu"
-        and getattr(value, "_ragged_idx", None) == 1
-    )
-
-
-def _jagged_parts(value: torch.Tensor) -> dict[str, torch.Tensor]:
-    parts = {"values": value.values(), "offsets": value.offsets()}
-    if value.lengths() is not None:  # a jagged tensor with holes
-        parts["lengths"] = value.lengths()
-    return parts
 
 
 def fill(buffer: torch.Tensor, layout: Layout) -> None:
@@ -230,13 +217,8 @@ def views(
     """The batch as tensors viewing `buffer` (host or device) with the passed-through values
     and the `moved` tensors, in the source's key order."""
     staged = {c.key: t for c, t in zip(layout.columns, _typed_views(buffer, layout), strict=True)}
-    for key in layout.jagged:  # joined again from its staged parts: views of `buffer` too
-        parts = {
-            part: staged.pop((key, part))
-            for part in ("values", "offsets", "lengths")
-            if (key, part) in staged
-        }
-        staged[key] = torch.nested.nested_tensor_from_jagged(**parts)
+    for join in layout.jagged:  # joined again from its staged parts: views of `buffer` too
+        staged[join.key] = _jagged.join(join, staged)
     staged.update(layout.passthrough)
     staged.update(moves or {})
     return _assembled(staged, layout)

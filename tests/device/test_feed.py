@@ -421,7 +421,8 @@ def test_a_jagged_tensor_is_staged_as_its_parts_and_joined_again(holes):
     layout = _staging.plan_layout({"tokens": tokens, "y": np.arange(3)}, torch.device("meta"))
     parts = ["values", "offsets", "lengths"] if holes else ["values", "offsets"]
     assert [c.key for c in layout.columns] == [*[("tokens", p) for p in parts], "y"]
-    assert layout.jagged == ("tokens",) and layout.num_samples == 3 and not layout.moves
+    assert [join.key for join in layout.jagged] == ["tokens"] and not layout.moves
+    assert layout.num_samples == 3
     buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
     _staging.fill(buffer, layout)
     joined = _staging.views(buffer, layout)["tokens"]
@@ -431,6 +432,30 @@ def test_a_jagged_tensor_is_staged_as_its_parts_and_joined_again(holes):
     if holes:
         assert torch.equal(joined.lengths(), lengths)
     assert joined.values().data_ptr() == buffer.data_ptr()  # a view: no copy of its own
+    # its sequence lengths known without a look at the (device) offsets
+    assert (joined._maybe_min_seqlen, joined._maybe_max_seqlen) == ((0, 3) if holes else (0, 4))
+    if not holes:  # padded to the longest row (the original, uncached: to every token)
+        assert joined.to_padded_tensor(0.0).shape == (3, 4, 2)
+
+
+def test_jagged_columns_on_one_offsets_tensor_stay_compatible_and_keep_cached_seqlens():
+    """`input_ids` and `labels` built on the same offsets: the offsets are staged once and
+    both joined on the same view, so they still add up; a cached max length survives."""
+    from rayshard.device import _staging
+
+    ids = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+    labels = torch.nested.nested_tensor_from_jagged(torch.arange(5.0), ids.offsets())
+    layout = _staging.plan_layout({"ids": ids, "labels": labels}, torch.device("meta"))
+    assert [c.key for c in layout.columns] == [
+        ("ids", "values"),
+        ("ids", "offsets"),
+        ("labels", "values"),
+    ]
+    buffer = torch.empty(layout.nbytes, dtype=torch.uint8)
+    _staging.fill(buffer, layout)
+    joined = _staging.views(buffer, layout)
+    assert torch.equal((joined["ids"] + joined["labels"]).values(), torch.arange(5.0) + 1)
+    assert (joined["ids"]._maybe_min_seqlen, joined["ids"]._maybe_max_seqlen) == (2, 3)
 
 
 def test_the_staging_thread_times_waiting_for_the_source():

@@ -124,6 +124,8 @@ def test_a_jagged_column_rides_the_batch_copy_and_is_ordered_before_the_consumer
     with DeviceFeed(source(), device="cuda", prefetch_depth=2) as feed:
         for batch in feed:
             assert batch["tokens"].is_nested and batch["tokens"].device.type == "cuda"
+            tokens_memory = batch["tokens"].values().untyped_storage().data_ptr()
+            assert tokens_memory == batch["x"].untyped_storage().data_ptr()  # one copy
             torch.cuda._sleep(1_000_000)
             sums.append((batch["tokens"].values().sum(), batch["x"].sum()))
             del batch
@@ -184,7 +186,7 @@ def test_a_cuda_column_for_a_cpu_feed_arrives_complete():
     """To the CPU the move is a blocking copy: the loop reads the values, not a copy still
     in flight."""
     on_device = torch.arange(1 << 20, device="cuda", dtype=torch.float32)
-    torch.cuda._sleep(50_000_000)  # the copy waits behind a long kernel
+    torch.cuda._sleep(500_000_000)  # the copy waits behind a long kernel
     (batch,) = list(DeviceFeed([{"t": on_device * 2}], device="cpu"))
     assert batch["t"].device.type == "cpu"
     assert batch["t"][-1].item() == 2 * ((1 << 20) - 1)
