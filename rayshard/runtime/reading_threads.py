@@ -46,7 +46,7 @@ def _cpus_of_this_process() -> float:
             pass
         else:
             return assigned.get("CPU", 0)
-    quota = cpu_quota.cpu_quota(cpu_quota.CGROUP_V2, cpu_quota.CGROUP_V1)
+    quota = cpu_quota.cpu_quota(cpu_quota.ROOT, cpu_quota.MEMBERSHIP)
     return min(len(allowed_cpus()), quota or float("inf"))
 
 

@@ -38,8 +38,7 @@ def test_a_configured_count_is_used_as_is(monkeypatch):
 
 def test_outside_ray_workers_the_allowed_cpus_decide(monkeypatch, tmp_path):
     monkeypatch.delenv(env.AFFINITY_MASK, raising=False)
-    monkeypatch.setattr(cpu_quota, "CGROUP_V2", tmp_path / "none")  # no quota anywhere
-    monkeypatch.setattr(cpu_quota, "CGROUP_V1", (tmp_path / "none", tmp_path / "none"))
+    monkeypatch.setattr(cpu_quota, "ROOT", tmp_path)  # no quota anywhere
     assert reading_threads(None) == threads_for_cpus(len(allowed_cpus()))
 
 
@@ -47,37 +46,55 @@ def test_outside_ray_workers_a_container_cpu_quota_below_them_decides(monkeypatc
     """A container limited to one CPU's time (cgroup v2 `cpu.max`) reads with one thread,
     however many cores its affinity shows."""
     monkeypatch.delenv(env.AFFINITY_MASK, raising=False)
-    limit = tmp_path / "cpu.max"
-    limit.write_text("100000 100000\n")
-    monkeypatch.setattr(cpu_quota, "CGROUP_V2", limit)
+    monkeypatch.setattr(cpu_quota, "ROOT", tmp_path)
+    monkeypatch.setattr(cpu_quota, "MEMBERSHIP", tmp_path / "no such file")  # its root
+    (tmp_path / "cpu.max").write_text("100000 100000\n")
     assert reading_threads(None) == 1
-    limit.write_text(f"{100000 * (len(allowed_cpus()) + 4)} 100000\n")  # above: affinity
+    (tmp_path / "cpu.max").write_text(f"{100000 * (len(allowed_cpus()) + 4)} 100000\n")
     assert reading_threads(None) == threads_for_cpus(len(allowed_cpus()))
 
 
+def _cgroups(root, files: dict[str, str], membership: str):
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (root / "membership").write_text(membership)
+    return cpu_quota.cpu_quota(root, root / "membership")
+
+
 @pytest.mark.parametrize(
-    ("v2", "v1", "expected"),
+    ("files", "expected"),
     [
-        ("200000 100000", None, 2.0),
-        ("150000 100000\n", None, 1.5),
-        ("max 100000", None, None),
-        ("max", None, None),  # malformed: no quota read
-        ("0 100000", None, None),
-        (None, ("50000", "100000"), 0.5),
-        (None, ("-1", "100000"), None),
-        (None, ("x", "100000"), None),
-        (None, ("100000", "0"), None),
-        (None, None, None),
+        ({"cpu.max": "200000 100000"}, 2.0),
+        ({"cpu.max": "150000 100000\n"}, 1.5),
+        ({"cpu.max": "max 100000"}, None),
+        ({"cpu.max": "max"}, None),  # malformed: no quota read
+        ({"cpu.max": "0 100000"}, None),
+        ({"cpu/cpu.cfs_quota_us": "50000", "cpu/cpu.cfs_period_us": "100000"}, 0.5),
+        ({"cpu/cpu.cfs_quota_us": "-1", "cpu/cpu.cfs_period_us": "100000"}, None),
+        ({"cpu/cpu.cfs_quota_us": "x", "cpu/cpu.cfs_period_us": "100000"}, None),
+        ({"cpu/cpu.cfs_quota_us": "100000", "cpu/cpu.cfs_period_us": "0"}, None),
+        ({}, None),
     ],
 )
-def test_the_cgroup_quota_is_read_from_v2_then_v1_files(tmp_path, v2, v1, expected):
-    files = {"v2": tmp_path / "cpu.max", "quota": tmp_path / "q", "period": tmp_path / "p"}
-    if v2 is not None:
-        files["v2"].write_text(v2)
-    if v1 is not None:
-        files["quota"].write_text(v1[0])
-        files["period"].write_text(v1[1])
-    assert cpu_quota.cpu_quota(files["v2"], (files["quota"], files["period"])) == expected
+def test_the_cgroup_quota_is_read_from_v2_then_v1_files(tmp_path, files, expected):
+    assert _cgroups(tmp_path, files, "0::/\n1:cpu,cpuacct:/\n") == expected
+
+
+def test_the_lowest_quota_on_the_way_from_the_process_cgroup_to_the_root_counts(tmp_path):
+    """Without a cgroup namespace the mount's root is the host's: the process's own cgroup
+    (from its membership) and each parent are read, v2 and v1 alike."""
+    v2 = {"cpu.max": "max 100000", "job/cpu.max": "400000 100000"}
+    v2["job/step/cpu.max"] = "max 100000"
+    assert _cgroups(tmp_path / "v2", v2, "0::/job/step\n") == 4.0
+    v1 = {
+        f"cpu/{where}cpu.cfs_quota_us": quota
+        for where, quota in [("", "-1"), ("pod/", "300000"), ("pod/box/", "500000")]
+    }
+    v1.update({name.replace("quota", "period"): "100000" for name in v1})
+    assert _cgroups(tmp_path / "v1", v1, "3:cpu,cpuacct:/pod/box\n0::/\n") == 3.0
+    # membership unreadable: the root alone counts, and it sets no quota
+    assert _cgroups(tmp_path / "unknown", v1, "garbage\n") is None
 
 
 def test_an_affinity_mask_gives_one_thread_per_cpu_it_names(monkeypatch):
