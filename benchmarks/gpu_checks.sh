@@ -63,6 +63,8 @@ print("cuda available", torch.cuda.is_available(), "cpus", os.cpu_count(),
 for quota in ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
     if os.path.exists(quota):  # a CPU quota below the core count starves reading threads
         print("cpu quota", quota, open(quota).read().strip())
+if os.path.exists("/proc/self/cgroup"):  # a nested cgroup's own quota: rayshard.runtime.cpu_quota
+    print("cgroup", open("/proc/self/cgroup").read().replace("\n", " ").strip())
 if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0))
 EOF
