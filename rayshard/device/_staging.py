@@ -2,10 +2,11 @@
 
 Packing every column of a batch into one buffer means one staging buffer per batch and one
 host-to-device copy per batch, however many columns it has; a jagged tensor's values,
-offsets and lengths are columns too, joined again from the device views. Numpy arrays are
-copied into the buffer with torch's `copy_`, which splits a large copy over torch's intra-op threads
-(measured on a 16-core H100 host: 111 GB/s into pinned memory against 7.2 GB/s for
-single-threaded `np.copyto`, which had capped the feed at 0.14x a pinned `copy_`).
+offsets and lengths are columns too, joined again from the device views (`_jagged`).
+Numpy arrays are copied into the buffer with torch's `copy_`, which splits a large copy
+over torch's intra-op threads (measured on a 16-core H100 host: 111 GB/s into pinned
+memory against 7.2 GB/s for single-threaded `np.copyto`, which had capped the feed at
+0.14x a pinned `copy_`).
 
 The source of that copy, and the batch itself when the target is the CPU (`host_views`),
 is a tensor *viewing* the array's memory (`host_tensor`): no copy. Arrays from the Ray
@@ -54,7 +55,7 @@ class Column:
 class Layout:
     """The columns to stage, the values passed through as they are (tensors already on the
     device, Python lists of strings or bytes), the tensors moved on their own (tensors on
-    another device, strided nested tensors: `moved`), the keys of the jagged tensors staged
+    another device, strided nested tensors: `moved`), how to join the jagged tensors staged
     as their parts (values, offsets and, with holes, lengths), and the buffer size."""
 
     keys: tuple[str, ...]
