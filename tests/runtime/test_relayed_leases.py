@@ -88,14 +88,20 @@ def test_a_reader_actor_leases_straight_when_relays_are_off(ray_session, tmp_pat
         loader.shutdown()
 
 
+def _rank_in_epoch_zero(coordinator) -> int:
+    """Rank 0 of 1 registered and in epoch 0: its generation."""
+    dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
+    generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
+    ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+    return generation
+
+
 def _rank_with_relay(loader) -> tuple:
     """Rank 0 of 1 registered and in epoch 0, its first lease (one piece) taken straight,
     and an `AckSender` that acknowledged its first batch and took the node's relay:
     (sender, generation, the first lease's answer, the relay's handle)."""
     coordinator = loader._coordinator
-    dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
-    generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
-    ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+    generation = _rank_in_epoch_zero(coordinator)
     leased = ray.get(coordinator.lease.remote(generation, 0, 0, 1, False, "stream:0"))
     sender, _, relay = relaying_sender(coordinator, generation, leased.pieces[0][0])
     return sender, generation, leased, relay
@@ -174,9 +180,7 @@ def test_relayed_lease_calls_fail_alone_and_a_retry_gets_the_same_answer(ray_ses
     loader = _dynamic_loader(tmp_path)
     coordinator = loader._coordinator
     try:
-        dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
-        generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
-        ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+        generation = _rank_in_epoch_zero(coordinator)
         good = ("lease", (generation, 0, 0, 1, False, "stream:0"), {"waited_s": 0.5})
         refused = ("lease", (generation + 1, 0, 0, 1, False, "stream:1"), {})
         node = ray.get_runtime_context().get_node_id()
@@ -201,9 +205,7 @@ def test_a_lease_call_answered_again_is_traced_once(ray_session, tmp_path):
     loader = _dynamic_loader(tmp_path)
     coordinator = loader._coordinator
     try:
-        dp = {"dp_rank": 0, "dp_size": 1, "group": [0]}
-        generation = ray.get(coordinator.register.remote(0, 1, dp))["generation"]
-        ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+        generation = _rank_in_epoch_zero(coordinator)
         ray.get(coordinator.trace.remote(True))
         call = ("lease", (generation, 0, 0, 1, False, "stream:0"), {})
         node = ray.get_runtime_context().get_node_id()
