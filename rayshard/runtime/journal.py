@@ -23,8 +23,10 @@ from rayshard.core.commands import command_from_entry
 from rayshard.errors import ConfigError
 
 log = logging.getLogger(__name__)
-# 2: commands of rayshard.core.commands, and snapshots; 3: flat ack ids; 4: packed queues
-JOURNAL_VERSION = 4
+# 2: commands of rayshard.core.commands, and snapshots; 3: flat ack ids; 4: packed queues;
+# 5: a shuffled `dynamic` queue in numpy's order (an epoch start replayed without a snapshot
+# rebuilds its queue: by an older order its replayed leases would not be those granted)
+JOURNAL_VERSION = 5
 
 
 class Journal:
