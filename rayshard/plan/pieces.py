@@ -16,11 +16,20 @@ from rayshard.plan import intervals as iv
 
 
 def as_pieces(splits: Iterable[Sequence[int]] | np.ndarray) -> np.ndarray:
-    """`splits` as an `(n, 2)` int64 array (an array is reshaped, not copied, if it is one)."""
+    """`splits` as an `(n, 2)` int64 array (an array is reshaped, not copied, if it is one).
+    A split that is not a `(start, end)` pair is a `ValueError` naming it (a source's
+    `splits()` gone wrong would otherwise shift every pair after it)."""
     if isinstance(splits, np.ndarray):
         return splits.astype(np.int64, copy=False).reshape(-1, 2)
-    pairs = itertools.chain.from_iterable(splits)
-    return np.fromiter(pairs, dtype=np.int64).reshape(-1, 2)
+    splits = splits if isinstance(splits, Sequence) else list(splits)
+    bad = next(((i, s) for i, s in enumerate(splits) if len(s) != 2), None)
+    if bad is not None:
+        index, bad = bad
+        raise ValueError(
+            f"split {index} is {bad!r}, not a (start, end) pair: a source's splits() must "
+            f"return (start, end) sample ranges"
+        )
+    return np.fromiter(itertools.chain.from_iterable(splits), dtype=np.int64).reshape(-1, 2)
 
 
 def as_tuples(pieces: np.ndarray) -> list[tuple[int, int]]:

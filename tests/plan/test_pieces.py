@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -192,3 +193,10 @@ def test_a_book_from_an_array_leases_as_one_from_tuples():
         assert taken[0] == taken[1]
         rest = iv.subtract(iv.normalize(splits), iv.normalize(done))
         assert iv.normalize([(a, b) for _, a, b in taken[0]]) == rest
+
+
+@pytest.mark.parametrize("splits", [[(0, 2), (2, 5, 7), (7,)], iter([(0, 2), (3,)])])
+def test_a_split_that_is_not_a_pair_is_named(splits):
+    """Even when a triple and a single add up to whole pairs, the bad split is named."""
+    with pytest.raises(ValueError, match=r"split 1 is \((2, 5, 7|3,)\), not a \(start, end\)"):
+        pieces.as_pieces(splits)
