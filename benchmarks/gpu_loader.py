@@ -164,7 +164,7 @@ def feed_probe(iterator):
 
 def run_loops(torch, device, batches, rows, args, step_cycles, probe=None) -> dict[str, list]:
     """Each loop's epochs, the first of each a warm-up: `deliver`, `step` and, with
-    `--host-step`, `host_step` (the same step as a host sleep, no CUDA call)."""
+    `--host-step`, `host_step` (the same step as a host sleep, no CUDA sync)."""
     loops = {"deliver": {}, "step": {"step_cycles": step_cycles}}
     if args.host_step:
         loops["host_step"] = {"host_step_s": args.step_ms / 1000}
