@@ -60,11 +60,11 @@ import torch
 print("python", platform.python_version(), "torch", torch.__version__, "cuda", torch.version.cuda)
 print("cuda available", torch.cuda.is_available(), "cpus", os.cpu_count(),
       "usable", len(os.sched_getaffinity(0)), "torch threads", torch.get_num_threads())
-for quota in ("/sys/fs/cgroup/cpu.max", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"):
-    if os.path.exists(quota):  # a CPU quota below the core count starves reading threads
-        print("cpu quota", quota, open(quota).read().strip())
-if os.path.exists("/proc/self/cgroup"):  # a nested cgroup's own quota: rayshard.runtime.cpu_quota
-    print("cgroup", open("/proc/self/cgroup").read().replace("\n", " ").strip())
+try:  # a CPU quota below the core count starves reading threads (None: no quota)
+    from rayshard.runtime.cpu_quota import cpu_quota  # what rayshard's threads follow
+    print("cpu quota", cpu_quota())
+except Exception as error:  # the report goes on without it
+    print("cpu quota unknown:", repr(error))
 if torch.cuda.is_available():
     print("device", torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0))
 EOF
