@@ -479,8 +479,10 @@ def test_the_staging_thread_times_waiting_for_the_source():
 
 
 def test_the_staging_thread_times_waiting_for_the_consumer():
-    """The consumer takes nothing for 1 s after the second batch was asked of the source:
-    that batch waited to be handed over for that second, less its own (tiny) staging."""
+    """The consumer takes nothing for 1 s after the second batch was asked of the source.
+    That second lies inside the second batch's own time (from asking the source to the
+    hand-over), so the phases hold at least 1 s, all but its read and packing handing
+    over: the bound holds however slow the machine is."""
     asked_second = threading.Event()
 
     def source():
@@ -494,4 +496,4 @@ def test_the_staging_thread_times_waiting_for_the_consumer():
         time.sleep(1.0)
         assert len(list(feed)) == 2
         stats = feed.stats()
-    assert stats.handover_seconds >= 0.5, stats
+    assert stats.handover_seconds >= 1.0 - stats.source_seconds - stats.stage_seconds, stats
