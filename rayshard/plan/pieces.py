@@ -22,13 +22,12 @@ def as_pieces(splits: Iterable[Sequence[int]] | np.ndarray) -> np.ndarray:
     if isinstance(splits, np.ndarray):
         return splits.astype(np.int64, copy=False).reshape(-1, 2)
     splits = splits if isinstance(splits, Sequence) else list(splits)
-    bad = next(((i, s) for i, s in enumerate(splits) if len(s) != 2), None)
-    if bad is not None:
-        index, bad = bad
-        raise ValueError(
-            f"split {index} is {bad!r}, not a (start, end) pair: a source's splits() must "
-            f"return (start, end) sample ranges"
-        )
+    for index, split in enumerate(splits):
+        if len(split) != 2:
+            raise ValueError(
+                f"split {index} is {split!r}, not a (start, end) pair: a source's splits() "
+                f"must return (start, end) sample ranges"
+            )
     return np.fromiter(itertools.chain.from_iterable(splits), dtype=np.int64).reshape(-1, 2)
 
 
