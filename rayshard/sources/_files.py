@@ -11,6 +11,7 @@ import abc
 import bisect
 import os
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -22,11 +23,15 @@ from rayshard.data.arrow_numpy import arrow_of
 from rayshard.errors import ConfigError, DataError, ReadDeniedError
 from rayshard.plan import DataLayout, pieces
 from rayshard.sources import _catalog, _select
+from rayshard.sources._decoded import DecodedChunks
 from rayshard.sources._open_files import OpenFiles
 from rayshard.sources._paths import resolve_paths
 from rayshard.sources.base import Source
 from rayshard.sources.cache import FileCache, is_denied, is_remote, with_retries
 from rayshard.sources.schema import conform
+
+#: Chunks read in parts that a process keeps decoded per source, for the parts that follow.
+DECODED_CHUNKS = 2
 
 
 def check_columns(columns: Sequence[str] | None, schema: pa.Schema, where: str) -> list[str] | None:
@@ -110,11 +115,13 @@ class ChunkedFileSource(Source):
     # -- process-local state: never pickled ------------------------------------------------
     def _init_process_state(self) -> None:
         self._handles = OpenFiles()
+        self._decoded = DecodedChunks(DECODED_CHUNKS)  # chunks read in parts
         self._stats = {"chunks_read": 0, "rows_decoded": 0, "files_opened": 0}
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_handles", None)
+        state.pop("_decoded", None)
         state.pop("_stats", None)
         return state
 
@@ -186,9 +193,15 @@ class ChunkedFileSource(Source):
             chunk = max(bisect.bisect_right(starts, start - base) - 1, 0)
             while chunk < len(file.chunk_rows) and base + starts[chunk] < end:
                 chunk_start = base + starts[chunk]
-                lo, hi = max(start, chunk_start), min(end, base + starts[chunk + 1])
+                chunk_end = base + starts[chunk + 1]
+                lo, hi = max(start, chunk_start), min(end, chunk_end)
                 if lo < hi:
-                    table = self._chunk(f, chunk, cols)
+                    decode = partial(self._chunk, f, chunk, cols)
+                    if (lo, hi) == (chunk_start, chunk_end):  # all of it: nothing to keep
+                        table = decode()
+                    else:  # a part: decoded once for the parts that follow, until its end
+                        key = (f, chunk, cols if cols is None else tuple(cols))
+                        table = self._decoded.part(key, decode, last=hi == chunk_end)
                     yield from table.slice(lo - chunk_start, hi - lo).to_batches()
                 chunk += 1
             start = max(start, offsets[f + 1])

@@ -9,11 +9,8 @@ reads is `rayshard.core.mixing.Mix` for the epoch and the loader's seed
 
 from __future__ import annotations
 
-import collections
 import logging
-import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future
 
 import numpy as np
 import pyarrow as pa
@@ -24,6 +21,7 @@ from rayshard.core.mixing import Mix, apportion, check_weights
 from rayshard.data.arrow_numpy import arrow_of
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout
+from rayshard.sources._decoded import DecodedChunks
 from rayshard.sources.base import Source
 from rayshard.sources.schema import promote_type
 
@@ -264,9 +262,7 @@ class _SplitCache:
         self._sources = sources
         self._starts = [np.array([a for a, _ in s.splits()], dtype=np.int64) for s in sources]
         self._ends = [[b for _, b in s.splits()] for s in sources]
-        self._tables: collections.OrderedDict[tuple, pa.Table] = collections.OrderedDict()
-        self._lock = threading.Lock()  # guards `_tables` and `_loading`
-        self._loading: dict[tuple, Future] = {}  # splits being decoded by some thread
+        self._decoded = [DecodedChunks(CACHED_SPLITS) for _ in sources]
 
     def take(self, source: int, index: np.ndarray, columns: list[str]) -> pa.Table:
         """Rows `index` of `source` (any order, repeats allowed), projected to `columns`."""
@@ -283,33 +279,9 @@ class _SplitCache:
         return pa.concat_tables(tables).take(arrow_of(at[inverse.reshape(-1)]))
 
     def _split(self, source: int, k: int, columns: list[str]) -> pa.Table:
-        key = (source, k, tuple(columns))
-        with self._lock:
-            if key in self._tables:
-                self._tables.move_to_end(key)
-                return self._tables[key]
-            loading = self._loading.get(key)
-            if loading is None:
-                loading = self._loading[key] = Future()
-                owner = True
-            else:
-                owner = False
-        if not owner:
-            return loading.result()  # another thread decodes it (its error is raised too)
-        try:
+        def decode() -> pa.Table:
             start, end = int(self._starts[source][k]), self._ends[source][k]
             batches = list(self._sources[source].read(start, end, columns))
-            table = pa.Table.from_batches(batches).select(columns)
-        except BaseException as error:
-            with self._lock:
-                del self._loading[key]
-            loading.set_exception(error)
-            raise
-        with self._lock:
-            self._tables[key] = table
-            mine = [c for c in self._tables if c[0] == source]
-            for old in mine[: max(0, len(mine) - CACHED_SPLITS)]:
-                del self._tables[old]
-            del self._loading[key]
-        loading.set_result(table)
-        return table
+            return pa.Table.from_batches(batches).select(columns)
+
+        return self._decoded[source].get((k, tuple(columns)), decode)
