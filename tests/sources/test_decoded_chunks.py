@@ -1,0 +1,159 @@
+"""Row groups read in parts are decoded once for the parts that follow: `DecodedChunks`
+alone (pure, threads), and `ParquetSource` on real files written by pyarrow and polars."""
+
+from __future__ import annotations
+
+import threading
+
+import pyarrow.compute as pc
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from parquet_fixtures import corrupt_row_group, ids_of, write_dataset
+from real_data import write_polars
+
+from rayshard.errors import DataError
+from rayshard.sources._decoded import DecodedChunks
+from rayshard.sources.parquet import ParquetSource
+
+
+def test_keeps_the_last_values_and_decodes_a_kept_key_no_more():
+    cache, decoded = DecodedChunks(2), []
+
+    def decode(key):
+        return lambda: decoded.append(key) or f"value {key}"
+
+    assert [cache.get(k, decode(k)) for k in (1, 2, 1, 3, 1, 2)] == [
+        f"value {k}" for k in (1, 2, 1, 3, 1, 2)
+    ]
+    # 1 stays (used after 2), 3 pushes 2 out, so 2 is decoded again at the end
+    assert decoded == [1, 2, 3, 2]
+    assert len(cache) == 2
+
+
+def test_a_part_reaching_the_chunks_end_lets_it_go():
+    cache, decoded = DecodedChunks(2), []
+    for last in (False, False, True, False):
+        cache.part("chunk", lambda: decoded.append(1) or "table", last=last)
+    assert decoded == [1, 1]  # kept for the next two parts, decoded again after the last
+    assert len(cache) == 1
+
+
+def test_threads_asking_at_once_wait_for_one_decode():
+    cache, started, release, calls = DecodedChunks(1), threading.Event(), threading.Event(), []
+
+    def decode():
+        calls.append(1)
+        started.set()
+        assert release.wait(30)
+        return object()
+
+    results = []
+    first = threading.Thread(target=lambda: results.append(cache.get("k", decode)))
+    first.start()
+    assert started.wait(30)  # the first thread is decoding
+    second = threading.Thread(target=lambda: results.append(cache.get("k", decode)))
+    second.start()
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert len(calls) == 1 and len(results) == 2 and results[0] is results[1]
+
+
+def test_a_failed_decode_reaches_the_waiters_and_is_not_kept():
+    cache, started, release = DecodedChunks(2), threading.Event(), threading.Event()
+
+    def failing():
+        started.set()
+        assert release.wait(30)
+        raise OSError("disk gone")
+
+    errors = []
+
+    def ask():
+        try:
+            cache.get("k", failing)
+        except OSError as error:
+            errors.append(str(error))
+
+    first = threading.Thread(target=ask)
+    first.start()
+    assert started.wait(30)
+    second = threading.Thread(target=ask)
+    second.start()
+    release.set()
+    first.join(30)
+    second.join(30)
+    assert errors == ["disk gone", "disk gone"]
+    assert len(cache) == 0
+    assert cache.get("k", lambda: "read again") == "read again"
+
+
+def _pieces(total: int, size: int) -> list[tuple[int, int]]:
+    return [(a, min(a + size, total)) for a in range(0, total, size)]
+
+
+@pytest.fixture(scope="module", params=["pyarrow", "polars"])
+def files(request, tmp_path_factory):
+    """120 rows in two files, row groups of 16 rows (the last of each file shorter)."""
+    folder = tmp_path_factory.mktemp(request.param)
+    if request.param == "pyarrow":
+        write_dataset(folder, [70, 50], row_group_size=16)
+    else:
+        write_polars(folder / "part-000.parquet", range(70))
+        write_polars(folder / "part-001.parquet", range(70, 120))
+    return folder
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=st.integers(1, 40))
+def test_parts_read_in_order_decode_each_row_group_once(files, size):
+    source = ParquetSource(files, columns=["id"], split_rows=size)
+    groups = len(source.splits(10**6))  # whole row groups
+    assert ids_of(b for a, z in _pieces(120, size) for b in source.read(a, z)) == list(range(120))
+    assert source.stats()["chunks_read"] == groups
+    assert source.stats()["rows_decoded"] == 120
+
+
+@settings(max_examples=25, deadline=None)
+@given(size=st.integers(1, 40), data=st.data())
+def test_parts_in_any_order_read_exactly_their_rows(files, size, data):
+    source = ParquetSource(files, columns=["id"], split_rows=size)
+    pieces = data.draw(st.permutations(_pieces(120, size)))
+    for start, end in pieces:
+        assert ids_of(source.read(start, end)) == list(range(start, end))
+
+
+def test_threads_reading_parts_of_one_row_group_decode_it_once(tmp_path):
+    write_dataset(tmp_path, [1000], row_group_size=1000)
+    source, got = ParquetSource(tmp_path, columns=["id"]), {}
+    readers = [
+        threading.Thread(target=lambda a=a: got.update({a: ids_of(source.read(a, a + 100))}))
+        for a in (0, 100, 200)  # none reaches the row group's end
+    ]
+    for reader in readers:
+        reader.start()
+    for reader in readers:
+        reader.join(60)
+    assert got == {a: list(range(a, a + 100)) for a in (0, 100, 200)}
+    assert source.stats()["chunks_read"] == 1
+
+
+def test_filtered_row_groups_read_in_parts(tmp_path):
+    write_dataset(tmp_path, [60], row_group_size=20)
+    kept = [i for i in range(60) if i % 3 == 0 or i > 45]
+    source = ParquetSource(tmp_path, columns=["id"], filter=pc.field("id").isin(kept))
+    total = source.layout().num_samples
+    assert ids_of(b for a, z in _pieces(total, 4) for b in source.read(a, z)) == kept
+    assert source.stats()["chunks_read"] == 3
+
+
+def test_a_corrupt_row_group_fails_every_part_that_needs_it(tmp_path):
+    paths = write_dataset(tmp_path, [30], row_group_size=10)
+    corrupt_row_group(paths[0], 1)
+    source = ParquetSource(paths, columns=["id"])
+    assert ids_of(source.read(0, 5)) == list(range(5))
+    for start in (10, 12):  # a failure is not kept: each part tries the row group again
+        with pytest.raises(DataError, match=r"part-000\.parquet: row group 1 is unreadable"):
+            list(source.read(start, start + 2))
+    assert ids_of(source.read(25, 30)) == list(range(25, 30))
