@@ -28,7 +28,8 @@ class ParquetSource(ChunkedFileSource):
     - `filesystem`: a `pyarrow.fs.FileSystem` for all paths; without it, URIs
       (`s3://...`, `gs://...`, `file://...`) go through `FileSystem.from_uri`.
     - `split_rows`: `splits()` cuts row groups larger than this into row ranges (for the
-      dynamic policy); reading a part of a row group still decodes the whole row group.
+      dynamic policy); reading a part of a row group decodes the whole row group, kept
+      for the parts that follow (`rayshard.sources._decoded`).
     - `partitioning`: "hive" (default): `key=value` folders under the given folder (or the
       glob's fixed part) become columns, int64 if every value is an integer, else string;
       None ignores them.
