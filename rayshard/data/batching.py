@@ -6,7 +6,6 @@ runs the row pipeline (`rayshard.runtime.pipeline`) in its reader thread.
 
 from __future__ import annotations
 
-import bisect
 import collections
 import itertools
 import random
@@ -42,31 +41,56 @@ class Tagged(NamedTuple):
 
 
 def reading_pieces(
-    ranges: iv.Intervals, splits: Sequence[tuple[int, int]], *, shuffle: bool, rng_key: str
+    ranges: iv.Intervals,
+    splits: Sequence[tuple[int, int]],
+    *,
+    shuffle: bool,
+    rng_key: str,
+    boundaries: np.ndarray | None = None,
 ) -> list[tuple[int, int]]:
     """Cut a rank's ranges at split boundaries and order the pieces.
 
     Pieces never cross a split (a row group or file), so each read touches one split.
     With `shuffle`, the piece order is a permutation seeded by `rng_key`
-    (seed, epoch, rank); otherwise the order of `ranges`.
+    (seed, epoch, rank); otherwise the order of `ranges`. `boundaries`: the splits'
+    `split_boundaries`, when the caller keeps them from epoch to epoch.
     """
-    pieces = list(cut_at_boundaries(ranges, split_boundaries(splits)))
+    cuts = split_boundaries(splits) if boundaries is None else boundaries
+    pieces = cut_at_boundaries(ranges, cuts)
     if shuffle:
         random.Random(rng_key).shuffle(pieces)
     return pieces
 
 
-def split_boundaries(splits: Sequence[tuple[int, int]]) -> list[int]:
-    """Every split's start and end, sorted: what `cut_at_boundaries` cuts at."""
-    return sorted({b for split in splits for b in split})
+def split_boundaries(splits: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
+    """Every split's start and end, sorted and once each (int64): what `cut_at_boundaries`
+    cuts at. Without a Python step per split: a dataset may have millions."""
+    if isinstance(splits, np.ndarray):
+        flat = splits.astype(np.int64, copy=False).reshape(-1)
+    else:
+        flat = np.fromiter(itertools.chain.from_iterable(splits), np.int64, 2 * len(splits))
+    if flat.size and not (flat[1:] >= flat[:-1]).all():
+        return np.unique(flat)
+    return flat[np.concatenate(([True], flat[1:] != flat[:-1]))] if flat.size else flat
 
 
-def cut_at_boundaries(ranges: iv.Intervals, boundaries: Sequence[int]) -> Iterator[tuple[int, int]]:
-    """`ranges` cut at the sorted `boundaries`, in order."""
-    for start, end in ranges:
-        lo, hi = bisect.bisect_right(boundaries, start), bisect.bisect_left(boundaries, end)
-        cuts = [start, *boundaries[lo:hi], end]
-        yield from zip(cuts, cuts[1:])
+def cut_at_boundaries(ranges: iv.Intervals, boundaries: np.ndarray) -> list[tuple[int, int]]:
+    """`ranges` cut at the sorted `boundaries` (`split_boundaries`), in order: each range
+    `(start, end)` becomes its pieces between the boundaries strictly inside it (an empty
+    range stays one empty piece)."""
+    spans = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
+    bounds = np.asarray(boundaries, dtype=np.int64)
+    # (r,) the first boundary past each start, and the count of those before its end
+    first = np.searchsorted(bounds, spans[:, 0], side="right")
+    inside = np.maximum(np.searchsorted(bounds, spans[:, 1], side="left") - first, 0)
+    # (p,) each piece's range, and its place among that range's pieces
+    owner = np.repeat(np.arange(len(spans)), inside + 1)
+    place = np.arange(owner.size) - np.repeat(np.cumsum(inside + 1) - (inside + 1), inside + 1)
+    at = first[owner] + place  # the boundary a piece ends at (while inside its range)
+    padded = np.concatenate((bounds, [0]))  # `at` may point one past the end: masked below
+    starts = np.where(place == 0, spans[owner, 0], padded[at - 1])
+    ends = np.where(place == inside[owner], spans[owner, 1], padded[at])
+    return list(zip(starts.tolist(), ends.tolist()))
 
 
 def iter_rows(

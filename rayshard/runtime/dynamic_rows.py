@@ -55,6 +55,7 @@ def dynamic_rows(
     pacing: LeasePacing | None = None,
     leases: Any = None,
     lease_ids: LeaseIds | None = None,
+    boundaries: np.ndarray | None = None,
 ) -> Iterator[Any]:
     """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
     reader thread's stop event. The leased pieces are read by `reads` as one stream
@@ -69,7 +70,8 @@ def dynamic_rows(
     an `AckSender` (the consumer's when the rank reads in it, the reader actor's own):
     lease calls then go through the node's relay whenever its acknowledgements or a
     lease answer ask for it (default: straight). `lease_ids`: the
-    ids of the reading's calls (default: new ones, as for a new reading)."""
+    ids of the reading's calls (default: new ones, as for a new reading). `boundaries`:
+    the splits' `split_boundaries`, if the reading keeps them."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
@@ -78,7 +80,7 @@ def dynamic_rows(
     finishing = False  # reached the equal step count: only returned work may follow
     pacing = pacing or lease_pacing(settings, splits)
     count = pacing.base
-    boundaries = split_boundaries(splits)
+    boundaries = split_boundaries(splits) if boundaries is None else boundaries
     lease_ids = lease_ids or LeaseIds()
 
     def ask(pieces: int = count, share: bool = False) -> Sent:
@@ -192,7 +194,7 @@ class LeaseStream:
         self,
         first: Any,
         ask: Callable[[int, bool], Any],
-        boundaries: list[int],
+        boundaries: np.ndarray,
         stopped: Callable[[], bool],
         answer: Callable[[Any], Any] = lambda call: call,
         pacing: LeasePacing | None = None,

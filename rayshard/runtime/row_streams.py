@@ -22,6 +22,7 @@ from rayshard.data.batching import (
     iter_padding,
     iter_rows_parallel,
     reading_pieces,
+    split_boundaries,
 )
 from rayshard.device.affinity import reader_pool
 from rayshard.runtime.dynamic_rows import LeaseIds, dynamic_rows, lease_pacing
@@ -32,16 +33,23 @@ from rayshard.sources import Source
 
 
 def static_rows(
-    source: Source, settings: LoaderConfig, splits: Any, plan: Any, epoch: int, reads: Reads
+    source: Source,
+    settings: LoaderConfig,
+    splits: Any,
+    plan: Any,
+    epoch: int,
+    reads: Reads,
+    boundaries: Any = None,
 ) -> Iterator[pa.RecordBatch]:
     """The rank's planned ranges of `epoch` in reading order (pieces shuffled by
     `shuffle`; read by `reads`), through the block and buffer shuffles when on, then the
-    padding rows."""
+    padding rows. `boundaries`: the splits' `split_boundaries`, if the reading keeps them."""
     pieces = reading_pieces(
         plan.ranges,
         splits,
         shuffle=settings.shuffle,
         rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}",
+        boundaries=boundaries,
     )
     source = source.for_epoch(epoch, settings.plan.seed)
     real = reads(pieces, settings.columns)
@@ -85,13 +93,15 @@ def epoch_batches(
     pacing: Any = None,
     leases: Any = None,
     lease_ids: Any = None,
+    boundaries: Any = None,
 ) -> Iterator[Any]:
     """The batches (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`, as the
     coordinator's `start_epoch` answered (`started`): packed documents, leased rows under
     `dynamic`, or the static plan's rows. `reads` reads pieces (under `dynamic`, the leases
     as one stream: `dynamic_rows`), `batches(rows)` rebatches
     (and transforms) rows; `cancel()` stops a `dynamic` stream, which `pacing` paces and
-    whose lease calls, named by `lease_ids`, `leases` may relay (see `dynamic_rows`)."""
+    whose lease calls, named by `lease_ids`, `leases` may relay (see `dynamic_rows`);
+    `boundaries`: the splits' `split_boundaries`, if the reading keeps them."""
     _, epoch, _ = key
     plan = started["plan"]
     if settings.packing is not None:
@@ -100,9 +110,9 @@ def epoch_batches(
     if plan is None:
         reader = started.get("reader", "")
         args = (coordinator, source, splits, settings, key, cancel, reads, reader, pacing)
-        rows = dynamic_rows(*args, leases=leases, lease_ids=lease_ids)
+        rows = dynamic_rows(*args, leases=leases, lease_ids=lease_ids, boundaries=boundaries)
         return batches(rows)
-    return batches(static_rows(source, settings, splits, plan, epoch, reads))
+    return batches(static_rows(source, settings, splits, plan, epoch, reads, boundaries))
 
 
 class RankReading:
@@ -122,6 +132,7 @@ class RankReading:
         self.coordinator, self.source, self.settings = coordinator, source, settings
         self.dp_rank, self.loader_id, self.transform = dp_rank, loader_id, transform
         self._splits: Any = None
+        self._boundaries: Any = None
         self._pool: Any = None
         self._threads = 1
         self._pacing: Any = None  # under `dynamic`: lease pacing, kept across epochs
@@ -131,6 +142,12 @@ class RankReading:
         if self._splits is None:
             self._splits = self.source.splits()
         return self._splits
+
+    def boundaries(self) -> Any:
+        """The splits' `split_boundaries`, made once: every epoch cuts at them."""
+        if self._boundaries is None:
+            self._boundaries = split_boundaries(self.splits())
+        return self._boundaries
 
     def pool(self) -> Any:
         """The reading threads: `reading_threads(reader_threads)` of them, pinned by
@@ -181,6 +198,7 @@ class RankReading:
             coordinator=self.coordinator,
             source=self.source,
             splits=self.splits(),
+            boundaries=self.boundaries(),
             settings=settings,
             cancel=cancel,
             reads=reads or self.thread_reads(epoch),
