@@ -106,13 +106,23 @@ def epoch_batches(
     plan = started["plan"]
     if settings.packing is not None:
         partial = started.get("partial") or {}
-        return packed_rows(settings, splits, plan, epoch, reads, partial)
+        return _then_let_go(packed_rows(settings, splits, plan, epoch, reads, partial), source)
     if plan is None:
         reader = started.get("reader", "")
         args = (coordinator, source, splits, settings, key, cancel, reads, reader, pacing)
         rows = dynamic_rows(*args, leases=leases, lease_ids=lease_ids, boundaries=boundaries)
-        return batches(rows)
-    return batches(static_rows(source, settings, splits, plan, epoch, reads, boundaries))
+        return _then_let_go(batches(rows), source)
+    rows = static_rows(source, settings, splits, plan, epoch, reads, boundaries)
+    return _then_let_go(batches(rows), source)
+
+
+def _then_let_go(stream: Iterator[Any], source: Source) -> Iterator[Any]:
+    """`stream`, then `source.let_go()` however it ends (read to its end, closed, failed):
+    what the source kept decoded for the epoch's reads goes with it."""
+    try:
+        yield from stream
+    finally:
+        source.let_go()
 
 
 class RankReading:

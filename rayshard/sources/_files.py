@@ -23,15 +23,12 @@ from rayshard.data.arrow_numpy import arrow_of
 from rayshard.errors import ConfigError, DataError, ReadDeniedError
 from rayshard.plan import DataLayout, pieces
 from rayshard.sources import _catalog, _select
-from rayshard.sources._decoded import DecodedChunks
+from rayshard.sources._decoded import DECODED_CHUNKS, DecodedChunks
 from rayshard.sources._open_files import OpenFiles
 from rayshard.sources._paths import resolve_paths
 from rayshard.sources.base import Source
 from rayshard.sources.cache import FileCache, is_denied, is_remote, with_retries
 from rayshard.sources.schema import conform
-
-#: Chunks read in parts that a process keeps decoded per source, for the parts that follow.
-DECODED_CHUNKS = 2
 
 
 def check_columns(columns: Sequence[str] | None, schema: pa.Schema, where: str) -> list[str] | None:
@@ -130,8 +127,12 @@ class ChunkedFileSource(Source):
         self._init_process_state()
 
     def stats(self) -> dict[str, int]:
-        """Counters of this process: chunks (row groups, record batches) read, rows decoded."""
+        """Counters of this process: chunks decoded (once for its parts read in a row), rows."""
         return dict(self._stats)
+
+    def let_go(self) -> None:
+        """Drop the chunks kept decoded for parts to come (an epoch's reading ended)."""
+        self._decoded.let_go()
 
     def reset_stats(self) -> None:
         for key in self._stats:
@@ -195,13 +196,10 @@ class ChunkedFileSource(Source):
                 chunk_start = base + starts[chunk]
                 chunk_end = base + starts[chunk + 1]
                 lo, hi = max(start, chunk_start), min(end, chunk_end)
-                if lo < hi:
+                if lo < hi:  # a chunk read in parts is decoded once for them (`_decoded`)
+                    key = (f, chunk, cols if cols is None else tuple(cols))
                     decode = partial(self._chunk, f, chunk, cols)
-                    if (lo, hi) == (chunk_start, chunk_end):  # all of it: nothing to keep
-                        table = decode()
-                    else:  # a part: decoded once for the parts that follow, until its end
-                        key = (f, chunk, cols if cols is None else tuple(cols))
-                        table = self._decoded.part(key, decode, last=hi == chunk_end)
+                    table = self._decoded.part(key, decode, last=hi == chunk_end)
                     yield from table.slice(lo - chunk_start, hi - lo).to_batches()
                 chunk += 1
             start = max(start, offsets[f + 1])

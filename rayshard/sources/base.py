@@ -61,6 +61,11 @@ class Source(abc.ABC):
         draws other samples every epoch). Default: the source itself."""
         return self
 
+    def let_go(self) -> None:
+        """Drop what this process keeps decoded for reads to come (a rank's reading of an
+        epoch ended: a file source's row groups read in parts). Default: nothing kept."""
+        return
+
 
 class TableSource(Source):
     """An in-memory `pyarrow.Table`, split by row ranges without copying (slices)."""

@@ -109,6 +109,10 @@ class MixedSource(Source):
     def for_epoch(self, epoch: int, seed: int) -> Source:
         return _EpochMix(self, self.mix(seed), epoch)
 
+    def let_go(self) -> None:
+        for source in self._sources:  # an epoch's own splits go with its `for_epoch` copy
+            source.let_go()
+
     def read(
         self, start: int, end: int, columns: Sequence[str] | None = None
     ) -> Iterator[pa.RecordBatch]:

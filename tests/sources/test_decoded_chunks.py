@@ -39,6 +39,48 @@ def test_a_part_reaching_the_chunks_end_lets_it_go():
     assert len(cache) == 1
 
 
+def test_a_last_part_decoded_first_leaves_the_kept_chunks_alone():
+    cache, decoded = DecodedChunks(2), []
+
+    def decode(key):
+        return lambda: decoded.append(key) or key
+
+    for key, last in (("a", False), ("b", False), ("c", True), ("a", False), ("b", True)):
+        assert cache.part(key, decode(key), last=last) == key
+    assert decoded == ["a", "b", "c"]  # "c" was never kept, so "a" stayed
+    assert len(cache) == 1  # "b" let go at its last part; "a" kept
+    cache.let_go()
+    assert len(cache) == 0
+
+
+def test_a_waiter_decodes_for_itself_when_the_decoding_thread_is_interrupted():
+    cache, started, release = DecodedChunks(2), threading.Event(), threading.Event()
+
+    def interrupted():
+        started.set()
+        assert release.wait(30)
+        raise KeyboardInterrupt
+
+    outcomes = []
+
+    def first():
+        try:
+            cache.get("k", interrupted)
+        except KeyboardInterrupt:
+            outcomes.append("interrupted")
+
+    owner = threading.Thread(target=first)
+    owner.start()
+    assert started.wait(30)
+    waiter = threading.Thread(target=lambda: outcomes.append(cache.get("k", lambda: "value")))
+    waiter.start()
+    release.set()
+    owner.join(30)
+    waiter.join(30)
+    assert sorted(outcomes) == ["interrupted", "value"]
+    assert cache.get("k", lambda: "not decoded again") == "value"
+
+
 def test_threads_asking_at_once_wait_for_one_decode():
     cache, started, release, calls = DecodedChunks(1), threading.Event(), threading.Event(), []
 
@@ -157,3 +199,34 @@ def test_a_corrupt_row_group_fails_every_part_that_needs_it(tmp_path):
         with pytest.raises(DataError, match=r"part-000\.parquet: row group 1 is unreadable"):
             list(source.read(start, start + 2))
     assert ids_of(source.read(25, 30)) == list(range(25, 30))
+
+
+def test_a_whole_read_takes_a_kept_chunk_and_let_go_drops_them(tmp_path):
+    write_dataset(tmp_path, [32], row_group_size=16)
+    source = ParquetSource(tmp_path, columns=["id"])
+    assert ids_of(source.read(0, 5)) == list(range(5))  # part of row group 0: kept
+    assert ids_of(source.read(0, 16)) == list(range(16))  # all of it: the kept copy
+    assert ids_of(source.read(16, 20)) == list(range(16, 20))  # row group 1 kept
+    assert source.stats()["chunks_read"] == 2
+    source.let_go()
+    assert ids_of(source.read(20, 24)) == list(range(20, 24))  # decoded again
+    assert ids_of(source.read(5, 6)) == [5]  # row group 0 was let go by the whole read
+    assert source.stats()["chunks_read"] == 4
+
+
+def test_an_epochs_stream_lets_the_source_go_however_it_ends():
+    from rayshard.runtime.row_streams import _then_let_go
+
+    class Kept:
+        released = 0
+
+        def let_go(self):
+            self.released += 1
+
+    source = Kept()
+    assert list(_then_let_go(iter([1, 2]), source)) == [1, 2]
+    assert source.released == 1
+    stream = _then_let_go(iter([1, 2]), source)
+    next(stream)
+    stream.close()  # a consumer that stopped early
+    assert source.released == 2
