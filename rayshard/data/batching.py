@@ -78,6 +78,8 @@ def cut_at_boundaries(ranges: iv.Intervals, boundaries: np.ndarray) -> list[tupl
     """`ranges` cut at the sorted `boundaries` (`split_boundaries`), in order: each range
     `(start, end)` becomes its pieces between the boundaries strictly inside it (an empty
     range stays one empty piece)."""
+    if not len(ranges):  # a lease answer without pieces: no array work
+        return []
     spans = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
     bounds = np.asarray(boundaries, dtype=np.int64)
     # (r,) the first boundary past each start, and the count of those before its end

@@ -56,6 +56,7 @@ class ReaderWorker:
         """The record batches of one piece as `epoch` reads it, tagged like the reader's."""
         known = self._epoch_source
         if known is None or known[0] != epoch:
+            self._source.let_go()  # what the last epoch's parts kept decoded (`Source.let_go`)
             known = self._epoch_source = (epoch, self._source.for_epoch(epoch, self._seed))
         return list(iter_rows(known[1], [piece], columns))
 

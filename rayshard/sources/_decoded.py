@@ -71,9 +71,13 @@ class DecodedChunks:
         return self.get(key, decode, keep=not last)
 
     def let_go(self) -> None:
-        """Keep nothing more (the reading that needed the kept chunks ended)."""
-        with self._lock:
-            self._kept.clear()
+        """Keep nothing more (the reading that needed the kept chunks ended). Best effort:
+        it may run in a finalizer, on a thread that holds the lock already."""
+        if self._lock.acquire(blocking=False):
+            try:
+                self._kept.clear()
+            finally:
+                self._lock.release()
 
     def _settle(self, key: Hashable, loading: Future, outcome: Any, keep: bool) -> None:
         with self._lock:
