@@ -62,3 +62,20 @@ def test_reading_pieces_keep_their_seeded_order(sizes, ranges, shuffle):
             ranges, splits, shuffle=shuffle, rng_key="rayshard:0:1:2", boundaries=boundaries
         )
         assert got == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(sizes=st.lists(st.integers(1, 5000), max_size=30), per_object=st.integers(1, 64))
+def test_lease_pacing_reads_pairs_or_the_split_array_alike(sizes, per_object):
+    from rayshard.config.loader_config import LoaderConfig
+    from rayshard.runtime.dynamic_rows import lease_pacing
+
+    ends = np.cumsum(sizes).tolist()
+    splits = list(zip([0, *ends[:-1]], ends))
+    settings_ = LoaderConfig(batch_size=100, batches_per_object=per_object)
+    block_batches = settings_.block_batches
+    median = max(1, sorted(sizes or [1])[len(sizes or [1]) // 2])  # the upper median
+    for given_splits in (splits, np.array(splits, dtype=np.int64).reshape(-1, 2)):
+        pacing = lease_pacing(settings_, given_splits)
+        assert pacing.piece_rows == median
+        assert pacing.base == max(1, -(-block_batches * 100 // median))

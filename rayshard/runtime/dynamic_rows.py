@@ -46,7 +46,7 @@ from rayshard.sources import Source
 def dynamic_rows(
     coordinator: Any,
     source: Source,
-    splits: list,
+    splits: Any,
     settings: LoaderConfig,
     key: tuple[int, int, int],
     cancel: Callable[[], threading.Event],
@@ -169,11 +169,12 @@ class LeaseIds:
         return LeaseIds, ()
 
 
-def lease_pacing(settings: LoaderConfig, splits: list) -> LeasePacing:
+def lease_pacing(settings: LoaderConfig, splits: Any) -> LeasePacing:
     """A rank's lease pacing: without it, enough pieces per call to fill one object's worth
-    of batches (pieces of the splits' median size)."""
-    sizes = sorted(end - start for start, end in splits) or [1]
-    median = max(1, sizes[len(sizes) // 2])
+    of batches (pieces of the splits' median size; `splits`: pairs, or an `(n, 2)` array)."""
+    spans = np.asarray(splits, dtype=np.int64).reshape(-1, 2)
+    sizes = np.sort(spans[:, 1] - spans[:, 0]) if len(spans) else np.ones(1, np.int64)
+    median = max(1, int(sizes[len(sizes) // 2]))
     base = max(1, -(-settings.block_batches * settings.plan.batch_size // median))
     return LeasePacing(base=base, piece_rows=median)
 
