@@ -79,3 +79,18 @@ def test_lease_pacing_reads_pairs_or_the_split_array_alike(sizes, per_object):
         pacing = lease_pacing(settings_, given_splits)
         assert pacing.piece_rows == median
         assert pacing.base == max(1, -(-block_batches * 100 // median))
+
+
+def test_a_reading_holds_the_split_array_and_its_boundaries_once():
+    import pyarrow as pa
+
+    from rayshard.config.loader_config import LoaderConfig
+    from rayshard.runtime.row_streams import RankReading
+    from rayshard.sources import TableSource
+
+    table = pa.concat_tables([pa.table({"id": list(range(a, a + 5))}) for a in (0, 5, 10)])
+    reading = RankReading(None, TableSource(table), LoaderConfig(batch_size=4), 0, "loader")
+    splits = reading.splits()
+    assert isinstance(splits, np.ndarray) and splits.tolist() == [[0, 5], [5, 10], [10, 15]]
+    assert reading.boundaries().tolist() == [0, 5, 10, 15]
+    assert reading.splits() is splits and reading.boundaries() is reading.boundaries()
