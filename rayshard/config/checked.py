@@ -5,15 +5,20 @@ source (columns, packing, workers) and the transform. `checked_config` returns t
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from rayshard.config.loader_config import LoaderConfig, loader_config
+from rayshard.core.sharding import ShardingPolicy
 from rayshard.data.columns import check_loader_columns
 from rayshard.data.packing import check_packing_input
 from rayshard.data.transforms import check_transform
 from rayshard.errors import ConfigError
 from rayshard.plan import check_not_empty
+from rayshard.sources._files import ChunkedFileSource
 from rayshard.sources.base import Source
+
+log = logging.getLogger(__name__)
 
 
 def checked_config(source: Source, config: Any, options: dict, transform: Any) -> LoaderConfig:
@@ -32,6 +37,7 @@ def checked_config(source: Source, config: Any, options: dict, transform: Any) -
         check_packing_input(source, settings.packing, settings.columns, transform)
     _check_workers(settings, transform)
     _check_source_options(settings, source)
+    _warn_scattered_parts(settings, source)
     check_not_empty(source.layout(), source.describe())
     return dataclasses.replace(settings, column_rules=rules)
 
@@ -64,6 +70,31 @@ def _check_source_options(settings: LoaderConfig, source: Source) -> None:
             f"split_rows={wanted} applies to the source the loader makes from paths; "
             f"{source.describe()} was made without it: pass it to the source "
             f"(e.g. ParquetSource(paths, split_rows={wanted})), or leave it out here"
+        )
+
+
+def _warn_scattered_parts(settings: LoaderConfig, source: Source) -> None:
+    """A warning when `shuffle` scatters the parts of a row group: each part is read far
+    from the others, long after the row group's decoded copy was let go, so each decodes
+    the whole row group again (`rayshard.sources._decoded` keeps only the last ones)."""
+    limit = getattr(source, "split_rows", None)
+    if not settings.shuffle or limit is None or not isinstance(source, ChunkedFileSource):
+        return
+    whole = source.split_array(1 << 62)  # the chunks themselves, uncut
+    longest = int((whole[:, 1] - whole[:, 0]).max()) if len(whole) else 0
+    if longest > limit:
+        finer = "" if settings.policy is ShardingPolicy.DYNAMIC else ", and shuffle_buffer=N"
+        log.warning(
+            "shuffle=True with split_rows=%d and row groups of up to %d rows in %s: the "
+            "shuffled pieces of a row group are read apart, so each decodes the whole row "
+            "group (up to %d times the decoding). Read whole row groups instead "
+            "(split_rows=None, or at least %d)%s",
+            limit,
+            longest,
+            source.describe(),
+            -(-longest // limit),
+            longest,
+            finer,
         )
 
 

@@ -230,3 +230,31 @@ def test_an_epochs_stream_lets_the_source_go_however_it_ends():
     next(stream)
     stream.close()  # a consumer that stopped early
     assert source.released == 2
+
+
+@pytest.mark.parametrize(
+    ("split_rows", "options", "warned"),
+    [
+        (4, {"shuffle": True}, "up to 4 times the decoding"),
+        (4, {"shuffle": True, "policy": "dynamic"}, "up to 4 times the decoding"),
+        (4, {"shuffle": False}, None),  # parts read in a row: decoded once
+        (16, {"shuffle": True}, None),  # whole row groups
+        (None, {"shuffle": True}, None),
+    ],
+)
+def test_a_shuffle_that_scatters_a_row_groups_parts_is_warned_of(
+    tmp_path, caplog, split_rows, options, warned
+):
+    from rayshard.config.checked import checked_config
+
+    write_dataset(tmp_path, [64], row_group_size=16)
+    source = ParquetSource(tmp_path, columns=["id"], split_rows=split_rows)
+    with caplog.at_level("WARNING", logger="rayshard.config.checked"):
+        checked_config(source, None, {"batch_size": 4, **options}, None)
+    messages = [r.getMessage() for r in caplog.records]
+    if warned is None:
+        assert messages == []
+    else:
+        (message,) = messages
+        assert warned in message and "split_rows=None, or at least 16" in message
+        assert ("shuffle_buffer" in message) is (options.get("policy") != "dynamic")
