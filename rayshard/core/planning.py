@@ -68,13 +68,17 @@ def _epoch_plan(
     )
 
 
-def rank_pieces(settings: LoaderConfig, splits: Any, rank: RankPlan, epoch: int) -> list:
-    """A static rank's reading pieces in reading order (the reader reads them so)."""
+def rank_pieces(
+    settings: LoaderConfig, splits: Any, rank: RankPlan, epoch: int, boundaries: Any = None
+) -> list:
+    """A static rank's reading pieces in reading order (the reader reads them so);
+    `boundaries`: the splits' `split_boundaries`, if the caller keeps them."""
     return reading_pieces(
         rank.ranges,
         splits,
         shuffle=settings.shuffle,
         rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{rank.rank}",
+        boundaries=boundaries,
     )
 
 

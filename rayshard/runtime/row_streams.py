@@ -67,12 +67,13 @@ def packed_rows(
     epoch: int,
     reads: Reads,
     offsets: dict,
+    boundaries: Any = None,
 ) -> Iterator[Any]:
     """The rank's documents (read by `reads`) packed into `plan.batches` batches of packed
     rows (`rayshard.runtime.packing_stage`), skipping the `offsets` tokens already delivered of
-    split documents."""
+    split documents; `boundaries`: the splits' `split_boundaries`, if the reading keeps them."""
     packing = settings.packing
-    pieces = rank_pieces(settings, splits, plan, epoch)
+    pieces = rank_pieces(settings, splits, plan, epoch, boundaries)
     real = reads(pieces, [packing.column])
     return flush_before_error(
         packed_batches(real, packing, settings.plan.batch_size, offsets, plan.batches)
@@ -106,7 +107,8 @@ def epoch_batches(
     plan = started["plan"]
     if settings.packing is not None:
         partial = started.get("partial") or {}
-        return _then_let_go(packed_rows(settings, splits, plan, epoch, reads, partial), source)
+        rows = packed_rows(settings, splits, plan, epoch, reads, partial, boundaries)
+        return _then_let_go(rows, source)
     if plan is None:
         reader = started.get("reader", "")
         args = (coordinator, source, splits, settings, key, cancel, reads, reader, pacing)
