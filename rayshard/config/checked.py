@@ -74,21 +74,28 @@ def _check_source_options(settings: LoaderConfig, source: Source) -> None:
 
 
 def _warn_scattered_parts(settings: LoaderConfig, source: Source) -> None:
-    """A warning when `shuffle` scatters the parts of a row group: each part is read far
-    from the others, long after the row group's decoded copy was let go, so each decodes
-    the whole row group again (`rayshard.sources._decoded` keeps only the last ones)."""
+    """A warning when `shuffle` or `shuffle_blocks` scatters the parts of a row group: each
+    part is read far from the others, long after the row group's decoded copy was let go,
+    so each decodes the whole row group again (`rayshard.sources._decoded` keeps the last)."""
     limit = getattr(source, "split_rows", None)
-    if not settings.shuffle or limit is None or not isinstance(source, ChunkedFileSource):
+    if settings.shuffle:
+        scattering = "shuffle=True"
+    elif settings.shuffle_blocks:
+        scattering = f"shuffle_blocks={settings.shuffle_blocks}"
+    else:
+        return
+    if limit is None or not isinstance(source, ChunkedFileSource):
         return
     whole = source.split_array(1 << 62)  # the chunks themselves, uncut
     longest = int((whole[:, 1] - whole[:, 0]).max()) if len(whole) else 0
     if longest > limit:
         finer = "" if settings.policy is ShardingPolicy.DYNAMIC else ", and shuffle_buffer=N"
         log.warning(
-            "shuffle=True with split_rows=%d and row groups of up to %d rows in %s: the "
+            "%s with split_rows=%d and row groups of up to %d rows in %s: the "
             "shuffled pieces of a row group are read apart, so each decodes the whole row "
             "group (up to %d times the decoding). Read whole row groups instead "
             "(split_rows=None, or at least %d)%s",
+            scattering,
             limit,
             longest,
             source.describe(),

@@ -237,6 +237,7 @@ def test_an_epochs_stream_lets_the_source_go_however_it_ends():
     [
         (4, {"shuffle": True}, "up to 4 times the decoding"),
         (4, {"shuffle": True, "policy": "dynamic"}, "up to 4 times the decoding"),
+        (4, {"shuffle_blocks": 32}, "shuffle_blocks=32 with split_rows=4"),
         (4, {"shuffle": False}, None),  # parts read in a row: decoded once
         (16, {"shuffle": True}, None),  # whole row groups
         (None, {"shuffle": True}, None),
