@@ -94,3 +94,10 @@ def test_a_reading_holds_the_split_array_and_its_boundaries_once():
     assert isinstance(splits, np.ndarray) and splits.tolist() == [[0, 5], [5, 10], [10, 15]]
     assert reading.boundaries().tolist() == [0, 5, 10, 15]
     assert reading.splits() is splits and reading.boundaries() is reading.boundaries()
+
+
+def test_a_split_that_is_not_a_pair_is_named_not_cut_short():
+    import pytest
+
+    with pytest.raises(ValueError, match=r"split 1 is \(3, 4, 5\), not a \(start, end\) pair"):
+        split_boundaries([(0, 3), (3, 4, 5)])

@@ -77,14 +77,14 @@ def _warn_scattered_parts(settings: LoaderConfig, source: Source) -> None:
     """A warning when `shuffle` or `shuffle_blocks` scatters the parts of a row group: each
     part is read far from the others, long after the row group's decoded copy was let go,
     so each decodes the whole row group again (`rayshard.sources._decoded` keeps the last)."""
-    limit = getattr(source, "split_rows", None)
+    if not isinstance(source, ChunkedFileSource) or source.split_rows is None:
+        return
+    limit = source.split_rows
     if settings.shuffle:
         scattering = "shuffle=True"
     elif settings.shuffle_blocks:
         scattering = f"shuffle_blocks={settings.shuffle_blocks}"
     else:
-        return
-    if limit is None or not isinstance(source, ChunkedFileSource):
         return
     whole = source.split_array(1 << 62)  # the chunks themselves, uncut
     longest = int((whole[:, 1] - whole[:, 0]).max()) if len(whole) else 0

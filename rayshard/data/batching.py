@@ -20,6 +20,7 @@ from rayshard.data.columns import ColumnRules
 from rayshard.data.ragged import convert_table
 from rayshard.plan import RankPlan, padding_indices
 from rayshard.plan import intervals as iv
+from rayshard.plan.pieces import as_pieces
 from rayshard.sources import Source
 
 INDEX_KEY = "_index"
@@ -65,10 +66,7 @@ def reading_pieces(
 def split_boundaries(splits: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
     """Every split's start and end, sorted and once each (int64): what `cut_at_boundaries`
     cuts at. Without a Python step per split: a dataset may have millions."""
-    if isinstance(splits, np.ndarray):
-        flat = splits.astype(np.int64, copy=False).reshape(-1)
-    else:
-        flat = np.fromiter(itertools.chain.from_iterable(splits), np.int64, 2 * len(splits))
+    flat = as_pieces(splits).reshape(-1)
     if flat.size and not (flat[1:] >= flat[:-1]).all():
         return np.unique(flat)
     return flat[np.concatenate(([True], flat[1:] != flat[:-1]))] if flat.size else flat

@@ -37,6 +37,7 @@ from rayshard.data.batching import (
     split_boundaries,
 )
 from rayshard.plan import intervals as iv
+from rayshard.plan.pieces import as_pieces
 from rayshard.runtime.epoch_waits import wait_for_change
 from rayshard.runtime.lease_pacing import LeasePacing
 from rayshard.runtime.relay_link import Sent
@@ -172,7 +173,7 @@ class LeaseIds:
 def lease_pacing(settings: LoaderConfig, splits: Any) -> LeasePacing:
     """A rank's lease pacing: without it, enough pieces per call to fill one object's worth
     of batches (pieces of the splits' median size; `splits`: pairs, or an `(n, 2)` array)."""
-    spans = np.asarray(splits, dtype=np.int64).reshape(-1, 2)
+    spans = as_pieces(splits)
     sizes = np.sort(spans[:, 1] - spans[:, 0]) if len(spans) else np.ones(1, np.int64)
     median = max(1, int(sizes[len(sizes) // 2]))
     base = max(1, -(-settings.block_batches * settings.plan.batch_size // median))

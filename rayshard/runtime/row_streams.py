@@ -107,15 +107,15 @@ def epoch_batches(
     plan = started["plan"]
     if settings.packing is not None:
         partial = started.get("partial") or {}
-        rows = packed_rows(settings, splits, plan, epoch, reads, partial, boundaries)
-        return _then_let_go(rows, source)
-    if plan is None:
+        stream = packed_rows(settings, splits, plan, epoch, reads, partial, boundaries)
+    elif plan is None:
         reader = started.get("reader", "")
         args = (coordinator, source, splits, settings, key, cancel, reads, reader, pacing)
         rows = dynamic_rows(*args, leases=leases, lease_ids=lease_ids, boundaries=boundaries)
-        return _then_let_go(batches(rows), source)
-    rows = static_rows(source, settings, splits, plan, epoch, reads, boundaries)
-    return _then_let_go(batches(rows), source)
+        stream = batches(rows)
+    else:
+        stream = batches(static_rows(source, settings, splits, plan, epoch, reads, boundaries))
+    return _then_let_go(stream, source)
 
 
 def _then_let_go(stream: Iterator[Any], source: Source) -> Iterator[Any]:
