@@ -323,9 +323,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the rayshard loaders' ack_interval_s (default: the loader's, 0.1 s): longer "
         "is fewer coordinator calls, and more samples repeated after a lost rank",
     )
+    parser.add_argument(
+        "--split-rows",
+        type=int,
+        help="the rayshard loaders' ParquetSource(split_rows=...): splits (and `dynamic`'s "
+        "leases) of at most that many rows, pieces of the row groups (default: whole row groups)",
+    )
     args = parser.parse_args(argv)
     if args.ack_interval is not None and args.ack_interval < 0:
         parser.error(f"--ack-interval {args.ack_interval}: give seconds, 0 or more")
+    if args.split_rows is not None and args.split_rows < 1:
+        parser.error(f"--split-rows {args.split_rows}: give rows, 1 or more")
     if not 0 < args.memory_duty <= 1:
         parser.error(f"--memory-duty {args.memory_duty}: give a share of one core in (0, 1]")
     if args.quick:
@@ -379,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.ack_interval is not None:
         on_ray.LOADER_OPTIONS["ack_interval_s"] = args.ack_interval
+    on_ray.SOURCE_OPTIONS["split_rows"] = args.split_rows
     results: dict[str, dict] = {}
     bar = tqdm(args.names, desc="loaders", unit="loader", disable=None, file=sys.stderr)
     for name in bar:
@@ -412,6 +421,7 @@ def main(argv: list[str] | None = None) -> int:
             "ray_cpus": args.ray_cpus,
             "memory_duty": args.memory_duty,
             "ack_interval_s": args.ack_interval,  # None: the loader's default
+            "split_rows": args.split_rows,  # None: whole row groups
             "data": str(folder),
         },
         "results": results,

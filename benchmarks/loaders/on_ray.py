@@ -116,6 +116,8 @@ def _train_loop(config: dict) -> None:
 
 # `Loader` options every rayshard loader of the run gets (the benchmark's `--ack-interval`)
 LOADER_OPTIONS: dict = {}
+# `ParquetSource` options of every rayshard loader of the run (the benchmark's `--split-rows`)
+SOURCE_OPTIONS: dict = {}
 
 
 def _rayshard_loader(paths: list[str], **options):
@@ -123,7 +125,7 @@ def _rayshard_loader(paths: list[str], **options):
     from rayshard.sources.parquet import ParquetSource
 
     return Loader(
-        ParquetSource(paths, columns=COLUMNS),
+        ParquetSource(paths, columns=COLUMNS, **SOURCE_OPTIONS),
         batch_size=BATCH_SIZE,
         name=f"bench-{uuid.uuid4().hex[:8]}",
         shuffle=False,

@@ -72,7 +72,8 @@ def rank_pieces(
     settings: LoaderConfig, splits: Any, rank: RankPlan, epoch: int, boundaries: Any = None
 ) -> list:
     """A static rank's reading pieces in reading order (the reader reads them so);
-    `boundaries`: the splits' `split_boundaries`, if the caller keeps them."""
+    `boundaries`: the splits' `split_boundaries` (or the reading's `Cuts`), if the caller
+    keeps them."""
     return reading_pieces(
         rank.ranges,
         splits,

@@ -41,26 +41,59 @@ class Tagged(NamedTuple):
     batch: Any
 
 
+class Cuts(NamedTuple):
+    """Where a rank's reading cuts its ranges into pieces (both sorted, as
+    `split_boundaries` makes them): no piece crosses one of `splits` (a shuffle permutes the
+    pieces between them); pieces that follow one another and meet off `reads`, where a read
+    starts over (a file source's next row group: `Source.read_units`), are read as one."""
+
+    splits: np.ndarray
+    reads: np.ndarray
+
+    @classmethod
+    def of(cls, boundaries: Cuts | np.ndarray) -> Cuts:
+        """`boundaries` as `Cuts`: a bare array of split boundaries is both."""
+        return boundaries if isinstance(boundaries, Cuts) else cls(boundaries, boundaries)
+
+
 def reading_pieces(
     ranges: iv.Intervals,
     splits: Sequence[tuple[int, int]],
     *,
     shuffle: bool,
     rng_key: str,
-    boundaries: np.ndarray | None = None,
+    boundaries: Cuts | np.ndarray | None = None,
 ) -> list[tuple[int, int]]:
     """Cut a rank's ranges at split boundaries and order the pieces.
 
     Pieces never cross a split (a row group or file), so each read touches one split.
     With `shuffle`, the piece order is a permutation seeded by `rng_key`
-    (seed, epoch, rank); otherwise the order of `ranges`. `boundaries`: the splits'
-    `split_boundaries`, when the caller keeps them from epoch to epoch.
+    (seed, epoch, rank); otherwise the order of `ranges`, with the pieces that continue
+    one another inside one read unit joined (`Cuts`: the same rows in the same order, in
+    fewer reads). `boundaries`: the splits' `split_boundaries` (or `Cuts`, with the read
+    units'), when the caller keeps them from epoch to epoch.
     """
-    cuts = split_boundaries(splits) if boundaries is None else boundaries
-    pieces = cut_at_boundaries(ranges, cuts)
-    if shuffle:
-        random.Random(rng_key).shuffle(pieces)
+    cuts = Cuts.of(split_boundaries(splits) if boundaries is None else boundaries)
+    if not shuffle:
+        return cut_pieces(ranges, cuts)
+    pieces = cut_at_boundaries(ranges, cuts.splits)
+    random.Random(rng_key).shuffle(pieces)
     return pieces
+
+
+def cut_pieces(ranges: iv.Intervals, cuts: Cuts) -> list[tuple[int, int]]:
+    """`ranges` cut at `cuts.splits`, in order, then each run of pieces that goes on where
+    the last one ended, off `cuts.reads`, joined into one piece: one `Source.read`, one
+    reading thread's task and one tagging for a run of small splits of one row group."""
+    pieces = _cut(ranges, np.asarray(cuts.splits, dtype=np.int64))
+    if len(pieces) > 1:
+        starts, reads = pieces[1:, 0], np.asarray(cuts.reads, dtype=np.int64)
+        at = np.minimum(np.searchsorted(reads, starts), max(len(reads) - 1, 0))
+        on_read_cut = reads[at] == starts if len(reads) else np.zeros(len(starts), bool)
+        joined = (pieces[:-1, 1] == starts) & ~on_read_cut
+        first, last = np.append(True, ~joined), np.append(~joined, True)
+        pieces = np.stack((pieces[first, 0], pieces[last, 1]), axis=1)
+    return list(zip(pieces[:, 0].tolist(), pieces[:, 1].tolist()))
 
 
 def split_boundaries(splits: Sequence[tuple[int, int]] | np.ndarray) -> np.ndarray:
@@ -76,10 +109,15 @@ def cut_at_boundaries(ranges: iv.Intervals, boundaries: np.ndarray) -> list[tupl
     """`ranges` cut at the sorted `boundaries` (`split_boundaries`), in order: each range
     `(start, end)` becomes its pieces between the boundaries strictly inside it (an empty
     range stays one empty piece)."""
+    pieces = _cut(ranges, np.asarray(boundaries, dtype=np.int64))
+    return list(zip(pieces[:, 0].tolist(), pieces[:, 1].tolist()))
+
+
+def _cut(ranges: iv.Intervals, bounds: np.ndarray) -> np.ndarray:
+    """`cut_at_boundaries` as a `(pieces, 2)` int64 array."""
     if not len(ranges):  # a lease answer without pieces: no array work
-        return []
+        return np.zeros((0, 2), dtype=np.int64)
     spans = np.asarray(ranges, dtype=np.int64).reshape(-1, 2)
-    bounds = np.asarray(boundaries, dtype=np.int64)
     # (r,) the first boundary past each start, and the count of those before its end
     first = np.searchsorted(bounds, spans[:, 0], side="right")
     inside = np.maximum(np.searchsorted(bounds, spans[:, 1], side="left") - first, 0)
@@ -90,7 +128,7 @@ def cut_at_boundaries(ranges: iv.Intervals, boundaries: np.ndarray) -> list[tupl
     padded = np.concatenate((bounds, [0]))  # `at` may point one past the end: masked below
     starts = np.where(place == 0, spans[owner, 0], padded[at - 1])
     ends = np.where(place == inside[owner], spans[owner, 1], padded[at])
-    return list(zip(starts.tolist(), ends.tolist()))
+    return np.stack((starts, ends), axis=1)
 
 
 def iter_rows(

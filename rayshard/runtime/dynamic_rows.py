@@ -31,8 +31,9 @@ from rayshard.data.arrow_numpy import arrow_of, numpy_of
 from rayshard.data.batching import (
     FLUSH,
     INDEX_KEY,
+    Cuts,
     Reads,
-    cut_at_boundaries,
+    cut_pieces,
     pad_rows,
     split_boundaries,
 )
@@ -56,7 +57,7 @@ def dynamic_rows(
     pacing: LeasePacing | None = None,
     leases: Any = None,
     lease_ids: LeaseIds | None = None,
-    boundaries: np.ndarray | None = None,
+    boundaries: Cuts | np.ndarray | None = None,
 ) -> Iterator[Any]:
     """Rows (and `FLUSH` marks) of `key = (generation, epoch, dp_rank)`; `cancel()` is the
     reader thread's stop event. The leased pieces are read by `reads` as one stream
@@ -72,7 +73,8 @@ def dynamic_rows(
     lease calls then go through the node's relay whenever its acknowledgements or a
     lease answer ask for it (default: straight). `lease_ids`: the
     ids of the reading's calls (default: new ones, as for a new reading). `boundaries`:
-    the splits' `split_boundaries`, if the reading keeps them."""
+    the splits' `split_boundaries` (or `Cuts`, with its read units'), if the reading
+    keeps them."""
     generation, epoch, rank = key
     source = source.for_epoch(epoch, settings.plan.seed)
     batch_size = settings.plan.batch_size
@@ -196,7 +198,7 @@ class LeaseStream:
         self,
         first: Any,
         ask: Callable[[int, bool], Any],
-        boundaries: np.ndarray,
+        boundaries: Cuts | np.ndarray,
         stopped: Callable[[], bool],
         answer: Callable[[Any], Any] = lambda call: call,
         pacing: LeasePacing | None = None,
@@ -204,7 +206,7 @@ class LeaseStream:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._first, self._ask, self._answer, self._ready = first, ask, answer, ready
-        self._boundaries, self._stopped, self._clock = boundaries, stopped, clock
+        self._cuts, self._stopped, self._clock = Cuts.of(boundaries), stopped, clock
         self._pacing = pacing or LeasePacing(
             base=1, piece_rows=1, min_round_trip_s=math.inf, min_lease_s=0.0
         )
@@ -245,14 +247,15 @@ class LeaseStream:
             self.ended_by = None
 
     def _note(self, leased: Any, hand: collections.deque, shared: bool = False) -> int:
-        """Pieces of `leased` go in `hand`, cut at split boundaries (returns their rows);
+        """Pieces of `leased` go in `hand`, cut at split boundaries, those that continue
+        one another inside a read unit joined (`cut_pieces`; returns their rows);
         an answer without any ends the stream once the hand is read. That of an early
         (`shared`) ask is not acted on (`ended_by` stays None): the caller asks again
         with nothing in hand, when a straggler's work may be offered."""
         if not leased.pieces:
             self._asked_out = True
             self.ended_by = None if shared else leased
-        hand.extend(cut_at_boundaries(leased.pieces, self._boundaries))
+        hand.extend(cut_pieces(leased.pieces, self._cuts))
         return sum(end - start for start, end in leased.pieces)
 
     def taken(self) -> int:

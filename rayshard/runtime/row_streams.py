@@ -18,6 +18,7 @@ from rayshard.core.sharding import ShardingPolicy
 from rayshard.core.shuffle import shuffle_batches
 from rayshard.core.shuffle_blocks import block_shuffle
 from rayshard.data.batching import (
+    Cuts,
     Reads,
     iter_padding,
     iter_rows_parallel,
@@ -43,7 +44,8 @@ def static_rows(
 ) -> Iterator[pa.RecordBatch]:
     """The rank's planned ranges of `epoch` in reading order (pieces shuffled by
     `shuffle`; read by `reads`), through the block and buffer shuffles when on, then the
-    padding rows. `boundaries`: the splits' `split_boundaries`, if the reading keeps them."""
+    padding rows. `boundaries`: the reading's `Cuts` (or the splits' `split_boundaries`), if
+    it keeps them."""
     pieces = reading_pieces(
         plan.ranges,
         splits,
@@ -71,7 +73,7 @@ def packed_rows(
 ) -> Iterator[Any]:
     """The rank's documents (read by `reads`) packed into `plan.batches` batches of packed
     rows (`rayshard.runtime.packing_stage`), skipping the `offsets` tokens already delivered of
-    split documents; `boundaries`: the splits' `split_boundaries`, if the reading keeps them."""
+    split documents; `boundaries`: as for `static_rows`."""
     packing = settings.packing
     pieces = rank_pieces(settings, splits, plan, epoch, boundaries)
     real = reads(pieces, [packing.column])
@@ -102,7 +104,7 @@ def epoch_batches(
     as one stream: `dynamic_rows`), `batches(rows)` rebatches
     (and transforms) rows; `cancel()` stops a `dynamic` stream, which `pacing` paces and
     whose lease calls, named by `lease_ids`, `leases` may relay (see `dynamic_rows`);
-    `boundaries`: the splits' `split_boundaries`, if the reading keeps them."""
+    `boundaries`: as for `static_rows`."""
     _, epoch, _ = key
     plan = started["plan"]
     if settings.packing is not None:
@@ -157,10 +159,14 @@ class RankReading:
             self._splits = self.source.split_array()
         return self._splits
 
-    def boundaries(self) -> Any:
-        """The splits' `split_boundaries`, made once: every epoch cuts at them."""
+    def boundaries(self) -> Cuts:
+        """The splits' and the read units' `split_boundaries` (`Cuts`), made once: every
+        epoch cuts at them."""
         if self._boundaries is None:
-            self._boundaries = split_boundaries(self.splits())
+            units = self.source.read_units()
+            splits = split_boundaries(self.splits())
+            same = units.shape == self._splits.shape and (units == self._splits).all()
+            self._boundaries = Cuts(splits, splits if same else split_boundaries(units))
         return self._boundaries
 
     def pool(self) -> Any:

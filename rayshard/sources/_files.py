@@ -116,11 +116,8 @@ class ChunkedFileSource(Source):
         self._stats = {"chunks_read": 0, "rows_decoded": 0, "files_opened": 0}
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state.pop("_handles", None)
-        state.pop("_decoded", None)
-        state.pop("_stats", None)
-        return state
+        local = ("_handles", "_decoded", "_stats")
+        return {key: value for key, value in self.__dict__.items() if key not in local}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -168,6 +165,11 @@ class ChunkedFileSource(Source):
             args = () if split_rows is None else (split_rows,)
             return pieces.as_pieces(self.splits(*args))
         return self._cut(split_rows)
+
+    def read_units(self) -> np.ndarray:
+        """Whole chunks (row groups; `_cut(0)`): a run of one chunk's splits decodes once."""
+        own = type(self).splits is not ChunkedFileSource.splits  # a subclass's rules
+        return super().read_units() if own else self._cut(0)
 
     def _cut(self, split_rows: int | None) -> np.ndarray:
         limit = split_rows if split_rows is not None else self._split_rows
@@ -277,9 +279,8 @@ class ChunkedFileSource(Source):
                 local = self._cache.local_path(fs, file.path, file.version)
                 handle = self._open(pafs.LocalFileSystem(), local)
                 if f + 1 < len(self._files):  # the next file, while this one is read
-                    following = self._files[f + 1]
-                    following_fs = self._filesystems[following.fs_index]
-                    self._cache.prefetch(following_fs, following.path, following.version)
+                    nxt = self._files[f + 1]
+                    self._cache.prefetch(self._filesystems[nxt.fs_index], nxt.path, nxt.version)
             else:  # a remote store's brief outage while opening rides through, as reads do
                 remote = is_remote(fs)
                 handle = with_retries(lambda: self._open(fs, file.path), remote=remote)

@@ -37,8 +37,9 @@ class Source(abc.ABC):
     def splits(self) -> list[tuple[int, int]]:
         """Natural read units (files, row groups) as sample ranges covering the dataset.
 
-        Readers never read across a split boundary in one call; the dynamic policy leases
-        these. The default is one split per file, or the whole dataset.
+        Readers never read across a split boundary in one call, unless the split goes on in
+        the same read unit (`read_units`); the dynamic policy leases these. The default is
+        one split per file, or the whole dataset.
         """
         layout = self.layout()
         if layout.file_rows is None:
@@ -50,6 +51,13 @@ class Source(abc.ABC):
         """`splits()` as an `(n, 2)` int64 array: what a `dynamic` epoch queues. Sources of
         millions of splits compute it directly (no Python tuple per split)."""
         return pieces.as_pieces(self.splits())
+
+    def read_units(self) -> np.ndarray:
+        """Where a read starts over, as ranges (an `(n, 2)` int64 array like
+        `split_array`): reading consecutive splits of one unit in one call costs no more
+        than reading one of them (a file source's row group, decoded once). A reader joins
+        the pieces it reads in a row inside one unit into one read. Default: the splits."""
+        return self.split_array()
 
     def describe(self) -> str:
         """A short human name for messages (a path, a table)."""

@@ -259,3 +259,41 @@ def test_a_shuffle_that_scatters_a_row_groups_parts_is_warned_of(
         (message,) = messages
         assert warned in message and "split_rows=None, or at least 16" in message
         assert ("shuffle_buffer" in message) is (options.get("policy") != "dynamic")
+
+
+@pytest.mark.parametrize("policy", ["data", "file"])
+def test_a_rank_reads_a_run_of_one_row_groups_splits_in_one_read(files, policy):
+    """A static rank's pieces in order: the splits of one row group it reads in a row are
+    one `read` (not one per split), cut where a row group ends; the rows are the same."""
+    import threading
+
+    import numpy as np
+
+    from rayshard.config.loader_config import LoaderConfig
+    from rayshard.core.planning import epoch_plan
+    from rayshard.data.batching import INDEX_KEY, PADDED_KEY, iter_rows
+    from rayshard.runtime.row_streams import RankReading
+
+    source = ParquetSource(files, columns=["id"], split_rows=5)
+    groups = source.split_array(10**6)  # whole row groups
+    assert source.read_units().tolist() == groups.tolist()
+    group_ends = set(groups.reshape(-1).tolist())
+    settings = LoaderConfig(batch_size=8, policy=policy)
+    for rank in epoch_plan(settings, source, 2, 0).ranks:
+        asked: list[tuple[int, int]] = []
+
+        def reads(pieces, columns, asked=asked):
+            asked.extend(pieces)
+            return iter_rows(source, asked, columns)
+
+        reading = RankReading(None, source, settings, rank.rank)
+        batches = list(reading.epoch({"plan": rank}, 0, 0, cancel=threading.Event, reads=reads))
+        real = [b[INDEX_KEY][~b[PADDED_KEY]] for b in batches]  # padding: not read in pieces
+        delivered = np.concatenate(real).tolist()
+        assert delivered == [i for a, b in rank.ranges for i in range(a, b)]
+        assert [i for a, b in asked for i in range(a, b)] == delivered
+        assert len(asked) < len(delivered) / 5  # fewer reads than splits of 5 rows
+        for (_, b), (c, _) in zip(asked, asked[1:]):  # joined unless a row group ends
+            assert b != c or c in group_ends
+        for a, b in asked:  # one row group each
+            assert not any(a < end < b for end in group_ends)
