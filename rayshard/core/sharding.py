@@ -151,7 +151,7 @@ def assign(
     - `file_or_data`: `file` when there are at least as many files as shards, else `data`.
     - `off`: every rank reads every split, in its own order seeded by (seed, epoch, rank).
     - `hint`: `(num_shards, index)` per rank, index = the rank's shard this epoch.
-    - `dynamic`: the splits permuted with (seed, epoch), for the coordinator to lease.
+    - `dynamic`: the splits permuted by read unit with (seed, epoch), for the coordinator.
     """
     requested = ShardingPolicy.parse(policy)
     layout = source.layout() if isinstance(source, Source) else source
@@ -179,7 +179,7 @@ def assign(
         plan = plan_epoch(config, layout, world_size, epoch, shuffled=shuffled)
         return Assignment(**common, plan=plan)
     if effective is ShardingPolicy.OFF:
-        plan = _plan_off(config, layout, _split_array(source), world_size, epoch)
+        plan = _plan_off(config, layout, _splits_and_units(source), world_size, epoch)
         return Assignment(**common, plan=plan)
     if effective is ShardingPolicy.HINT:
         validate(config, layout, world_size)
@@ -196,17 +196,19 @@ def assign(
 def dynamic_pieces(
     config: PlanConfig, source: Source | DataLayout, world_size: int, epoch: int
 ) -> np.ndarray:
-    """`assign`'s `dynamic` queue (splits permuted with (seed, epoch)) as an (n, 2) array."""
+    """`assign`'s `dynamic` queue (the splits' `split_order` by read unit), an (n, 2) array."""
     _check_source_world(source, world_size)
     _check_world(config, source.layout() if isinstance(source, Source) else source, world_size)
-    return split_order(_split_array(source), config.seed, epoch)
+    splits, units = _splits_and_units(source)
+    return split_order(splits, config.seed, epoch, units=units)
 
 
-def _split_array(source: Source | DataLayout) -> np.ndarray:
+def _splits_and_units(source: Source | DataLayout) -> tuple[np.ndarray, np.ndarray | None]:
+    """The splits as an (n, 2) array, and the read units (None: the splits)."""
     if isinstance(source, Source):
-        return source.split_array()
+        return source.split_array(), source.read_units()
     bounds = source.offsets if source.file_rows is not None else (0, source.num_samples)
-    return pieces.between(bounds)
+    return pieces.between(bounds), None
 
 
 def _check_source_world(source: Source | DataLayout, world_size: int) -> None:
@@ -221,13 +223,11 @@ def _check_source_world(source: Source | DataLayout, world_size: int) -> None:
 
 
 def _plan_off(
-    config: PlanConfig,
-    layout: DataLayout,
-    splits: np.ndarray,
-    world_size: int,
-    epoch: int,
+    config: PlanConfig, layout: DataLayout, queue: tuple, world_size: int, epoch: int
 ) -> EpochPlan:
-    """Every rank reads everything, splits in its own seeded order, batched as usual."""
+    """Every rank reads everything, splits in its own seeded order (by read unit, as
+    `dynamic`'s: `queue` is `_splits_and_units`), batched as usual."""
+    splits, units = queue
     _check_world(config, layout, world_size)
     n = layout.num_samples
     layouts = batch_layouts(
@@ -239,7 +239,7 @@ def _plan_off(
     )
     ranks = []
     for rank, lay in enumerate(layouts):
-        order = tuple(pieces.as_tuples(split_order(splits, config.seed, epoch, rank)))
+        order = tuple(pieces.as_tuples(split_order(splits, config.seed, epoch, rank, units=units)))
         ranks.append(rank_plan_for(rank, None, order, lay, layout, None, None))
     return EpochPlan(epoch, world_size, 1, tuple(ranks))
 

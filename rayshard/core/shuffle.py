@@ -9,7 +9,7 @@ gives a different one, and the split order and the buffer never share a stream.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -34,10 +34,23 @@ def epoch_rng(
     return np.random.default_rng(np.random.SeedSequence([int(seed), int(epoch), rank_key, purpose]))
 
 
-def split_order(splits: Sequence[T], seed: int, epoch: int, rank: int | None = None) -> list[T]:
+def split_order(
+    splits: Sequence[T], seed: int, epoch: int, rank: int | None = None, *, units: Any = None
+) -> list[T]:
     """`splits` permuted for this (seed, epoch, rank); `rank=None` gives the global order.
-    An array of pieces (`rayshard.plan.pieces`) comes back as an array, permuted alike."""
+    An array of pieces (`rayshard.plan.pieces`) comes back as an array, permuted alike.
+    `units` (ranges sorted by start, `Source.read_units`; `splits` then an array): the
+    units are permuted instead, each one's splits kept together and in order, so a run of
+    them is one read (a row group decoded once) rather than parts of many; with one split
+    per unit, the same order as without."""
     rng = epoch_rng(seed, epoch, rank, _SPLIT_ORDER)
+    if units is not None and len(splits):
+        units = np.asarray(units, dtype=np.int64).reshape(-1, 2)
+        slot = np.empty(len(units), dtype=np.int64)  # (u,) each unit's place in the order
+        slot[rng.permutation(len(units))] = np.arange(len(units))
+        # (n,) the unit each split starts in
+        unit = np.maximum(np.searchsorted(units[:, 0], splits[:, 0], side="right") - 1, 0)
+        return splits[np.argsort(slot[unit], kind="stable")]
     # (n,) a permutation of split positions
     order = rng.permutation(len(splits))
     if isinstance(splits, np.ndarray):

@@ -165,8 +165,7 @@ class RankReading:
         if self._boundaries is None:
             units = self.source.read_units()
             splits = split_boundaries(self.splits())
-            same = units.shape == self._splits.shape and (units == self._splits).all()
-            self._boundaries = Cuts(splits, splits if same else split_boundaries(units))
+            self._boundaries = Cuts(splits, splits if units is None else split_boundaries(units))
         return self._boundaries
 
     def pool(self) -> Any:

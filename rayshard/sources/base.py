@@ -52,12 +52,13 @@ class Source(abc.ABC):
         millions of splits compute it directly (no Python tuple per split)."""
         return pieces.as_pieces(self.splits())
 
-    def read_units(self) -> np.ndarray:
-        """Where a read starts over, as ranges (an `(n, 2)` int64 array like
-        `split_array`): reading consecutive splits of one unit in one call costs no more
-        than reading one of them (a file source's row group, decoded once). A reader joins
-        the pieces it reads in a row inside one unit into one read. Default: the splits."""
-        return self.split_array()
+    def read_units(self) -> np.ndarray | None:
+        """Where a read starts over, as ranges sorted by start (an `(n, 2)` int64 array
+        like `split_array`), or None (the default): each split. Reading consecutive splits
+        of one unit in one call costs no more than reading one of them (a file source's
+        row group, decoded once): readers join the pieces they read in a row inside one,
+        and `dynamic` and `off` order splits by unit (`split_order`)."""
+        return None
 
     def describe(self) -> str:
         """A short human name for messages (a path, a table)."""

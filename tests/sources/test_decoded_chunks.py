@@ -297,3 +297,34 @@ def test_a_rank_reads_a_run_of_one_row_groups_splits_in_one_read(files, policy):
             assert b != c or c in group_ends
         for a, b in asked:  # one row group each
             assert not any(a < end < b for end in group_ends)
+
+
+def test_dynamic_and_off_queues_keep_a_row_groups_splits_together(files):
+    """`dynamic` leases, and `off` orders, small splits by row group (the row groups in a
+    seeded order): two ranks taking leases of two splits in turns decode every row group
+    at most once each (with the splits scattered, each lease decoded one or two); a rank
+    under `off` reads its row groups' splits in a row, each row group decoded once."""
+    import pickle
+
+    from rayshard.core.sharding import assign
+    from rayshard.data.batching import Cuts, cut_pieces, split_boundaries
+    from rayshard.plan import PlanConfig
+
+    source = ParquetSource(files, columns=["id"], split_rows=3)
+    groups = len(source.read_units())
+    cuts = Cuts(split_boundaries(source.split_array()), split_boundaries(source.read_units()))
+    queue = list(assign("dynamic", PlanConfig(seed=4), source, 2, epoch=1).splits)
+    assert queue != sorted(queue) and len(queue) > 2 * groups  # seeded, and small splits
+    readers = [pickle.loads(pickle.dumps(source)) for _ in range(2)]  # a process each
+    got = []
+    for turn, at in enumerate(range(0, len(queue), 2)):
+        for a, b in cut_pieces(queue[at : at + 2], cuts):
+            got += ids_of(readers[turn % 2].read(a, b))
+    assert sorted(got) == list(range(120))
+    assert [r.stats()["chunks_read"] <= groups for r in readers] == [True, True]
+    for rank in assign("off", PlanConfig(batch_size=8, seed=4), source, 2, epoch=1).plan.ranks:
+        reader = pickle.loads(pickle.dumps(source))
+        assert sorted(
+            i for a, b in cut_pieces(rank.ranges, cuts) for i in ids_of(reader.read(a, b))
+        ) == list(range(120))
+        assert reader.stats()["chunks_read"] == groups

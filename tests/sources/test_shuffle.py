@@ -46,6 +46,39 @@ def test_split_order_is_a_seeded_permutation():
     assert split_order([], 0, 0) == []
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    unit_splits=st.lists(st.integers(1, 5), min_size=1, max_size=25),
+    seed=st.integers(0, 3),
+    epoch=st.integers(0, 3),
+    rank=st.one_of(st.none(), st.integers(0, 2)),
+)
+def test_split_order_by_unit_keeps_each_units_splits_together_and_in_order(
+    unit_splits, seed, epoch, rank
+):
+    """Read units (row groups) of `unit_splits[u]` splits of 3 rows each: the units are
+    permuted, as splits alone would be, and each one's splits come in a row, in order."""
+    splits, units, unit_of, start = [], [], {}, 0
+    for u, count in enumerate(unit_splits):
+        for _ in range(count):
+            splits.append((start, start + 3))
+            unit_of[start] = u
+            start += 3
+        units.append((splits[-count][0], start))
+    splits_array = np.array(splits, dtype=np.int64)
+    got = split_order(splits_array, seed, epoch, rank, units=np.array(units)).tolist()
+    assert sorted(map(tuple, got)) == splits  # a permutation
+    runs = [unit_of[a] for a, _ in got]
+    order = [u for i, u in enumerate(runs) if i == 0 or runs[i - 1] != u]
+    assert len(order) == len(units)  # each unit's splits in one run
+    assert got == sorted(got, key=lambda piece: order.index(unit_of[piece[0]]))  # in order
+    # the units in the order `split_order` gives them alone: one split per unit is as before
+    assert order == [u for u, _ in split_order(list(enumerate(units)), seed, epoch, rank)]
+    one_each = np.array(units, dtype=np.int64)
+    by_unit = split_order(one_each, seed, epoch, rank, units=one_each)
+    assert np.array_equal(by_unit, split_order(one_each, seed, epoch, rank))
+
+
 def test_split_order_rejects_bad_seed():
     with pytest.raises(ConfigError, match="seed=-1"):
         split_order([1, 2], seed=-1, epoch=0)
