@@ -76,8 +76,6 @@ def test_reading_pieces_keep_their_seeded_order(sizes, ranges, shuffle):
     expected = reference_cut(ranges, reference_boundaries(splits))
     if shuffle:
         random.Random("rayshard:0:1:2").shuffle(expected)  # the order the README documents
-    else:  # in order: ranges that go on in one split are read as one piece
-        expected = reference_join(expected, reference_boundaries(splits))
     kept = split_boundaries(splits)
     for boundaries in (None, kept):  # made here, or kept by the reading from epoch to epoch
         got = reading_pieces(
@@ -162,7 +160,7 @@ def test_a_reading_holds_the_split_array_and_its_boundaries_once():
     assert isinstance(splits, np.ndarray) and splits.tolist() == [[0, 5], [5, 10], [10, 15]]
     cuts = reading.boundaries()
     assert cuts.splits.tolist() == [0, 5, 10, 15]
-    assert cuts.reads is cuts.splits  # a table's splits are its read units: held once
+    assert cuts.reads is None  # a table's splits are its read units: nothing joined
     assert reading.splits() is splits and reading.boundaries() is cuts
 
 

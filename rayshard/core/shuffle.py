@@ -44,8 +44,8 @@ def split_order(
     them is one read (a row group decoded once) rather than parts of many; with one split
     per unit, the same order as without."""
     rng = epoch_rng(seed, epoch, rank, _SPLIT_ORDER)
-    if units is not None and len(splits):
-        units = np.asarray(units, dtype=np.int64).reshape(-1, 2)
+    if units is not None and len(units) and len(splits):
+        splits, units = np.asarray(splits), np.asarray(units, dtype=np.int64).reshape(-1, 2)
         slot = np.empty(len(units), dtype=np.int64)  # (u,) each unit's place in the order
         slot[rng.permutation(len(units))] = np.arange(len(units))
         # (n,) the unit each split starts in

@@ -42,18 +42,19 @@ class Tagged(NamedTuple):
 
 
 class Cuts(NamedTuple):
-    """Where a rank's reading cuts its ranges into pieces (both sorted, as
-    `split_boundaries` makes them): no piece crosses one of `splits` (a shuffle permutes the
-    pieces between them); pieces that follow one another and meet off `reads`, where a read
-    starts over (a file source's next row group: `Source.read_units`), are read as one."""
+    """Where a rank's reading cuts its ranges into pieces (sorted, as `split_boundaries`
+    makes them): no piece crosses one of `splits` (a shuffle permutes the pieces between
+    them); pieces that follow one another and meet off `reads`, where a read starts over
+    (a file source's next row group: `Source.read_units`), are read as one; with `reads`
+    None, none are joined."""
 
     splits: np.ndarray
-    reads: np.ndarray
+    reads: np.ndarray | None = None
 
     @classmethod
     def of(cls, boundaries: Cuts | np.ndarray) -> Cuts:
-        """`boundaries` as `Cuts`: a bare array of split boundaries is both."""
-        return boundaries if isinstance(boundaries, Cuts) else cls(boundaries, boundaries)
+        """`boundaries` as `Cuts`: a bare array of split boundaries joins no pieces."""
+        return boundaries if isinstance(boundaries, Cuts) else cls(boundaries)
 
 
 def reading_pieces(
@@ -86,7 +87,7 @@ def cut_pieces(ranges: iv.Intervals, cuts: Cuts) -> list[tuple[int, int]]:
     the last one ended, off `cuts.reads`, joined into one piece: one `Source.read`, one
     reading thread's task and one tagging for a run of small splits of one row group."""
     pieces = _cut(ranges, np.asarray(cuts.splits, dtype=np.int64))
-    if len(pieces) > 1:
+    if cuts.reads is not None and len(pieces) > 1:
         starts, reads = pieces[1:, 0], np.asarray(cuts.reads, dtype=np.int64)
         at = np.minimum(np.searchsorted(reads, starts), max(len(reads) - 1, 0))
         on_read_cut = reads[at] == starts if len(reads) else np.zeros(len(starts), bool)

@@ -160,12 +160,12 @@ class RankReading:
         return self._splits
 
     def boundaries(self) -> Cuts:
-        """The splits' and the read units' `split_boundaries` (`Cuts`), made once: every
-        epoch cuts at them."""
+        """The splits' and the read units' `split_boundaries` (`Cuts`; no read units: no
+        pieces joined), made once: every epoch cuts at them."""
         if self._boundaries is None:
             units = self.source.read_units()
             splits = split_boundaries(self.splits())
-            self._boundaries = Cuts(splits, splits if units is None else split_boundaries(units))
+            self._boundaries = Cuts(splits, None if units is None else split_boundaries(units))
         return self._boundaries
 
     def pool(self) -> Any:

@@ -159,17 +159,18 @@ class ChunkedFileSource(Source):
         return pieces.as_tuples(self._cut(split_rows))
 
     def split_array(self, split_rows: int | None = None) -> np.ndarray:
-        """`splits(split_rows)` as an `(n, 2)` int64 array, cut without a Python step per
-        split (a dataset of millions of row groups); a subclass's own `splits()` rules."""
+        """`splits(split_rows)` as an `(n, 2)` array, with no Python step per split."""
         if type(self).splits is not ChunkedFileSource.splits:
             args = () if split_rows is None else (split_rows,)
             return pieces.as_pieces(self.splits(*args))
         return self._cut(split_rows)
 
-    def read_units(self) -> np.ndarray:
-        """Whole chunks (row groups; `_cut(0)`): a run of one chunk's splits decodes once."""
-        own = type(self).splits is not ChunkedFileSource.splits  # a subclass's rules
-        return super().read_units() if own else self._cut(0)
+    def read_units(self) -> np.ndarray | None:
+        """Whole chunks when `split_rows` cuts them (a run of a chunk's splits decodes once);
+        None when the splits are the chunks, or a subclass splits or reads its own way."""
+        base = (ChunkedFileSource.splits, ChunkedFileSource.read)
+        own = (type(self).splits, type(self).read) != base  # a subclass's own rules
+        return None if own or self._split_rows is None else self._cut(0)
 
     def _cut(self, split_rows: int | None) -> np.ndarray:
         limit = split_rows if split_rows is not None else self._split_rows

@@ -125,3 +125,40 @@ def test_quick_lease_answers_lease_more_than_a_piece_per_call_once_paced(ray_ses
         it.close()
     finally:
         loader.shutdown()
+
+
+def test_a_dynamic_rank_reads_its_leased_small_splits_a_row_group_at_a_time(ray_session, tmp_path):
+    """`split_rows` far below the row group size under `dynamic`: the queue keeps each row
+    group's splits in a row and the rank's reading (its `Cuts`) joins what it leases of one
+    row group into one read, so every row group is decoded once and read in a few calls,
+    not once per split of 5 rows. Real Parquet files and coordinator; every row once."""
+    from rayshard.runtime.row_streams import RankReading
+
+    dataset = write_parquet(tmp_path / "small_splits", [500] * 4, row_group_size=40)
+    source = ParquetSource(dataset, split_rows=5)
+    loader = Loader(
+        source, batch_size=8, policy="dynamic", equal_steps=False, name=unique_name("units")
+    )
+    coordinator = loader._coordinator
+    try:
+        registered = ray.get(
+            coordinator.register.remote(0, 1, {"dp_rank": 0, "dp_size": 1, "group": [0]})
+        )
+        generation = registered["generation"]
+        started = ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+        stop, asked = threading.Event(), []
+
+        def reads(pieces, columns):
+            return iter_rows(source, (asked.append(p) or p for p in pieces), columns)
+
+        reading = RankReading(coordinator, source, loader.settings, 0)
+        batches = reading.epoch(started, generation, 0, cancel=lambda: stop, reads=reads)
+        ids = [int(i) for b in batches if b is not FLUSH for i in b[INDEX_KEY]]
+        assert Counter(ids) == Counter(range(2_000))
+        groups = source.read_units().tolist()  # 13 a file: 12 of 40 rows and one of 20
+        within = [[u for u in groups if u[0] <= a and b <= u[1]] for a, b in asked]
+        assert all(within), asked  # each read inside one row group
+        assert len(asked) <= 3 * len(groups), f"{len(asked)} reads for 400 splits"
+        assert source.stats()["chunks_read"] == len(groups)  # each row group decoded once
+    finally:
+        loader.shutdown()
