@@ -29,6 +29,7 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         "--ray-cpus=2",
         "--ranks=1",
         "--ack-interval=0.5",
+        "--split-rows=1000",  # files of 2,500 rows in one row group: pieces of a row group
         f"--data={tmp_path / 'data'}",
         f"--json={out}",
     ]
@@ -37,6 +38,7 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
     assert report["config"]["rows"] == 20000 and report["config"]["world_size"] == 1
     assert report["config"]["memory_duty"] == MEMORY_DUTY  # the sampler's default share
     assert report["config"]["ack_interval_s"] == 0.5
+    assert report["config"]["split_rows"] == 1000
     assert set(report["results"]) == set(LOADERS)
     for name, result in report["results"].items():
         assert result["rows_per_s"] > 0, name
@@ -92,3 +94,12 @@ def test_the_loader_bench_refuses_a_negative_ack_interval(capsys):
         main(["--ack-interval=-1"])
     assert exited.value.code == 2
     assert "--ack-interval -1" in capsys.readouterr().err
+
+
+def test_the_loader_bench_refuses_split_rows_below_one(capsys):
+    from benchmarks.loader_bench import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--split-rows=0"])
+    assert exited.value.code == 2
+    assert "--split-rows 0" in capsys.readouterr().err
