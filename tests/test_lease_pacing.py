@@ -231,3 +231,30 @@ def test_a_paced_stream_with_quick_answers_asks_at_the_last_piece_for_min_lease_
     assert paced.stalled_s == unpaced.stalled_s == 0.0  # each answered within its piece
     # The last answer's share bounds each ask: one rank, half the unleased rows.
     assert all(rows <= max(1_000, unleased / 2 + 1_000) for rows, unleased in paced.grants)
+
+
+def test_a_paced_ask_with_a_lease_of_one_row_group_in_hand_is_shared():
+    """A lease of 200 small splits of one row group is read as two pieces (the run, then
+    its last split), so the early ask still goes out with rows in hand, shared, as when
+    every split was a piece: not as an idle rank's ask (no share cap, a straggler's work
+    offered)."""
+    import numpy as np
+
+    from rayshard.data.batching import Cuts, split_boundaries
+
+    splits = [(a, a + 64) for a in range(0, 32_768 * 4, 64)]
+    cuts = Cuts(split_boundaries(splits), np.arange(0, 32_768 * 5, 32_768))
+    lease = Leased(pieces=tuple(splits[:200]), unleased=10**6, ranks=2)
+    for boundaries in (cuts, cuts.splits):  # joined, or every split read on its own
+        pacing = LeasePacing(base=4, piece_rows=64, round_trip_s=0.05, seconds_per_row=1e-5)
+        shares, ticks = [], iter(range(10**6))
+
+        def ask(count, share, shares=shares):
+            shares.append(share)
+            return Leased(unleased=0, ranks=2)
+
+        clock = lambda t=ticks: next(t) * 1e-4  # noqa: E731
+        stream = LeaseStream(lease, ask, boundaries, lambda: False, pacing=pacing, clock=clock)
+        read = list(stream.pieces())
+        assert [i for a, b in read for i in range(a, b)] == list(range(200 * 64))
+        assert shares == [True], (boundaries is cuts, shares)

@@ -103,3 +103,17 @@ def test_the_loader_bench_refuses_split_rows_below_one(capsys):
         main(["--split-rows=0"])
     assert exited.value.code == 2
     assert "--split-rows 0" in capsys.readouterr().err
+
+
+def test_the_loader_bench_split_rows_reach_the_rayshard_loaders_source(tmp_path, monkeypatch):
+    from benchmarks.loader_bench import parse_args
+    from benchmarks.loaders import on_ray
+    from benchmarks.loaders.data import make_dataset, parquet_files
+
+    make_dataset(tmp_path, 4_000, files=2, row_group_size=1_000)
+    monkeypatch.setattr(on_ray, "SOURCE_OPTIONS", {})
+    assert parse_args(["--split-rows=300"]).split_rows == 300
+    assert on_ray.rayshard_source(parquet_files(tmp_path)).split_rows is None
+    on_ray.SOURCE_OPTIONS["split_rows"] = 300  # what `main` sets from --split-rows
+    source = on_ray.rayshard_source(parquet_files(tmp_path))
+    assert source.split_rows == 300 and len(source.splits()) == 4 * 4  # 1,000 in 300s: 4

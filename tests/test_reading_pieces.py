@@ -125,6 +125,10 @@ def test_lease_pieces_are_joined_inside_a_read_unit_and_cut_at_its_end():
     lease = Leased(((4, 8), (8, 12), (12, 16), (16, 20), (24, 28)))
     stream = LeaseStream(lease, lambda count, share: Leased(()), cuts, lambda: False)
     assert list(stream.pieces()) == [(4, 8), (8, 16), (16, 20), (24, 28)]
+    # a lease's last piece stays its own (an early ask goes out with rows in hand)
+    ends_in_a_unit = Leased(((8, 12), (12, 16), (16, 20), (20, 24)))
+    stream = LeaseStream(ends_in_a_unit, lambda count, share: Leased(()), cuts, lambda: False)
+    assert list(stream.pieces()) == [(8, 16), (16, 20), (20, 24)]
     # a bare array of split boundaries: every split read on its own, as before
     stream = LeaseStream(lease, lambda count, share: Leased(()), cuts.splits, lambda: False)
     assert list(stream.pieces()) == [(4, 8), (8, 12), (12, 16), (16, 20), (24, 28)]

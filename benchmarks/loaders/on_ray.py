@@ -120,12 +120,18 @@ LOADER_OPTIONS: dict = {}
 SOURCE_OPTIONS: dict = {}
 
 
-def _rayshard_loader(paths: list[str], **options):
-    from rayshard.loader import Loader
+def rayshard_source(paths: list[str]):
+    """The rayshard loaders' source: the benchmark's columns, and its `SOURCE_OPTIONS`."""
     from rayshard.sources.parquet import ParquetSource
 
+    return ParquetSource(paths, columns=COLUMNS, **SOURCE_OPTIONS)
+
+
+def _rayshard_loader(paths: list[str], **options):
+    from rayshard.loader import Loader
+
     return Loader(
-        ParquetSource(paths, columns=COLUMNS, **SOURCE_OPTIONS),
+        rayshard_source(paths),
         batch_size=BATCH_SIZE,
         name=f"bench-{uuid.uuid4().hex[:8]}",
         shuffle=False,

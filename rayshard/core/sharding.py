@@ -223,11 +223,11 @@ def _check_source_world(source: Source | DataLayout, world_size: int) -> None:
 
 
 def _plan_off(
-    config: PlanConfig, layout: DataLayout, queue: tuple, world_size: int, epoch: int
+    config: PlanConfig, layout: DataLayout, split_units: tuple, world_size: int, epoch: int
 ) -> EpochPlan:
     """Every rank reads everything, splits in its own seeded order (by read unit, as
-    `dynamic`'s: `queue` is `_splits_and_units`), batched as usual."""
-    splits, units = queue
+    `dynamic`'s: `split_units` is `_splits_and_units`), batched as usual."""
+    splits, units = split_units
     _check_world(config, layout, world_size)
     n = layout.num_samples
     layouts = batch_layouts(

@@ -33,6 +33,7 @@ from rayshard.data.batching import (
     INDEX_KEY,
     Cuts,
     Reads,
+    cut_at_boundaries,
     cut_pieces,
     pad_rows,
     split_boundaries,
@@ -255,7 +256,10 @@ class LeaseStream:
         if not leased.pieces:
             self._asked_out = True
             self.ended_by = None if shared else leased
-        hand.extend(cut_pieces(leased.pieces, self._cuts))
+        # The last piece stays on its own: an early ask then goes out with rows in hand
+        # (shared), as when every split was a piece, not after one joined piece took all.
+        pieces = cut_at_boundaries(leased.pieces, self._cuts.splits)
+        hand.extend(cut_pieces(pieces[:-1], self._cuts) + pieces[-1:])
         return sum(end - start for start, end in leased.pieces)
 
     def taken(self) -> int:

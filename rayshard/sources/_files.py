@@ -166,8 +166,8 @@ class ChunkedFileSource(Source):
         return self._cut(split_rows)
 
     def read_units(self) -> np.ndarray | None:
-        """Whole chunks when `split_rows` cuts them (a run of a chunk's splits decodes once);
-        None when the splits are the chunks, or a subclass splits or reads its own way."""
+        """Whole chunks when `split_rows` is set (a run of a chunk's splits decodes once);
+        None without it (the splits are the chunks), or if a subclass splits or reads its way."""
         base = (ChunkedFileSource.splits, ChunkedFileSource.read)
         own = (type(self).splits, type(self).read) != base  # a subclass's own rules
         return None if own or self._split_rows is None else self._cut(0)
