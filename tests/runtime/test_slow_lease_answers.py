@@ -50,19 +50,29 @@ class SlowLink:
         return self.leases
 
 
+def _dynamic_loader(source, name: str):
+    """A one-rank `dynamic` loader without equal steps, and its coordinator."""
+    loader = Loader(
+        source, batch_size=8, policy="dynamic", equal_steps=False, name=unique_name(name)
+    )
+    return loader, loader._coordinator
+
+
+def _first_epoch(coordinator) -> tuple[int, dict]:
+    """Rank 0 of 1 registered and its epoch 0 started: the generation, `start_epoch`'s answer."""
+    registered = ray.get(
+        coordinator.register.remote(0, 1, {"dp_rank": 0, "dp_size": 1, "group": [0]})
+    )
+    generation = registered["generation"]
+    return generation, ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+
+
 def test_a_rank_with_late_lease_answers_asks_ahead_and_reads_every_row_once(ray_session):
     table = pa.table({"id": pa.array(range(ROWS), pa.int64())})
     source = TableSource(pa.Table.from_batches(table.to_batches(max_chunksize=PIECE)))
-    loader = Loader(
-        source, batch_size=8, policy="dynamic", equal_steps=False, name=unique_name("slow")
-    )
-    coordinator = loader._coordinator
+    loader, coordinator = _dynamic_loader(source, "slow")
     try:
-        registered = ray.get(
-            coordinator.register.remote(0, 1, {"dp_rank": 0, "dp_size": 1, "group": [0]})
-        )
-        generation = registered["generation"]
-        started = ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+        generation, started = _first_epoch(coordinator)
         link = SlowLink.remote(coordinator)
         stop = threading.Event()
 
@@ -136,16 +146,9 @@ def test_a_dynamic_rank_reads_its_leased_small_splits_a_row_group_at_a_time(ray_
 
     dataset = write_parquet(tmp_path / "small_splits", [500] * 4, row_group_size=40)
     source = ParquetSource(dataset, split_rows=5)
-    loader = Loader(
-        source, batch_size=8, policy="dynamic", equal_steps=False, name=unique_name("units")
-    )
-    coordinator = loader._coordinator
+    loader, coordinator = _dynamic_loader(source, "units")
     try:
-        registered = ray.get(
-            coordinator.register.remote(0, 1, {"dp_rank": 0, "dp_size": 1, "group": [0]})
-        )
-        generation = registered["generation"]
-        started = ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+        generation, started = _first_epoch(coordinator)
         stop, asked = threading.Event(), []
 
         def reads(pieces, columns):
