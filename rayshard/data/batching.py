@@ -67,12 +67,12 @@ def reading_pieces(
 ) -> list[tuple[int, int]]:
     """Cut a rank's ranges at split boundaries and order the pieces.
 
-    Pieces never cross a split (a row group or file), so each read touches one split.
-    With `shuffle`, the piece order is a permutation seeded by `rng_key`
-    (seed, epoch, rank); otherwise the order of `ranges`, with the pieces that continue
-    one another inside one read unit joined (`Cuts`: the same rows in the same order, in
-    fewer reads). `boundaries`: the splits' `split_boundaries` (or `Cuts`, with the read
-    units'), when the caller keeps them from epoch to epoch.
+    With `shuffle`, the pieces (one split's rows each) in a permutation seeded by
+    `rng_key` (seed, epoch, rank); otherwise in the order of `ranges`, with the pieces
+    that continue one another inside one read unit joined (`Cuts`: the same rows in the
+    same order, in fewer reads; a piece then never crosses a read unit). `boundaries`:
+    the splits' `split_boundaries` (or `Cuts`, with the read units'), when the caller
+    keeps them from epoch to epoch.
     """
     cuts = Cuts.of(split_boundaries(splits) if boundaries is None else boundaries)
     if not shuffle:
