@@ -41,10 +41,10 @@ def split_order(
     An array of pieces (`rayshard.plan.pieces`) comes back as an array, permuted alike.
     `units` (ranges sorted by start, `Source.read_units`; `splits` then an array): the
     units are permuted instead, each one's splits kept together and in order, so a run of
-    them is one read (a row group decoded once) rather than parts of many; with one split
-    per unit, the same order as without."""
+    them is one read (a row group decoded once) rather than parts of many; with as many
+    units as splits (one split each), the order without them."""
     rng = epoch_rng(seed, epoch, rank, _SPLIT_ORDER)
-    if units is not None and len(units) and len(splits):
+    if units is not None and len(splits) and 0 < len(units) != len(splits):
         splits, units = np.asarray(splits), np.asarray(units, dtype=np.int64).reshape(-1, 2)
         slot = np.empty(len(units), dtype=np.int64)  # (u,) each unit's place in the order
         slot[rng.permutation(len(units))] = np.arange(len(units))

@@ -163,9 +163,9 @@ class RankReading:
         """The splits' and the read units' `split_boundaries` (`Cuts`; no read units: no
         pieces joined), made once: every epoch cuts at them."""
         if self._boundaries is None:
-            units = self.source.read_units()
-            splits = split_boundaries(self.splits())
-            self._boundaries = Cuts(splits, None if units is None else split_boundaries(units))
+            units, splits = self.source.read_units(), split_boundaries(self.splits())
+            joins = units is not None and len(units) != len(self._splits)  # a split per unit: none
+            self._boundaries = Cuts(splits, split_boundaries(units) if joins else None)
         return self._boundaries
 
     def pool(self) -> Any:
