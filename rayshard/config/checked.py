@@ -86,8 +86,8 @@ def _warn_scattered_parts(settings: LoaderConfig, source: Source) -> None:
         scattering = f"shuffle_blocks={settings.shuffle_blocks}"
     else:
         return
-    whole = source.split_array(1 << 62)  # the chunks themselves, uncut
-    longest = int((whole[:, 1] - whole[:, 0]).max()) if len(whole) else 0
+    whole = source.read_units()  # the row groups themselves, uncut
+    longest = int((whole[:, 1] - whole[:, 0]).max()) if whole is not None and len(whole) else 0
     if longest > limit:
         finer = "" if settings.policy is ShardingPolicy.DYNAMIC else ", and shuffle_buffer=N"
         log.warning(

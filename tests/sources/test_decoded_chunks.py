@@ -306,13 +306,15 @@ def test_dynamic_and_off_queues_keep_a_row_groups_splits_together(files):
     under `off` reads its row groups' splits in a row, each row group decoded once."""
     import pickle
 
+    from rayshard.config.loader_config import LoaderConfig
     from rayshard.core.sharding import assign
-    from rayshard.data.batching import Cuts, cut_pieces, split_boundaries
+    from rayshard.data.batching import cut_pieces
     from rayshard.plan import PlanConfig
+    from rayshard.runtime.row_streams import RankReading
 
     source = ParquetSource(files, columns=["id"], split_rows=3)
     groups = len(source.read_units())
-    cuts = Cuts(split_boundaries(source.split_array()), split_boundaries(source.read_units()))
+    cuts = RankReading(None, source, LoaderConfig(batch_size=8), 0).boundaries()  # a rank's
     queue = list(assign("dynamic", PlanConfig(seed=4), source, 2, epoch=1).splits)
     assert queue != sorted(queue) and len(queue) > 2 * groups  # seeded, and small splits
     readers = [pickle.loads(pickle.dumps(source)) for _ in range(2)]  # a process each
