@@ -86,7 +86,7 @@ def _check(book: LeaseBook, model: Model, total: int, clock: float) -> None:
     front = book._queue.requeued_front
     assert not any(i in ever for p in queue[front:] for i in range(*p))
     assert all(any(i in ever for i in range(*p)) for p in queue[:front])  # and no more
-    assert book._queue.front_rows == iv.normalize(queue[:front])  # kept merged, as they are
+    assert book._queue.returned.front_rows == iv.normalize(queue[:front])  # kept merged
     assert iv.normalize([*done, *queue, *((le.start, le.end) for le in live)]) == ((0, total),)
     assert book.duplicate_rows == model.duplicates
     assert len(book._since) == len(book._since.to_list())  # its count of ranks with a clock
@@ -252,23 +252,6 @@ def test_taken_back_rows_stay_in_the_queues_front_pieces(pieces, ops):
         front = {i for p in _leased_rows(queue) for i in range(*p)}
         assert back_rows <= front
         assert queue.front_rows == iv.normalize(_leased_rows(queue))
-
-
-def test_a_book_from_a_snapshot_without_the_requeued_front_drops_late_rows_anywhere():
-    """Snapshots written before the queue kept its requeued front: any queued piece may
-    hold taken-back rows, so a late delivery leaves the queue wherever it sits."""
-    book = LeaseBook([(0, 10), (10, 20), (20, 30)], [0, 1], 5)
-    slow = book.lease(0)
-    book.revoke(0)  # its rows go back to the front
-    data = book.to_dict()
-    del data["requeued_front"]
-    # and were they anywhere, they would still go
-    data["queue"] = SplitQueue(list(SplitQueue.loaded(data["queue"]))[::-1]).packed()
-    old = LeaseBook.from_dict(data)
-    old.ack([(slow.start, slow.end)], 0, 1.0)  # the straggler delivers after all
-    queued = iv.normalize(SplitQueue.loaded(old.to_dict()["queue"]))
-    assert not iv.intersect(queued, ((slow.start, slow.end),))
-    assert old.unleased_rows() == 30 - (slow.end - slow.start) == iv.total(queued)
 
 
 def test_a_negative_rank_moves_no_other_ranks_clock():

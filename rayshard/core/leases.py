@@ -3,6 +3,8 @@ what goes back to the queue when a rank dies or leaves.
 
 The coordinator actor holds one `LeaseBook` per epoch and journals every call; replaying
 the calls rebuilds the same book, because nothing here reads a clock or a random source.
+Which queued piece a rank gets is `rayshard.core.stretches`' rule: taken-back rows first,
+then the rank's own stretch of the queue, stolen from the fullest one when it is empty.
 
 Equal steps without a per-batch barrier: with `equal_steps`, every rank gets a capacity of
 `T*B` rows, `T = ceil(rows / (W*B))`; a lease never exceeds what is left of the rank's
@@ -26,7 +28,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from rayshard.core.rank_clocks import RankClocks
-from rayshard.core.split_queue import SplitQueue
+from rayshard.core.stretches import LeaseQueue
 from rayshard.plan import intervals as iv
 from rayshard.plan import pieces
 
@@ -54,7 +56,8 @@ class LeaseBook:
         consumed: Sequence[tuple[int, int]] = (),
     ) -> None:
         done = iv.normalize(consumed)  # a resumed epoch's: not leased again
-        self._queue = SplitQueue(pieces.rest_of(splits, done))
+        ranks = list(ranks)
+        self._queue = LeaseQueue.of(pieces.rest_of(splits, done), ranks)
         self._out_rows = 0  # rows of the leases not closed
         self._batch = batch_size
         self._equal = equal_steps
@@ -70,7 +73,7 @@ class LeaseBook:
         self._duplicates_carried = self._acked_counted = self._distinct_from = 0  # see below
         self._since = RankClocks()  # rank -> time of its last lease or acknowledgement
         self._stalled: set[int] = set()  # ranks whose work was revoked this epoch
-        self._set_capacities(list(ranks), initial=True)
+        self._set_capacities(ranks, initial=True)
 
     # -- queries ---------------------------------------------------------------------------
     @property
@@ -131,7 +134,7 @@ class LeaseBook:
             self._since.start(self._capacity, now)
         room = self._room(rank)
         while self._queue and room > 0:
-            start, end = self._queue.take(room)
+            start, end = self._queue.take(rank, room)
             self._out_rows += end - start
             lease = self._leases[self._next_id] = Lease(self._next_id, rank, start, end)
             self._by_rank.setdefault(rank, {})[self._next_id] = lease
@@ -272,7 +275,7 @@ class LeaseBook:
     def to_dict(self) -> dict[str, Any]:
         """The whole book, JSON-safe (the coordinator's journal snapshots hold it)."""
         return {
-            "queue": self._queue.packed(),
+            **self._queue.to_dict(),
             "batch": self._batch,
             "equal": self._equal,
             "consumed": [list(r) for r in self.consumed()],
@@ -281,7 +284,6 @@ class LeaseBook:
             "leased": [[r, n] for r, n in sorted(self._leased.items())],
             "capacity": [[r, c] for r, c in sorted(self._capacity.items())],
             "requeued_rows": self.requeued_rows,
-            "requeued_front": self._queue.requeued_front,
             "duplicate_rows": self.duplicate_rows,
             "since": self._since.to_list(),
             "stalled": sorted(self._stalled),
@@ -291,8 +293,7 @@ class LeaseBook:
     def from_dict(cls, data: dict[str, Any]) -> LeaseBook:
         """The book `to_dict` described."""
         book = cls([], [], data["batch"], equal_steps=data["equal"])
-        # no `requeued_front` in older snapshots: any queued piece may hold taken-back rows
-        book._queue = SplitQueue.loaded(data["queue"], data.get("requeued_front"))
+        book._queue = LeaseQueue.from_dict(data)
         book._consumed_norm = tuple(tuple(r) for r in data["consumed"])
         book._consumed = list(book._consumed_norm)
         book._index({i: Lease(i, r, s, e) for i, r, s, e in data["leases"]})

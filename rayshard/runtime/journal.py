@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 # 2: commands of rayshard.core.commands, and snapshots; 3: flat ack ids; 4: packed queues;
 # 5: a shuffled `dynamic` queue in numpy's order (an epoch start replayed without a snapshot
 # rebuilds its queue: by an older order its replayed leases would not be those granted);
-# 6: `dynamic` queues of a file source cut by `split_rows` in row-group order (the same)
-JOURNAL_VERSION = 6
+# 6: `dynamic` queues of a file source cut by `split_rows` in row-group order (the same);
+# 7: `dynamic` lease books in rank stretches with stealing (`rayshard.core.stretches`)
+JOURNAL_VERSION = 7
 
 
 class Journal:

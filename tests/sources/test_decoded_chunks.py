@@ -299,14 +299,18 @@ def test_a_rank_reads_a_run_of_one_row_groups_splits_in_one_read(files, policy):
             assert not any(a < end < b for end in group_ends)
 
 
-def test_dynamic_and_off_queues_keep_a_row_groups_splits_together(files):
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_dynamic_and_off_queues_keep_a_row_groups_splits_together(files, ranks):
     """`dynamic` leases, and `off` orders, small splits by row group (the row groups in a
-    seeded order): two ranks taking leases of two splits in turns decode every row group
-    at most once each (with the splits scattered, each lease decoded one or two); a rank
-    under `off` reads its row groups' splits in a row, each row group decoded once."""
+    seeded order), and each `dynamic` rank leases from its own stretch of the queue:
+    ranks taking leases of two splits in turns from the lease book decode the row groups
+    about once in all (at most 2 more per extra rank: a stretch's end and a steal may cut
+    one; in turns from one queue, each rank decoded nearly every one); a rank under `off`
+    reads its row groups' splits in a row, each row group decoded once."""
     import pickle
 
     from rayshard.config.loader_config import LoaderConfig
+    from rayshard.core.leases import LeaseBook
     from rayshard.core.sharding import assign
     from rayshard.data.batching import cut_pieces
     from rayshard.plan import PlanConfig
@@ -315,15 +319,20 @@ def test_dynamic_and_off_queues_keep_a_row_groups_splits_together(files):
     source = ParquetSource(files, columns=["id"], split_rows=3)
     groups = len(source.read_units())
     cuts = RankReading(None, source, LoaderConfig(batch_size=8), 0).boundaries()  # a rank's
-    queue = list(assign("dynamic", PlanConfig(seed=4), source, 2, epoch=1).splits)
+    queue = list(assign("dynamic", PlanConfig(seed=4), source, ranks, epoch=1).splits)
     assert queue != sorted(queue) and len(queue) > 2 * groups  # seeded, and small splits
-    readers = [pickle.loads(pickle.dumps(source)) for _ in range(2)]  # a process each
-    got = []
-    for turn, at in enumerate(range(0, len(queue), 2)):
-        for a, b in cut_pieces(queue[at : at + 2], cuts):
-            got += ids_of(readers[turn % 2].read(a, b))
+    book = LeaseBook(queue, range(ranks), batch_size=8)
+    readers = [pickle.loads(pickle.dumps(source)) for _ in range(ranks)]  # a process each
+    got, leasing = [], True
+    while leasing:
+        leasing = False
+        for rank, reader in enumerate(readers):
+            leases = [le for le in (book.lease(rank), book.lease(rank)) if le is not None]
+            for a, b in cut_pieces([(le.start, le.end) for le in leases], cuts):
+                got += ids_of(reader.read(a, b))
+            leasing |= bool(leases)
     assert sorted(got) == list(range(120))
-    assert [r.stats()["chunks_read"] <= groups for r in readers] == [True, True]
+    assert sum(r.stats()["chunks_read"] for r in readers) <= groups + 2 * (ranks - 1)
     for rank in assign("off", PlanConfig(batch_size=8, seed=4), source, 2, epoch=1).plan.ranks:
         reader = pickle.loads(pickle.dumps(source))
         assert sorted(
