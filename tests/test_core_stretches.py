@@ -51,7 +51,7 @@ def test_every_row_is_taken_once_and_a_take_finds_rows_while_any_are_queued(size
 def test_stretches_are_even_by_rows_and_in_queue_order(sizes, ranks):
     pieces = _pieces(sizes)
     stretches = RankStretches(pieces, range(ranks))
-    assert [p for r in range(ranks) for p in stretches._queued(r)] == [tuple(p) for p in pieces]
+    assert [p for r in range(ranks) for p in stretches._run(r).tolist()] == pieces.tolist()
     share = sum(sizes) / ranks
     for rank in range(ranks):  # a stretch ends at the first piece edge past its share
         assert stretches.rows_of(rank) < share + max(sizes)

@@ -71,26 +71,23 @@ class RankStretches:
     def __iter__(self) -> Iterator[Piece]:
         """Every queued piece, stretch by stretch (ranks in order), each in leasing order."""
         for rank in sorted(self._span.keys() | self._cut.keys()):
-            yield from self._queued(rank)
-
-    def _queued(self, rank: int) -> Iterator[Piece]:
-        if rank in self._cut:
-            yield self._cut[rank]
-        lo, hi = self._span.get(rank, (0, 0))
-        yield from (tuple(p) for p in self._pieces[lo:hi].tolist())
+            yield from (tuple(piece) for piece in self._run(rank).tolist())
 
     def take(self, rank: int, room: int) -> Piece | None:
         """The front piece of `rank`'s stretch (stolen first if it is empty), cut to `room`
         rows (its rest stays in front); None if no stretch holds a row."""
-        if not self.rows_of(rank):
-            self._steal(rank)
         piece = self._cut.pop(rank, None)
         if piece is None:
             span = self._span.get(rank)
             if span is None or span[0] == span[1]:
-                return None
-            piece = (int(self._pieces[span[0], 0]), int(self._pieces[span[0], 1]))
-            span[0] += 1
+                self._steal(rank)
+                piece = self._cut.pop(rank, None)
+                span = self._span.get(rank)
+            if piece is None:
+                if span is None or span[0] == span[1]:
+                    return None
+                piece = self._pieces[span[0]].tolist()
+                span[0] += 1
         start, end = piece
         if end - start > room:
             self._cut[rank] = (start + room, end)
@@ -138,13 +135,19 @@ class RankStretches:
     def to_dict(self) -> dict[str, Any]:
         """The queued pieces (base64 of little-endian int64 pairs, stretch by stretch) and
         each rank's count of them, JSON-safe (a journal snapshot holds it)."""
-        ranks = sorted(self._span.keys() | self._cut.keys())
-        runs = [list(self._queued(rank)) for rank in ranks]
-        numbers = np.array(list(itertools.chain(*runs)), dtype="<i8").reshape(-1, 2)
+        runs = {rank: self._run(rank) for rank in sorted(self._span.keys() | self._cut.keys())}
+        runs = {rank: run for rank, run in runs.items() if len(run)}
+        numbers = np.concatenate([np.empty((0, 2), np.int64), *runs.values()], dtype="<i8")
         return {
             "pieces": base64.b64encode(numbers.tobytes()).decode("ascii"),
-            "counts": [[rank, len(run)] for rank, run in zip(ranks, runs) if run],
+            "counts": [[rank, len(run)] for rank, run in runs.items()],
         }
+
+    def _run(self, rank: int) -> np.ndarray:
+        """`rank`'s queued pieces in leasing order, an (n, 2) array."""
+        lo, hi = self._span.get(rank, (0, 0))
+        cut = [self._cut[rank]] if rank in self._cut else []
+        return np.concatenate([np.array(cut, np.int64).reshape(-1, 2), self._pieces[lo:hi]])
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankStretches:
