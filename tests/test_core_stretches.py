@@ -124,3 +124,38 @@ def test_a_book_without_ranks_keeps_its_rows_for_a_rank_that_joins():
     leased = [book.lease(4), book.lease(4), book.lease(4)]
     # (stolen from the rankless stretch: its back half first)
     assert [(le.start, le.end) for le in leased[:2]] == [(10, 20), (0, 10)] and leased[2] is None
+
+
+def test_the_coordinators_ranks_leasing_in_turns_read_their_halves_of_the_queue():
+    """Through the coordinator's core (commands, as the actor applies them): two ranks
+    asking in turns are granted the two halves of the epoch's `dynamic` queue, each in
+    queue order, not every other piece of it."""
+    import pyarrow as pa
+
+    from rayshard.config.loader_config import LoaderConfig
+    from rayshard.core import commands as cmd
+    from rayshard.core.coordination import CoordinatorCore
+    from rayshard.core.sharding import dynamic_pieces
+    from rayshard.plan import PlanConfig
+    from rayshard.sources import TableSource
+
+    table = pa.table({"id": pa.array(range(120), pa.int64())})
+    source = TableSource(pa.Table.from_batches(table.to_batches(max_chunksize=10)))
+    settings = LoaderConfig(plan=PlanConfig(batch_size=8, seed=5), policy="dynamic")
+    core = CoordinatorCore("stretches", source, settings)
+    for rank in (0, 1):
+        core.apply(cmd.Register(rank, 2, rank, 2, 0.0))
+    core.apply(cmd.StartEpoch(0, 0))
+    granted: dict[int, list] = {0: [], 1: []}
+    leasing = True
+    while leasing:
+        leasing = False
+        for rank in (0, 1):
+            pieces = core.apply(cmd.Lease(rank, 0, 1)).pieces
+            granted[rank] += pieces
+            core.apply(cmd.Ack(rank, 0, len(granted[rank]), tuple(pieces)))
+            leasing |= bool(pieces)
+    queue = dynamic_pieces(settings.plan, source, 2, 0).tolist()
+    assert queue != sorted(queue)  # a seeded order
+    assert [list(p) for p in granted[0]] == queue[:6]
+    assert [list(p) for p in granted[1]] == queue[6:]

@@ -58,13 +58,16 @@ def _dynamic_loader(source, name: str):
     return loader, loader._coordinator
 
 
-def _first_epoch(coordinator) -> tuple[int, dict]:
-    """Rank 0 of 1 registered and its epoch 0 started: the generation, `start_epoch`'s answer."""
+def _first_epoch(coordinator, rank: int = 0, ranks: int = 1) -> tuple[int, dict]:
+    """`rank` of `ranks` registered and its epoch 0 started: the generation, `start_epoch`'s
+    answer."""
     registered = ray.get(
-        coordinator.register.remote(0, 1, {"dp_rank": 0, "dp_size": 1, "group": [0]})
+        coordinator.register.remote(
+            rank, ranks, {"dp_rank": rank, "dp_size": ranks, "group": [rank]}
+        )
     )
     generation = registered["generation"]
-    return generation, ray.get(coordinator.start_epoch.remote(generation, 0, 0))
+    return generation, ray.get(coordinator.start_epoch.remote(generation, rank, 0))
 
 
 def test_a_rank_with_late_lease_answers_asks_ahead_and_reads_every_row_once(ray_session):
@@ -164,4 +167,53 @@ def test_a_dynamic_rank_reads_its_leased_small_splits_a_row_group_at_a_time(ray_
         assert len(asked) <= 3 * len(groups), f"{len(asked)} reads for 400 splits"
         assert source.stats()["chunks_read"] == len(groups)  # each row group decoded once
     finally:
+        loader.shutdown()
+
+
+def test_two_dynamic_ranks_decode_each_row_group_about_once_in_all(ray_session, tmp_path):
+    """Two ranks of a real coordinator read their leases at once, each with its own copy
+    of the source (as two processes): each leases from its own stretch of the queue and
+    steals half of the other's once its own is empty, so a row group is decoded by one
+    rank, twice only where the stretches meet or a steal cuts it (each steal at least
+    halves what is queued: a few steals). Leasing in turns from one queue, each rank
+    decoded nearly every row group. Every row once."""
+    import math
+    import pickle
+
+    import numpy as np
+
+    from rayshard.plan.id_runs import union
+    from rayshard.runtime.row_streams import RankReading
+
+    dataset = write_parquet(tmp_path / "two_ranks", [500] * 4, row_group_size=40)
+    source = ParquetSource(dataset, split_rows=5)
+    splits, groups = len(source.split_array()), len(source.read_units())
+    loader, coordinator = _dynamic_loader(source, "two")
+    try:
+        starts = [_first_epoch(coordinator, rank, 2) for rank in (0, 1)]
+        copies = [pickle.loads(pickle.dumps(source)) for _ in starts]
+        stop, ids = threading.Event(), {0: [], 1: []}
+
+        def read(rank: int) -> None:
+            generation, started = starts[rank]
+            reading = RankReading(coordinator, copies[rank], loader.settings, rank)
+            batches = reading.epoch(started, generation, 0, cancel=lambda: stop)
+            for count, batch in enumerate((b for b in batches if b is not FLUSH), 1):
+                got = [int(i) for i in batch[INDEX_KEY]]  # received, and acknowledged
+                ids[rank] += got
+                runs = union(np.array([[i, i + 1] for i in got], dtype=np.int64))
+                ray.get(coordinator.ack.remote(generation, rank, 0, count, runs))
+
+        threads = [threading.Thread(target=read, args=(rank,)) for rank in (0, 1)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not any(thread.is_alive() for thread in threads)
+        assert Counter(ids[0] + ids[1]) == Counter(range(2_000))
+        decoded = sum(copy.stats()["chunks_read"] for copy in copies)
+        steals = 2 * math.ceil(math.log2(splits))  # (far more than each halving allows)
+        assert groups <= decoded <= groups + 1 + steals < 2 * groups, (decoded, groups)
+    finally:
+        stop.set()
         loader.shutdown()
