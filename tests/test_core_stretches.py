@@ -20,11 +20,6 @@ def _pieces(sizes: list[int]) -> np.ndarray:
     return np.stack([ends - np.asarray(sizes), ends], axis=1).astype(np.int64)
 
 
-def _runs(taken: list[tuple[int, int]]) -> int:
-    """Maximal runs of pieces each starting where the last ended."""
-    return sum(1 for i, (start, _) in enumerate(taken) if i == 0 or taken[i - 1][1] != start)
-
-
 takes = st.lists(st.tuples(st.integers(0, 5), st.integers(1, 40)), min_size=1, max_size=80)
 
 
@@ -90,23 +85,27 @@ def test_an_idle_rank_steals_the_back_half_of_the_fullest_stretch():
     sizes=st.lists(st.integers(1, 30), min_size=1, max_size=40),
     ranks=st.integers(1, 4),
     script=takes,
+    reload_at=st.integers(0, 80),
 )
 def test_the_fullest_stretch_is_the_full_scans_and_a_reloaded_queue_goes_on_alike(
-    sizes, ranks, script
+    sizes, ranks, script, reload_at
 ):
-    stretches = RankStretches(_pieces(sizes), range(ranks))
+    """At every step the heap names the full scan's fullest stretch; a copy reloaded
+    (through JSON, as a journal snapshot) after any takes, cuts and steals takes the
+    rest of the script exactly as the live one does."""
+    stretches, copy = RankStretches(_pieces(sizes), range(ranks)), None
     for i, (rank, room) in enumerate(script):
-        every = sorted(stretches._span.keys() | stretches._cut.keys())
-        fullest = max(every, key=lambda r: (stretches.rows_of(r), -r))
-        expected = fullest if stretches.rows_of(fullest) else None
-        assert stretches._fullest_rank() == expected
-        if i % 3 == 0:  # through JSON, as a journal snapshot
+        if i == reload_at:
             copy = RankStretches.from_dict(json.loads(json.dumps(stretches.to_dict())))
-            assert list(copy) == list(stretches)
-            rest = script[i:]
-            assert [copy.take(r, n) for r, n in rest] == [stretches.take(r, n) for r, n in rest]
-            return
-        stretches.take(rank, room)
+            assert list(copy) == list(stretches) and copy.rows == stretches.rows
+        for book in (stretches, copy) if copy is not None else (stretches,):
+            every = sorted(book._span.keys() | book._cut.keys())
+            fullest = max(every, key=lambda r: (book.rows_of(r), -r), default=None)
+            full = fullest is not None and book.rows_of(fullest) > 0
+            assert book._fullest_rank() == (fullest if full else None)
+        taken = stretches.take(rank, room)
+        if copy is not None:
+            assert copy.take(rank, room) == taken
 
 
 def test_taken_back_rows_are_leased_first_by_any_rank():
@@ -159,3 +158,9 @@ def test_the_coordinators_ranks_leasing_in_turns_read_their_halves_of_the_queue(
     assert queue != sorted(queue)  # a seeded order
     assert [list(p) for p in granted[0]] == queue[:6]
     assert [list(p) for p in granted[1]] == queue[6:]
+
+
+def test_a_rank_named_twice_has_one_stretch_and_every_row_is_leased():
+    book = LeaseBook([(0, 20), (20, 40)], [1, 1], batch_size=5, equal_steps=False)
+    leased = [book.lease(1) for _ in range(3)]
+    assert [(le.start, le.end) for le in leased[:2]] == [(0, 20), (20, 40)] and leased[2] is None

@@ -8,9 +8,9 @@ then the rank's own stretch of the queue, stolen from the fullest one when it is
 
 Equal steps without a per-batch barrier: with `equal_steps`, every rank gets a capacity of
 `T*B` rows, `T = ceil(rows / (W*B))`; a lease never exceeds what is left of the rank's
-capacity (a split is cut, its rest stays at the front of the queue). All data then fits
-and every rank yields exactly `T` batches, the last ones padded when the queue ran dry.
-Without `equal_steps` there is no cap and faster ranks read more.
+capacity (a split is cut, its rest stays at the front of the rank's stretch). All data
+then fits and every rank yields exactly `T` batches, the last ones padded when the queue
+ran dry. Without `equal_steps` there is no cap and faster ranks read more.
 
 Stragglers: every lease granted to a rank and every acknowledgement from it restarts its
 clock (`since`, a time carried in by the caller). `stragglers(now, timeout)` names the
@@ -133,8 +133,8 @@ class LeaseBook:
         if len(self._since) < len(self._capacity):  # the first lease starts every clock
             self._since.start(self._capacity, now)
         room = self._room(rank)
-        while self._queue and room > 0:
-            start, end = self._queue.take(rank, room)
+        while room > 0 and (piece := self._queue.take(rank, room)) is not None:
+            start, end = piece
             self._out_rows += end - start
             lease = self._leases[self._next_id] = Lease(self._next_id, rank, start, end)
             self._by_rank.setdefault(rank, {})[self._next_id] = lease

@@ -1,6 +1,9 @@
-"""The queue of pieces a `dynamic` epoch has not leased yet, with the two facts its lease
-book asks for on every call kept up to date rather than summed: how many rows it holds,
-and which pieces may hold rows a consumer already received.
+"""A queue of pieces in leasing order, with the two facts a lease book asks for on every
+call kept up to date rather than summed: how many rows it holds, and which pieces may hold
+rows a consumer already received. A `dynamic` epoch's book keeps the pieces taken back
+from its ranks in one (`rayshard.core.stretches.LeaseQueue.returned`: leased first, by
+any rank); the rest of its queue is in rank stretches. It holds any pieces, as a whole
+queue did before the stretches (its untouched array, for many pieces, is kept for that).
 
 Only rows taken back from a rank (lost, or revoked as a straggler) can be acknowledged
 while queued: every other queued row was never leased (acknowledgements hold leased rows

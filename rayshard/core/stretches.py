@@ -41,16 +41,18 @@ class RankStretches:
     pieces are one (n, 2) array; a rank's stretch is the index range `[lo, hi)` of it,
     after the rest of a piece cut to a lease's room (`_cut`, leased first)."""
 
-    def __init__(self, pieces: np.ndarray, ranks: Sequence[int], counts: Sequence[int] = ()):
+    def __init__(
+        self, pieces: np.ndarray, ranks: Sequence[int], counts: Sequence[int] = ()
+    ) -> None:
         self._pieces = np.asarray(pieces, dtype=np.int64).reshape(-1, 2)
         sizes = self._pieces[:, 1] - self._pieces[:, 0]
         self._before = np.concatenate([[0], np.cumsum(sizes)])  # rows before piece i
         self.rows = int(self._before[-1])
-        ranks = list(ranks)
+        ranks = list(dict.fromkeys(ranks))  # a rank named twice has one stretch
         if counts:  # a snapshot's: each rank's number of pieces, in `ranks` order
             bounds = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         else:  # even by rows: stretch i ends at the first piece edge past (i+1)/W of them
-            ranks = ranks or [0]  # no rank yet: the rows wait in one stretch to be stolen
+            ranks = ranks or [0]  # no rank yet: one stretch, rank 0's should it come
             goals = self.rows * np.arange(1, len(ranks)) // max(len(ranks), 1)
             inner = np.searchsorted(self._before, goals)
             bounds = np.concatenate([[0], inner, [len(self._pieces)]]).astype(np.int64)
@@ -114,7 +116,9 @@ class RankStretches:
         heapq.heappush(self._fullest, (-self.rows_of(thief), thief))
 
     def _fullest_rank(self) -> int | None:
-        """The rank whose stretch holds the most rows (the lowest on a tie); None if none."""
+        """The rank whose stretch holds the most rows (the lowest on a tie); None if none.
+        A stale entry is refreshed once per change of its stretch, so a steal that follows
+        many takes may refresh many (tens of ms at 10,000 ranks), the epoch O(log W) each."""
         heap = self._fullest
         while heap:
             recorded, rank = heap[0]
@@ -128,6 +132,7 @@ class RankStretches:
         return None
 
     def _rebuild_heap(self) -> None:
+        """One entry, exact, for every stretch that holds rows."""
         ranks = self._span.keys() | self._cut.keys()
         self._fullest = [(-self.rows_of(r), r) for r in sorted(ranks) if self.rows_of(r)]
         heapq.heapify(self._fullest)
@@ -151,6 +156,7 @@ class RankStretches:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankStretches:
+        """The stretches `to_dict` described (the heap rebuilt: it decides alike)."""
         numbers = np.frombuffer(base64.b64decode(data["pieces"]), dtype="<i8")
         ranks = [rank for rank, _ in data["counts"]]
         return cls(numbers.astype(np.int64), ranks, [count for _, count in data["counts"]])
@@ -170,10 +176,12 @@ class LeaseQueue:
 
     @property
     def rows(self) -> int:
+        """Rows queued, taken back or in a stretch."""
         return self.returned.rows + self.stretches.rows
 
     @property
     def requeued_front(self) -> int:
+        """Taken-back pieces queued (the only ones that may hold received rows)."""
         return self.returned.requeued_front
 
     def __bool__(self) -> bool:
@@ -187,6 +195,7 @@ class LeaseQueue:
         return self.returned.take(room) if self.returned else self.stretches.take(rank, room)
 
     def put_back(self, pieces: list[Piece]) -> None:
+        """Taken-back pieces, in order, leased before any stretch."""
         self.returned.put_back(pieces)
 
     def drop(self, received: iv.Intervals) -> None:
@@ -194,6 +203,7 @@ class LeaseQueue:
         self.returned.drop(received)
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-safe, for the lease book's snapshot."""
         return {
             "queue": self.returned.packed(),
             "requeued_front": self.returned.requeued_front,
@@ -202,6 +212,7 @@ class LeaseQueue:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LeaseQueue:
+        """The queue `to_dict` described."""
         returned = SplitQueue.loaded(data["queue"], data["requeued_front"])
         return cls(returned, RankStretches.from_dict(data["stretches"]))
 
