@@ -121,7 +121,7 @@ def test_a_book_without_ranks_keeps_its_rows_for_a_rank_that_joins():
     book = LeaseBook([(0, 10), (10, 20)], [], batch_size=5, equal_steps=False)
     book.join(4)
     leased = [book.lease(4), book.lease(4), book.lease(4)]
-    # (stolen from the rankless stretch: its back half first)
+    # (from the stretch held for rank 0, which never came: stolen, its back half first)
     assert [(le.start, le.end) for le in leased[:2]] == [(10, 20), (0, 10)] and leased[2] is None
 
 
