@@ -20,7 +20,7 @@ from rayshard.runtime.lease_pacing import LeasePacing
 def test_quick_answers_leave_the_ask_at_the_last_piece_for_the_base_count():
     pacing = LeasePacing(base=2, piece_rows=100)
     for step in range(400):
-        pacing.pulled(100, step * 0.1)  # 1 ms per row: the base reads for 0.2 s
+        pacing.pulled(100, step * 0.4)  # 4 ms per row: the base reads for 0.8 s
     assert pacing.seconds_per_row > 0
     pacing.answered(0.0, 0.005, unleased=10_000, ranks=2)  # under min_round_trip_s
     assert pacing.ahead_rows() == 0.0
@@ -36,8 +36,9 @@ def test_a_lease_asks_for_min_lease_s_of_reading_within_its_share():
         pacing.pulled(100, step * 0.001)  # 10 µs per row
     pacing.answered(0.0, 0.005, unleased=1_000_000, ranks=2)  # quick answers
     assert not pacing.paced() and pacing.should_ask(0) and not pacing.should_ask(1)
-    assert pacing.lease_rows() == pytest.approx(pacing.min_lease_s / 1e-5)  # 5,000 rows
-    assert pacing.count() == 50
+    assert pacing.min_lease_s == 0.25
+    assert pacing.lease_rows() == pytest.approx(pacing.min_lease_s / 1e-5)  # 25,000 rows
+    assert pacing.count() == 250
     pacing.answered(0.0, 0.005, unleased=2_000, ranks=2)  # the tail: a quarter of 2,000
     assert pacing.count() == 5
     pacing.answered(0.0, 0.005, unleased=100, ranks=2)
@@ -221,12 +222,12 @@ def test_a_paced_stream_over_late_answers_reads_every_piece_once_and_stalls_far_
 
 
 def test_a_paced_stream_with_quick_answers_asks_at_the_last_piece_for_min_lease_s():
-    # Pieces of 10 ms: once the pace is measured, each ask is for 50 ms of reading.
+    # Pieces of 10 ms: once the pace is measured, each ask is for 250 ms of reading.
     paced, read = _read_epoch(paced=True, round_trip_s=0.002)
     unpaced, _ = _read_epoch(paced=False, round_trip_s=0.002)
     assert read == [(i * 1_000, (i + 1) * 1_000) for i in range(400)]
     assert unpaced.counts == [1] * 400
-    assert max(paced.counts) == 5 and len(paced.counts) < 400 / 4  # from 400 calls
+    assert max(paced.counts) == 25 and len(paced.counts) < 400 / 8  # from 400 calls
     assert not any(paced.shares)  # asked with nothing in hand: plain asks
     assert paced.stalled_s == unpaced.stalled_s == 0.0  # each answered within its piece
     # The last answer's share bounds each ask: one rank, half the unleased rows.

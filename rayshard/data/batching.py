@@ -178,9 +178,7 @@ def iter_padding(
     source: Source, plan: RankPlan, columns: Sequence[str] | None
 ) -> Iterator[pa.RecordBatch]:
     """The rank's padding rows (`_padded` True), each distinct sample read once."""
-    cache: dict[int, pa.RecordBatch] = {}
-    for index in padding_indices(plan):
-        yield _tag(_row(source, index, columns, cache), np.array([index]), padded=True)
+    yield from _padding(source, padding_indices(plan), columns, {})
 
 
 def rebatch(
@@ -266,8 +264,22 @@ def pad_rows(
     """`count` padding rows (`_padded` True) repeating sample `last_index` (sample 0 if
     the rank read nothing); the row is read once per `cache`."""
     index = 0 if last_index is None else last_index
-    for _ in range(count):
-        yield _tag(_row(source, index, columns, cache), np.array([index]), padded=True)
+    yield from _padding(source, itertools.repeat(index, count), columns, cache)
+
+
+def _padding(
+    source: Source,
+    indices: Iterable[int],
+    columns: Sequence[str] | None,
+    cache: dict[int, pa.RecordBatch],
+) -> Iterator[pa.RecordBatch]:
+    """Padding rows repeating samples `indices`, in order: one record batch per run of
+    one sample (a row's batch per padding row cost a tagging and a cut each)."""
+    for index, run in itertools.groupby(indices):
+        times = sum(1 for _ in run)
+        row = _row(source, index, columns, cache)
+        rows = row if times == 1 else row.take(arrow_of(np.zeros(times, dtype=np.int64)))
+        yield _tag(rows, np.full(times, index, dtype=np.int64), padded=True)
 
 
 def _row(

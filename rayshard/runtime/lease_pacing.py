@@ -39,7 +39,7 @@ class LeasePacing:
     min_round_trip_s: float = 0.01  # round trips below this never move the ask earlier
     headroom: float = 1.5  # round trips of reading held in hand when the ask goes out
     max_pieces: int = 256
-    min_lease_s: float = 0.05  # reading time a lease asks for at least, once paced
+    min_lease_s: float = 0.25  # reading time a lease asks for at least, once paced
     window_s: float = 0.1  # reading time per pace measurement, or `first_pieces` pieces
     first_pieces: int = 16  # pieces the first measurement needs (more than a read-ahead)
     round_trip_s: float = 0.0  # the last measured round trip (0 until one is)

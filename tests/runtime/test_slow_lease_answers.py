@@ -113,7 +113,7 @@ def test_a_rank_with_late_lease_answers_asks_ahead_and_reads_every_row_once(ray_
 
 def test_quick_lease_answers_lease_more_than_a_piece_per_call_once_paced(ray_session, tmp_path):
     """Answers come at once (no relay), pieces read in well under `min_lease_s`: once the
-    reading pace is measured (after `first_pieces` pieces), a lease asks for 50 ms of
+    reading pace is measured (after `first_pieces` pieces), a lease asks for 250 ms of
     reading, not one piece per call (a Ray call's CPU on both sides each time). Real
     Parquet files, the rank reading in its consumer; every row once in every epoch."""
     # Row groups of 40 rows; batches of 8, 4 to an object's worth: a base of one piece a
