@@ -91,7 +91,7 @@ def test_a_reading_process_never_imports_pandas(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         import ray
-        from rayshard.data.batching import iter_rows
+        from rayshard.data.batching import iter_rows, pad_rows
         from rayshard.data.formats import convert_batch
         from rayshard.data.wire import for_user
         from rayshard.runtime.block import tag_batch
@@ -102,6 +102,8 @@ def test_a_reading_process_never_imports_pandas(tmp_path):
         rows = list(iter_rows(source, source.splits(), None))
         kept = keep_rows(rows[0], [(0, 10)])
         assert kept.num_rows == 10
+        padding = list(pad_rows(source, 9, 3, None, {{}}))  # one record batch of 9 rows
+        assert [p.num_rows for p in padding] == [9] and padding[0]["_index"].to_pylist() == [3] * 9
         seen = 0
         stream = reader_batches(iter(rows), batch_size=8, transform=None, workers=None,
                                 loader="t", seed=0, epoch=0, rank=0, keep_text=True)
