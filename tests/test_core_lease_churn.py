@@ -6,10 +6,12 @@ go on exactly as the live one."""
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -173,6 +175,9 @@ def test_a_queue_saved_packed_loads_as_it_was(pieces, front):
     queue = SplitQueue([(start, start + size) for start, size in pieces], front)
     saved = queue.packed()
     assert json.loads(json.dumps(saved)) == saved
+    # the journal's format (`pack_pieces`): base64 of little-endian int64 pairs, in order
+    as_journaled = np.array(list(queue), dtype="<i8").reshape(-1, 2).tobytes()
+    assert saved == base64.b64encode(as_journaled).decode("ascii")
     loaded = SplitQueue.loaded(saved, queue.requeued_front)
     assert list(loaded) == list(queue) and loaded.rows == queue.rows
     assert loaded.requeued_front == queue.requeued_front

@@ -29,6 +29,18 @@ from rayshard.plan import intervals as iv
 TAKEN_AHEAD = 256  # untouched pieces made tuples at once for `take`
 
 
+def pack_pieces(pieces: np.ndarray) -> str:
+    """Pieces (an (n, 2) int64 array) as base64 of little-endian int64 pairs, for a journal
+    snapshot: many pieces (a large dataset's row groups) saved as numbers rather than a
+    Python list per piece, which took most of a compaction's time."""
+    return base64.b64encode(np.asarray(pieces, dtype="<i8").tobytes()).decode("ascii")
+
+
+def unpack_pieces(saved: str) -> np.ndarray:
+    """The (n, 2) int64 array of pieces `pack_pieces` saved."""
+    return np.frombuffer(base64.b64decode(saved), dtype="<i8").astype(np.int64).reshape(-1, 2)
+
+
 class SplitQueue:
     """Pieces `(start, end)` in leasing order (see module docstring). The pieces never
     taken from are kept as one int64 array with a cursor, and only the pieces in front of
@@ -55,16 +67,13 @@ class SplitQueue:
     def loaded(cls, saved: str, requeued_front: int | None = None) -> SplitQueue:
         """The queue `packed()` saved; `requeued_front` None: every piece (snapshots from
         before it was kept)."""
-        numbers = np.frombuffer(base64.b64decode(saved), dtype="<i8").astype(np.int64)
-        return cls(numbers, len(numbers) // 2 if requeued_front is None else requeued_front)
+        pieces = unpack_pieces(saved)
+        return cls(pieces, len(pieces) if requeued_front is None else requeued_front)
 
     def packed(self) -> str:
-        """The pieces as base64 of little-endian int64 pairs, for a journal snapshot: a
-        queue of many pieces (a large dataset's row groups) saved as numbers rather than a
-        Python list per piece, which took most of a compaction's time."""
+        """The pieces, in order, as `pack_pieces` saves them (a journal snapshot)."""
         front = np.array(self._front, dtype=np.int64).reshape(-1, 2)
-        numbers = np.concatenate([front, self._untouched[self._next :]], dtype="<i8")
-        return base64.b64encode(numbers.tobytes()).decode("ascii")
+        return pack_pieces(np.concatenate([front, self._untouched[self._next :]]))
 
     def __bool__(self) -> bool:
         return bool(self._front) or self._next < self._untouched_count
@@ -110,4 +119,4 @@ class SplitQueue:
         self.rows -= iv.total(front) - iv.total(kept)
 
 
-__all__ = ["SplitQueue"]
+__all__ = ["SplitQueue", "pack_pieces", "unpack_pieces"]

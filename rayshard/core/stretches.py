@@ -22,7 +22,6 @@ rebuilds the heap) decides as the live one did.
 
 from __future__ import annotations
 
-import base64
 import heapq
 import itertools
 from collections.abc import Iterator, Sequence
@@ -30,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from rayshard.core.split_queue import SplitQueue
+from rayshard.core.split_queue import SplitQueue, pack_pieces, unpack_pieces
 from rayshard.plan import intervals as iv
 
 Piece = tuple[int, int]
@@ -142,9 +141,9 @@ class RankStretches:
         each rank's count of them, JSON-safe (a journal snapshot holds it)."""
         runs = {rank: self._run(rank) for rank in sorted(self._span.keys() | self._cut.keys())}
         runs = {rank: run for rank, run in runs.items() if len(run)}
-        numbers = np.concatenate([np.empty((0, 2), np.int64), *runs.values()], dtype="<i8")
+        pieces = np.concatenate([np.empty((0, 2), np.int64), *runs.values()])
         return {
-            "pieces": base64.b64encode(numbers.tobytes()).decode("ascii"),
+            "pieces": pack_pieces(pieces),
             "counts": [[rank, len(run)] for rank, run in runs.items()],
         }
 
@@ -157,9 +156,9 @@ class RankStretches:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RankStretches:
         """The stretches `to_dict` described (the heap rebuilt: it decides alike)."""
-        numbers = np.frombuffer(base64.b64decode(data["pieces"]), dtype="<i8")
         ranks = [rank for rank, _ in data["counts"]]
-        return cls(numbers.astype(np.int64), ranks, [count for _, count in data["counts"]])
+        counts = [count for _, count in data["counts"]]
+        return cls(unpack_pieces(data["pieces"]), ranks, counts)
 
 
 class LeaseQueue:
