@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -123,3 +124,28 @@ def test_a_reading_process_never_imports_pandas(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split()[-2:] == ["False", "False"]
+
+
+class _OneColumnSource:
+    """A source whose sample i is the row ("s<i>" as a string_view, i)."""
+
+    def read(self, start, end, columns):
+        texts = pa.array([f"s{i}" for i in range(start, end)], pa.string_view())
+        yield pa.record_batch({"text": texts, "n": pa.array(list(range(start, end)))})
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 1024, 1025, 3000])
+def test_padding_runs_go_in_batches_of_at_most_padding_run_rows(count):
+    """`count` padding rows of one sample: every row that sample's, tagged padded, in
+    batches of at most `PADDING_RUN` rows (a run of `repeat` padding can be most of an
+    epoch), and for a column type pyarrow's `take` has no kernel for (string_view)."""
+    from rayshard.data.batching import PADDING_RUN, pad_rows
+
+    batches = list(pad_rows(_OneColumnSource(), count, 7, None, {}))
+    assert sum(b.num_rows for b in batches) == count
+    assert all(0 < b.num_rows <= PADDING_RUN for b in batches)
+    for batch in batches:
+        assert batch["text"].type == pa.string_view()
+        assert batch["text"].to_pylist() == ["s7"] * batch.num_rows
+        assert batch["_index"].to_pylist() == [7] * batch.num_rows
+        assert batch["_padded"].to_pylist() == [True] * batch.num_rows

@@ -27,6 +27,7 @@ INDEX_KEY = "_index"
 PADDED_KEY = "_padded"
 
 Batch = dict[str, np.ndarray]
+PADDING_RUN = 1024  # padding rows of one sample built at once at most (`_padding`)
 FLUSH: Any = object()  # marker in a record-batch stream: emit what `rebatch` holds
 # How a reader gets the record batches of its pieces, in piece order, with these columns:
 # its threads, its own thread, or its reader workers (`rayshard.runtime.reader_workers`).
@@ -273,13 +274,21 @@ def _padding(
     columns: Sequence[str] | None,
     cache: dict[int, pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
-    """Padding rows repeating samples `indices`, in order: one record batch per run of
-    one sample (a row's batch per padding row cost a tagging and a cut each)."""
+    """Padding rows repeating samples `indices`, in order: a run of one sample goes as
+    record batches of up to `PADDING_RUN` rows, one built and tagged per run and yielded
+    again (a batch per padding row cost a tagging and a cut each; one batch of a whole
+    run, which `repeat` padding can make most of an epoch, would hold it all at once).
+    Built by concatenating the row (no `take`: it lacks kernels for some types, and given
+    a numpy index makes pyarrow import pandas)."""
     for index, run in itertools.groupby(indices):
         times = sum(1 for _ in run)
         row = _row(source, index, columns, cache)
-        rows = row if times == 1 else row.take(arrow_of(np.zeros(times, dtype=np.int64)))
-        yield _tag(rows, np.full(times, index, dtype=np.int64), padded=True)
+        size = min(times, PADDING_RUN)
+        if size > 1:
+            row = pa.Table.from_batches([row] * size).combine_chunks().to_batches()[0]
+        tagged = _tag(row, np.full(size, index, dtype=np.int64), padded=True)
+        for start in range(0, times, size):
+            yield tagged if times - start >= size else tagged.slice(0, times - start)
 
 
 def _row(
