@@ -115,6 +115,28 @@ def test_a_burst_of_pulls_is_paced_over_the_reading_time_around_it():
     assert pacing.ahead_rows() == pacing.max_pieces * 1_000  # in hand: 256 pieces at most
 
 
+def test_a_hold_up_moves_the_pace_by_its_share_of_the_reading_time():
+    # Steady reading at 10 µs a row, then one piece after the reading was held up 1 s (its
+    # consumer slow, its threads descheduled): that window closes on time with 1,000 rows.
+    # Averaged per window (as before), that window made the pace 13x slower and leases as
+    # much shorter; summed, it weighs its 1 s against the earlier windows' reading.
+    pacing = LeasePacing(base=1, piece_rows=1_000)
+    now = 0.0
+    for _ in range(200):
+        now += 0.01
+        pacing.pulled(1_000, now)
+    assert pacing.seconds_per_row == pytest.approx(1e-5)
+    rows_before = pacing.lease_rows()
+    now += 1.0
+    pacing.pulled(1_000, now)
+    assert 1e-5 < pacing.seconds_per_row < 5e-5  # the average per window: 1.3e-4
+    assert pacing.lease_rows() > rows_before / 5
+    for _ in range(100):  # the reading goes on at 20 µs a row: the pace follows it
+        now += 0.02
+        pacing.pulled(1_000, now)
+    assert pacing.seconds_per_row == pytest.approx(2e-5, rel=0.01)
+
+
 @given(
     base=st.integers(1, 8),
     piece_rows=st.integers(1, 50_000),

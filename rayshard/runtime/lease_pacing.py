@@ -11,11 +11,17 @@ most `max_pieces` pieces. The pace is measured over windows of `window_s` of rea
 `first_pieces` pieces, so a burst of pulls as reading threads start does not read as a fast
 pace, and the first one needs `first_pieces`: in its first epoch a rank whose loop stops
 early (a slow or frozen consumer) fills its read-ahead unpaced, as it did before pacing, and
-holds no more than that. An ask made early, with rows in hand, is marked as a share: the
-coordinator stops granting it pieces once they hold `1 / (2 x members)` of the rows no rank
-holds (guided self-scheduling), so one rank cannot take an epoch's tail from the others, nor
-the epoch from a rank that joins, and offers it no straggler's work; the count asked is
-sized from the last answer's figures to the same bound.
+holds no more than that. The pace is rows over reading seconds summed over the windows, an
+earlier window's weight falling by `keep` with each new one: a window that closed on time
+holding a piece or two (the reading held up a while: its consumer slow, its threads
+descheduled) counts for its rows and seconds, not as half the pace (with 4 ranks on 2 cores
+a per-window average fell 10-25x within an epoch, and its leases with it).
+
+An ask made early, with rows in hand, is marked as a share: the coordinator stops granting
+it pieces once they hold `1 / (2 x members)` of the rows no rank holds (guided
+self-scheduling), so one rank cannot take an epoch's tail from the others, nor the epoch
+from a rank that joins, and offers it no straggler's work; the count asked is sized from the
+last answer's figures to the same bound.
 
 A lease call costs the coordinator and the reader about a millisecond of CPU each (a Ray
 call), whatever it grants: once the pace is measured, a lease asks for at least
@@ -47,8 +53,10 @@ class LeasePacing:
     unleased: int | None = None  # rows no rank held, as of the last answer (None: unknown)
     ranks: int = 1  # members of the epoch, as of the last answer
     waited_s: float = 0.0  # seconds the reading waited for answers, not yet reported
+    keep: float = 0.75  # the weight an earlier window keeps in the pace per window since
     _last_pull: float | None = None
     _window: tuple[int, int, float] = (0, 0, 0.0)  # rows, pieces, reading s of the window
+    _seen: tuple[float, float] = (0.0, 0.0)  # rows and reading s of the windows, weighted
 
     def pulled(self, rows: int, now: float, stalled_s: float = 0.0) -> None:
         """The reading took a piece of `rows` at `now`, having waited `stalled_s` of the time
@@ -58,11 +66,13 @@ class LeasePacing:
             window_rows, window_pieces = window_rows + rows, window_pieces + 1
             window_s += max(0.0, now - self._last_pull - stalled_s)
             self._window = (window_rows, window_pieces, window_s)
-            smooth = self.seconds_per_row
-            timed = smooth > 0.0 and window_s >= self.window_s
+            timed = self.seconds_per_row > 0.0 and window_s >= self.window_s
             if (timed or window_pieces >= self.first_pieces) and window_rows > 0:
-                pace = window_s / window_rows
-                self.seconds_per_row = pace if smooth == 0.0 else 0.5 * (smooth + pace)
+                rows_seen, seconds_seen = self._seen
+                rows_seen = rows_seen * self.keep + window_rows
+                seconds_seen = seconds_seen * self.keep + window_s
+                self._seen = (rows_seen, seconds_seen)
+                self.seconds_per_row = seconds_seen / rows_seen
                 self._window = (0, 0, 0.0)
         self._last_pull = now
 
