@@ -184,6 +184,26 @@ def test_dynamic_epoch_leases_each_sample_once_and_lost_work_comes_back():
     assert core.epoch_complete(0)
 
 
+def test_a_lease_answer_carries_the_step_count_the_rank_pads_to():
+    """Under equal steps a rank whose leases ran out pads to the step count of the answer
+    that said so (no call of its own); a lost rank's rows raise it in the next answer."""
+    core = _core("dynamic", True)
+    for rank in (0, 1, 2):
+        core.apply(cmd.Register(rank, 3, rank, 3, 0.0))
+    core.apply(cmd.StartEpoch(0, 0))
+    assert core.apply(cmd.Lease(2, 0, 100)).steps == 5  # 120 rows, 3 ranks, batch 8
+    while (leased := core.apply(cmd.Lease(0, 0, 100))).pieces:
+        core.apply(cmd.Ack(0, 0, 1, tuple(leased.pieces)))
+    assert not leased.wait and leased.steps == core.steps(0, 0) == 5  # its capacity: 40
+    core.apply(cmd.Lost(2, "reader died", 1.0))  # its 40 rows go back to the queue
+    again = core.apply(cmd.Lease(0, 0, 100))
+    assert again.pieces and again.steps == core.steps(0, 0) > 5
+    free = _core("dynamic", False)  # without equal steps a rank reads until the data ends
+    free.apply(cmd.Register(0, 1, 0, 1, 0.0))
+    free.apply(cmd.StartEpoch(0, 0))
+    assert free.apply(cmd.Lease(0, 0, 1)).steps is None
+
+
 def test_a_paced_ask_is_granted_a_share_of_what_is_unleased_and_no_stragglers_work():
     """A reader asks early, with rows in hand (`share`): it gets at most 1 / (2 x members)
     of the rows no rank holds (a piece at least) whatever its count, and a share ask that

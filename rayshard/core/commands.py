@@ -187,6 +187,7 @@ class Leased:
     stragglers: tuple[int, ...] = ()  # ranks whose work was taken back for this request
     unleased: int = -1  # rows no rank held once this was given (-1: not known)
     ranks: int = 0  # members of the epoch then (the reader's pacing shares `unleased`)
+    steps: int | None = None  # the rank's batches under equal steps then (where it pads to)
     relay: bool = False  # set by the actor, not the core: send lease calls via the relay
 
     @property

@@ -159,7 +159,8 @@ class CoordinatorCore(CoreQueries):
             book.close_finished()
             wait = any(le.rank != c.dp_rank for le in book.outstanding())
         held = (book.outstanding_count(), tuple(stragglers))
-        return cmd.Leased(tuple(pieces), wait, *held, book.unleased_rows(), book.member_count())
+        counts = (book.unleased_rows(), book.member_count(), book.steps(c.dp_rank))
+        return cmd.Leased(tuple(pieces), wait, *held, *counts)
 
     @staticmethod
     def _take(book: LeaseBook, rank: int, count: int, now: float, rows: int | None = None) -> list:

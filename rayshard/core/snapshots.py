@@ -64,6 +64,7 @@ def load_core(core: CoordinatorCore, data: dict[str, Any]) -> None:
                 tuple(leased["stragglers"]),
                 leased.get("unleased", -1),
                 leased.get("ranks", 0),
+                leased.get("steps"),
             ),
         )
         for r, request, leased in data.get("last_lease", [])

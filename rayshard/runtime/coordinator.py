@@ -157,11 +157,6 @@ class Coordinator:
         self._core.check(generation)
         return [list(pair) for pair in self._core.held(dp_rank, epoch)]
 
-    async def steps(self, generation: int, dp_rank: int, epoch: int) -> int | None:
-        """Final batch count of `dp_rank` under equal steps (asked once its leases ran out)."""
-        self._core.check(generation)
-        return self._core.steps(dp_rank, epoch)
-
     # -- progress and state ----------------------------------------------------------------
     async def ack(
         self,

@@ -43,9 +43,6 @@ class SlowLink:
     async def held(self, *args):
         return await self.coordinator.held.remote(*args)
 
-    async def steps(self, *args):
-        return await self.coordinator.steps.remote(*args)
-
     def lease_calls(self) -> int:
         return self.leases
 
