@@ -168,6 +168,7 @@ def measure(
         time.sleep(1.0)  # let finished actors and processes exit before the baseline
         wait_for_exit(("ray::ShardReade", "ray::Coordinato"), timeout_s=30)
     begun = time.time()
+    on_ray.LEASE_CALLS.clear()  # (filled by a rayshard run)
     with PeakPss(max_duty=memory_duty) as memory, TreeCpu(measuring=[memory.thread]) as cpu:
         records, started = run(paths, epochs)
     finished = time.time()
@@ -221,6 +222,8 @@ def measure(
         "pss_samples": memory.samples,
         "pss_sampler_cpu_s": memory.cpu_s,
         "coverage_ok": all(e["coverage"]["ok"] for e in epochs_out),
+        # `dynamic`'s lease calls (and paced ones) over all ranks and epochs, cold included
+        "lease_calls": dict(on_ray.LEASE_CALLS) or None,
         "epochs": epochs_out,
     }
 

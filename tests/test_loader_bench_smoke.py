@@ -53,6 +53,11 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         assert result["cpu_vs_raw"] > 0, name
         by_process = result["cpu_by_process_s"]  # the driver at least; none negative
         assert by_process and min(by_process.values()) >= 0, name
+    results = report["results"]  # `dynamic` leased; the static policy has nothing to lease
+    calls = results["rayshard_dynamic"]["lease_calls"]
+    assert calls["calls"] > 0 and 0 <= calls["paced"] <= calls["calls"]
+    assert results["rayshard"]["lease_calls"] == {"calls": 0, "paced": 0}  # static: none
+    assert results["raw"]["lease_calls"] is None  # (not a rayshard loader)
     assert "rows_vs_raw" in report["targets"]
     assert "rayshard_dynamic rows_vs_rayshard" in report["targets"]
     assert "loader" in done.stdout and "rayshard" in done.stdout  # the printed table

@@ -116,6 +116,9 @@ def _train_loop(config: dict) -> None:
 
 # `Loader` options every rayshard loader of the run gets (the benchmark's `--ack-interval`)
 LOADER_OPTIONS: dict = {}
+# the last `run_rayshard`'s lease calls, from its `loader.stats()`: summed over its ranks
+# and epochs ({} before one ran; calls 0 when nothing was leased: not `dynamic`)
+LEASE_CALLS: dict = {}
 # `ParquetSource` options of every rayshard loader of the run (the benchmark's `--split-rows`)
 SOURCE_OPTIONS: dict = {}
 
@@ -155,7 +158,10 @@ def run_rayshard(
         barrier = epoch_barrier(world)
         started = time.time()
         refs = [task.remote(loader, rank, world, epochs, barrier) for rank in range(world)]
-        return [r for rank in ray.get(refs) for r in rank], started
+        records = [r for rank in ray.get(refs) for r in rank]
+        calls = loader.stats().get("lease_calls", {}).values()
+        LEASE_CALLS.update({k: sum(c[k] for c in calls) for k in ("calls", "paced")})
+        return records, started
     finally:
         loader.shutdown()
 
