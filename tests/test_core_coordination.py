@@ -195,9 +195,18 @@ def test_a_lease_answer_carries_the_step_count_the_rank_pads_to():
     while (leased := core.apply(cmd.Lease(0, 0, 100))).pieces:
         core.apply(cmd.Ack(0, 0, 1, tuple(leased.pieces)))
     assert not leased.wait and leased.steps == core.steps(0, 0) == 5  # its capacity: 40
+    asked = cmd.Lease(1, 0, 100, request="reading:0")
+    granted = core.apply(asked)
     core.apply(cmd.Lost(2, "reader died", 1.0))  # its 40 rows go back to the queue
     again = core.apply(cmd.Lease(0, 0, 100))
     assert again.pieces and again.steps == core.steps(0, 0) > 5
+    # A retried call (Ray's, after a coordinator restart) gets the pieces granted then,
+    # with the count as of now; and a snapshot keeps the count of the answer it holds.
+    retried = core.apply(asked)
+    assert retried.pieces == granted.pieces and retried.steps == core.steps(1, 0) > 5
+    restarted = CoordinatorCore("core-test", _source(), core.settings)
+    restarted.load_dict(json.loads(json.dumps(core.to_dict())))
+    assert restarted.last_lease[1][1].steps == granted.steps == 5
     free = _core("dynamic", False)  # without equal steps a rank reads until the data ends
     free.apply(cmd.Register(0, 1, 0, 1, 0.0))
     free.apply(cmd.StartEpoch(0, 0))

@@ -198,6 +198,11 @@ class Leased:
         """This answer, saying whether to send lease calls through the node's relay."""
         return dataclasses.replace(self, relay=True) if relay else self
 
+    def with_steps(self, steps: int | None) -> Leased:
+        """This answer with the rank's step count as of now (a retried call's: the pieces
+        are those granted then, the count may have grown since)."""
+        return self if steps == self.steps else dataclasses.replace(self, steps=steps)
+
 
 @dataclasses.dataclass(frozen=True)
 class RankLost:

@@ -127,7 +127,7 @@ class CoordinatorCore(CoreQueries):
     def _lease(self, c: cmd.Lease) -> cmd.Leased:
         last = self.last_lease.get(c.dp_rank)
         if c.request and last is not None and last[0] == c.request:
-            return last[1]
+            return last[1].with_steps(self.steps(c.dp_rank, c.epoch))
         c.check_after(last[0] if last is not None else "")  # not overtaken by a later call
         leased = self._grant(c)
         if c.request:

@@ -154,7 +154,8 @@ class CoreQueries:
         return steps
 
     def steps(self, dp_rank: int, epoch: int) -> int | None:
-        """Final batch count of `dp_rank` under equal steps (asked once its leases ran out)."""
+        """Batches `dp_rank` yields under equal steps as its epoch's book stands (a lease
+        answer carries it; None without equal steps or a book)."""
         book = self.books.get(epoch)
         return book.steps(dp_rank) if book is not None else None
 

@@ -135,17 +135,23 @@ def dynamic_rows(
                 rows_out += batch.num_rows
                 last_index = batch.column(INDEX_KEY)[-1].as_py()
                 yield batch
-            leased = stream.ended_by
+            # An answer without pieces that ended the stream came before its read-ahead
+            # was delivered: a rank lost since may have raised this rank's step count.
+            ended = stream.ended_by
+            leased = ended if ended is not None and ended.wait else None
             continue
-        if finishing:
-            return
-        steps = leased.steps  # (as of this answer: a later one brings any change)
+        # No pieces, no wait: the step count as of this answer (one asked after the last
+        # rows were delivered; a later one brings any change, as after every padding batch).
+        steps = leased.steps
         target = 0 if not steps else (steps - 1) * batch_size + 1
         if rows_out >= target:
+            if finishing:  # and still, after the others' open leases finished
+                return
             # Done, unless a lost rank's work comes back: ask once more as finishing
             # (the coordinator then waits for the others' open leases).
             finishing = True
-        else:
+        else:  # (after finishing too: a rank lost meanwhile raised the count)
+            finishing = False
             pad = min(batch_size - rows_out % batch_size, target - rows_out)
             yield from pad_rows(source, pad, last_index, settings.columns, pad_cache)
             rows_out += pad

@@ -49,11 +49,11 @@ class LeasePacing:
     window_s: float = 0.1  # reading time per pace measurement, or `first_pieces` pieces
     first_pieces: int = 16  # pieces the first measurement needs (more than a read-ahead)
     round_trip_s: float = 0.0  # the last measured round trip (0 until one is)
-    seconds_per_row: float = 0.0  # reading pace, smoothed over windows (0 until measured)
+    seconds_per_row: float = 0.0  # reading pace (0 until measured; a first window replaces it)
     unleased: int | None = None  # rows no rank held, as of the last answer (None: unknown)
     ranks: int = 1  # members of the epoch, as of the last answer
     waited_s: float = 0.0  # seconds the reading waited for answers, not yet reported
-    keep: float = 0.75  # the weight an earlier window keeps in the pace per window since
+    keep: float = 0.75  # the weight an earlier window keeps per window since, in [0, 1)
     _last_pull: float | None = None
     _window: tuple[int, int, float] = (0, 0, 0.0)  # rows, pieces, reading s of the window
     _seen: tuple[float, float] = (0.0, 0.0)  # rows and reading s of the windows, weighted
