@@ -437,7 +437,7 @@ def test_readme_states_when_an_acknowledgement_relay_is_ended():
     relays = ack_relay.AckRelays(AckPacing(0.1))
     relays.forwarded("node", "token", [("ack", (), {})] * 2, [AckAnswer(20.0), None])
     assert relays.idle_limit_s() == {"four": 4}[found.group(2)] * 20.0
-    assert RuntimeConfig().ack_relay == "auto" and "`ack_relay=\"auto\"` (the default)" in text
+    assert RuntimeConfig().ack_relay == "auto" and '`ack_relay="auto"` (the default)' in text
     for mode in RELAY_MODES:
         assert f'`ack_relay="{mode}"`' in text, mode
     from rayshard.runtime.relay_link import PROBE_S, RELAY_PATIENCE_S, RELAY_START_S
