@@ -153,12 +153,9 @@ def iter_rows_parallel(
     ahead: int,
 ) -> Iterator[pa.RecordBatch]:
     """`iter_rows` with pieces read by the threads of `pool` (a `ThreadPoolExecutor`),
-    `ahead` pieces (>= 1; its thread count) ahead, yielded in piece order. The source
-    hears of each read as it is started (`Source.will_read`): the threads reach the
-    pieces in any order."""
+    `ahead` pieces (>= 1; its thread count) ahead, yielded in piece order."""
 
     def submit(piece: tuple[int, int]) -> Any:
-        source.will_read(*piece, columns)
         return pool.submit(lambda: list(iter_rows(source, [piece], columns)))
 
     return in_piece_order(pieces, submit, ahead)

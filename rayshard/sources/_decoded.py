@@ -6,10 +6,6 @@ source's splits. Each piece's read then needs the same whole chunk, and decoding
 for every piece multiplies the decoding by the pieces per chunk. `DecodedChunks` keeps the
 last few decoded chunks and decodes a chunk that several reading threads ask for at once
 only once: the first thread decodes it, the others wait for its result (or its error).
-
-Reading threads take their pieces in order but reach `part` in any order: the part that
-reaches a chunk's end may come before an earlier part read by another thread. A reader
-that says which parts it has started (`expect`) keeps the chunk until they are read.
 """
 
 from __future__ import annotations
@@ -36,9 +32,7 @@ class DecodedChunks:
         self.capacity = capacity
         self._kept: collections.OrderedDict[Hashable, Any] = collections.OrderedDict()
         self._loading: dict[Hashable, Future] = {}  # keys some thread is decoding now
-        self._expected: collections.Counter[Hashable] = collections.Counter()  # parts started
-        self._ended: set[Hashable] = set()  # keys whose last part was read before others
-        self._lock = threading.Lock()  # guards all of the above
+        self._lock = threading.Lock()  # guards `_kept` and `_loading`
 
     def get(self, key: Hashable, decode: Callable[[], Any], *, keep: bool = True) -> Any:
         """The value of `key`: kept, being decoded by another thread (waited for), or
@@ -70,26 +64,10 @@ class DecodedChunks:
             self._settle(key, loading, outcome, keep)
         return outcome
 
-    def expect(self, key: Hashable) -> None:
-        """A read of a part of chunk `key` was started (the reading thread calls `part`
-        later): the chunk is kept until it is read, whatever part comes first."""
-        with self._lock:
-            self._expected[key] += 1
-
     def part(self, key: Hashable, decode: Callable[[], Any], *, last: bool) -> Any:
         """`get` for a read of a part of chunk `key` (or of all of it); `last`: the part
         reaches the chunk's end, so in reading order no later part needs it, and it is not
-        kept (its memory goes with the rows read from it), unless a part `expect`ed is
-        still to be read: then the chunk goes with the last of those."""
-        with self._lock:
-            self._expected[key] -= 1
-            if self._expected[key] > 0:  # another part started is still to be read
-                self._ended.update((key,) if last else ())
-                last = False
-            else:
-                del self._expected[key]
-                last = last or key in self._ended
-                self._ended.discard(key)
+        kept (its memory goes with the rows read from it)."""
         return self.get(key, decode, keep=not last)
 
     def let_go(self) -> None:
@@ -98,8 +76,6 @@ class DecodedChunks:
         if self._lock.acquire(blocking=False):
             try:
                 self._kept.clear()
-                self._expected.clear()
-                self._ended.clear()
             finally:
                 self._lock.release()
 

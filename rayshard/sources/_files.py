@@ -8,6 +8,7 @@ it pickles small; open handles live in a per-process cache that is never pickled
 from __future__ import annotations
 
 import abc
+import bisect
 import os
 from collections.abc import Iterator, Sequence
 from functools import partial
@@ -22,7 +23,6 @@ from rayshard.data.arrow_numpy import arrow_of
 from rayshard.errors import ConfigError, DataError, ReadDeniedError
 from rayshard.plan import DataLayout, pieces
 from rayshard.sources import _catalog, _select
-from rayshard.sources._chunk_parts import chunk_parts
 from rayshard.sources._decoded import DECODED_CHUNKS, DecodedChunks
 from rayshard.sources._open_files import OpenFiles
 from rayshard.sources._paths import resolve_paths
@@ -183,28 +183,30 @@ class ChunkedFileSource(Source):
         num = self._layout.num_samples
         if not (0 <= start <= end <= num):
             raise ValueError(f"rows [{start}, {end}) are outside the dataset's [0, {num})")
-        cols = self._wanted(columns)
-        for key, part in self._parts(start, end, cols):  # parts of a chunk decode it once
-            decode = partial(self._chunk, part.file, part.chunk, cols)
-            table = self._decoded.part(key, decode, last=part.last)
-            yield from table.slice(part.lo - part.chunk_start, part.hi - part.lo).to_batches()
-
-    def will_read(self, start: int, end: int, columns: Sequence[str] | None = None) -> None:
-        """The chunks of rows `[start, end)` are kept decoded until that read reaches them
-        (`DecodedChunks.expect`): reading threads reach them in any order."""
-        for key, _ in self._parts(start, end, self._wanted(columns)):
-            self._decoded.expect(key)
-
-    def _wanted(self, columns: Sequence[str] | None) -> list[str] | None:
-        if columns is None:
-            return self._columns
-        return check_columns(columns, self.schema(), self.describe())
-
-    def _parts(self, start: int, end: int, cols: list[str] | None) -> Iterator[tuple]:
-        """Each part of rows `[start, end)` (`ChunkPart`) with its chunk's key in `_decoded`."""
-        files, named = self._files, cols if cols is None else tuple(cols)
-        for part in chunk_parts(self._layout.offsets, lambda f: files[f].chunk_starts, start, end):
-            yield (part.file, part.chunk, named), part
+        cols = (
+            self._columns
+            if columns is None
+            else check_columns(columns, self.schema(), self.describe())
+        )
+        offsets = self._layout.offsets
+        f = bisect.bisect_right(offsets, start) - 1
+        while start < end and f < len(self._files):
+            file, base = self._files[f], offsets[f]
+            starts = file.chunk_starts
+            # the chunk holding `start` (past empty ones): not a walk from the file's first
+            chunk = max(bisect.bisect_right(starts, start - base) - 1, 0)
+            while chunk < len(file.chunk_rows) and base + starts[chunk] < end:
+                chunk_start = base + starts[chunk]
+                chunk_end = base + starts[chunk + 1]
+                lo, hi = max(start, chunk_start), min(end, chunk_end)
+                if lo < hi:  # a chunk read in parts is decoded once for them (`_decoded`)
+                    key = (f, chunk, cols if cols is None else tuple(cols))
+                    decode = partial(self._chunk, f, chunk, cols)
+                    table = self._decoded.part(key, decode, last=hi == chunk_end)
+                    yield from table.slice(lo - chunk_start, hi - lo).to_batches()
+                chunk += 1
+            start = max(start, offsets[f + 1])
+            f += 1
 
     def _chunk(self, f: int, chunk: int, columns: list[str] | None) -> pa.Table:
         """Kept chunk `chunk` of file `f`: its selected rows, promoted to the dataset's

@@ -70,12 +70,6 @@ class Source(abc.ABC):
         draws other samples every epoch). Default: the source itself."""
         return self
 
-    def will_read(self, start: int, end: int, columns: Sequence[str] | None = None) -> None:
-        """A hint: a `read` of rows `[start, end)` was started in this process and may come
-        after reads started later (reading threads). A source that keeps decoded data for
-        reads to come keeps what that read needs. Default: nothing kept."""
-        return
-
     def let_go(self) -> None:
         """Drop what this process keeps decoded for reads to come (a rank's reading of an
         epoch ended: a file source's row groups read in parts). Default: nothing kept."""
