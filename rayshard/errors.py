@@ -67,6 +67,14 @@ def epoch_broken(cause: BaseException, epoch: int, received: int, length: int) -
     )
 
 
+def iterator_closed(where: str) -> RayshardError:
+    """The error of iterating an iterator after its `close()` (or `Loader.shutdown()`)."""
+    return RayshardError(
+        f"{where}: this iterator was closed (close() or Loader.shutdown()) and yields no "
+        "more batches; make a new one (Loader.iterator(), rayshard.train.iterator())"
+    )
+
+
 class TransformError(DataError):
     """A loader's transform failed (raised, or returned something unusable) in a reader.
 

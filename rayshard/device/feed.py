@@ -130,6 +130,8 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
     tag travels with its batch through the staging thread.
     """
 
+    resumable = True  # an interrupt (Ctrl-C) in `next()` loses no batch: the next call goes on
+
     def __init__(
         self,
         source: Iterable[Any],
@@ -165,6 +167,7 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._finished = False
+        self._held: Any = None  # a batch taken from the channel, not yet handed over
         self._delivered = 0
         self._stall = 0.0
         self._phases = _producer.Phases()
@@ -205,25 +208,30 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         if self._finished:
             raise StopIteration
         self.start()
-        waited_from = time.perf_counter()
-        if self._on_wait is None:
-            item = self._channel.get()
-        else:
-            item = self._channel.get(timeout=self._on_wait_after_s)
-            if item is EMPTY:
-                self._on_wait()
+        if self._held is None:  # else an interrupt (Ctrl-C) came after the batch was taken
+            waited_from = time.perf_counter()
+            if self._on_wait is None:
                 item = self._channel.get()
-        self._stall += time.perf_counter() - waited_from
-        if item is _producer.END or item is CLOSED:
-            self.close()
-            raise StopIteration
-        if isinstance(item, _producer.Failure):
-            self.close()
-            raise item.error
-        self._delivered += 1
+            else:
+                item = self._channel.get(timeout=self._on_wait_after_s)
+                if item is EMPTY:
+                    self._on_wait()
+                    item = self._channel.get()
+            self._stall += time.perf_counter() - waited_from
+            if item is _producer.END or item is CLOSED:
+                self.close()
+                raise StopIteration
+            if isinstance(item, _producer.Failure):
+                self.close()
+                raise item.error
+            self._held = item
+        item = self._held
         if isinstance(item, Tagged):  # the source's metadata, handed through with its batch
-            return Tagged(item.tag, self._stager.deliver(item.batch))
-        return self._stager.deliver(item)
+            out = Tagged(item.tag, self._stager.deliver(item.batch))
+        else:
+            out = self._stager.deliver(item)
+        self._held, self._delivered = None, self._delivered + 1  # (after an interrupt: kept)
+        return out
 
     def close(self, timeout: float = 10.0) -> None:
         """Stop the staging thread and drop prefetched batches; safe to call twice."""

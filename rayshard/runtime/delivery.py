@@ -36,8 +36,28 @@ def deliver(
             on_wait_after_s=STALL_FLUSH_S,
         )
         return feed, feed
-    stream = (Tagged(meta, convert_batch(batch, fmt, nested, collate_fn)) for meta, batch in raw)
-    return stream, None
+    return _Converted(raw, lambda batch: convert_batch(batch, fmt, nested, collate_fn)), None
+
+
+class _Converted:
+    """`raw`'s tagged batches, each `convert`ed. Not a generator: an interrupt (Ctrl-C)
+    while `raw` waits or a batch is converted ends nothing, the batch is kept for the
+    next call; `resumable` (the iterator goes on after an interrupt) if `raw` is too."""
+
+    def __init__(self, raw: Iterable[Tagged], convert: Callable[[Any], Any]) -> None:
+        self._raw, self._convert, self._held = iter(raw), convert, None
+        self.resumable = getattr(raw, "resumable", False)
+
+    def __iter__(self) -> Iterator[Tagged]:
+        return self
+
+    def __next__(self) -> Tagged:
+        if self._held is None:
+            self._held = next(self._raw)
+        meta, batch = self._held
+        converted = Tagged(meta, self._convert(batch))
+        self._held = None
+        return converted
 
 
 __all__ = ["deliver"]

@@ -18,7 +18,7 @@ import ray
 
 from rayshard.config.checks import check_int
 from rayshard.data.formats import FORMATS
-from rayshard.errors import epoch_broken, unwrap_task_error
+from rayshard.errors import epoch_broken, iterator_closed, unwrap_task_error
 from rayshard.plan import DataParallelRank
 from rayshard.runtime import generations, process_watch
 from rayshard.runtime.acks import AckSender
@@ -80,9 +80,9 @@ class ShardIterator:
         self._dynamic_steps_checked: int | None = None  # epoch whose step count was re-read
         self._next_length: tuple | None = None  # ((generation, epoch), batches) for len()
         self._iterations = 0  # calls of iter(): a generator of an older call yields nothing
-        self._failure: Exception | None = None  # what ended the current epoch's stream
-        self.samples_received = 0
-        self.stall_seconds = 0.0
+        self._failure: BaseException | None = None  # what ended the current epoch's stream
+        self._closed = False  # `close()` was called: iterating raises
+        self.samples_received, self.stall_seconds = 0, 0.0
         self._loader_name = registration.get("loader", "")
         self._acks = AckSender(
             coordinator,
@@ -120,33 +120,30 @@ class ShardIterator:
             return max(self._length - self._received, 0)
         key = (self._generation, self.epoch)
         if self._next_length is None or self._next_length[0] != key:
-            length = ray.get(
-                self._coordinator.length.remote(self._generation, self._placement.dp_rank, key[1])
-            )
-            self._next_length = (key, length)
+            self._next_length = (key, self._current_length(key[1]))
         return self._next_length[1]
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the rest of the current epoch, or the next epoch if this one is done.
 
-        The epoch is decided here, when `iter()` is called (`len()` and `epoch` right after
-        describe exactly what this iteration yields). An epoch is done once its last batch
-        was yielded, whether or not the caller asks for another (a loop that stops at
-        `len()`, as Lightning's does, gets the next epoch from its next `iter()`).
-        Breaking out of the loop and iterating again continues the same epoch: batches
-        already requested or prefetched are kept, not lost.
-        """
+        The epoch is decided here (`len()` and `epoch` right after describe exactly what
+        this iteration yields). An epoch is done once its last batch was yielded (a loop
+        that stops at `len()`, as Lightning's does, gets the next epoch from its next
+        `iter()`). Breaking out and iterating again continues the same epoch: batches
+        requested or prefetched are kept, not lost. After `close()` it raises."""
+        if self._closed:
+            raise iterator_closed(self._where())
         if self._failure is not None and not self._ended:
             raise epoch_broken(self._failure, self._epoch, self._received, self._length)
-        if not self._started or self._ended:
-            if self._started:
-                self._epoch, self._received = self._epoch + 1, 0
-            self._begin()
+        if not self._started or self._ended:  # the epoch moves on once it has started
+            self._begin(self._epoch + 1 if self._started else self._epoch)
         self._iterations += 1
         return self._yield(self._epoch, self._iterations)
 
     def _yield(self, epoch: int, iteration: int) -> Iterator[Any]:
         while iteration == self._iterations:
+            if self._closed:  # (closed between two batches)
+                raise iterator_closed(self._where())
             reason = generations.superseded(*self._registered())
             if reason is not None:  # nothing taken from the stream: nothing lost
                 raise generations.stale_error(self._where(), self._generation, reason)
@@ -156,8 +153,9 @@ class ShardIterator:
             except StopIteration:
                 self._end_epoch()
                 return
-            except Exception as error:  # the stream is dead: the epoch did not end with it
-                self._failure = error
+            except BaseException as error:  # the stream is dead: the epoch did not end with it
+                if isinstance(error, Exception) or not getattr(self._stream, "resumable", False):
+                    self._failure = error  # (an interrupt: only a `resumable` stream goes on)
                 raise
             stall = time.perf_counter() - waited
             self._received += 1
@@ -176,17 +174,16 @@ class ShardIterator:
         if self._dynamic_steps_checked != self._epoch:
             # Under `dynamic` a lost rank's work can grow this rank's step count.
             self._dynamic_steps_checked = self._epoch
-            self._length = max(self._length, self._current_length())
+            self._length = max(self._length, self._current_length(self._epoch))
         return self._received >= self._length
 
-    def _current_length(self) -> int:
+    def _current_length(self, epoch: int) -> int:
         return ray.get(
-            self._coordinator.length.remote(self._generation, self._placement.dp_rank, self._epoch)
+            self._coordinator.length.remote(self._generation, self._placement.dp_rank, epoch)
         )
 
     def _end_epoch(self) -> None:
-        """Every batch of the epoch reached the loop: make sure the coordinator recorded
-        them (a worker that exits now takes its reader along, see `rayshard.runtime.acks`)."""
+        """Every batch reached the loop: the coordinator must have them (see `runtime.acks`)."""
         self._ended = True
         self._acks.flush(wait=True)
 
@@ -223,6 +220,7 @@ class ShardIterator:
         """Leave the loader: stop the device feed and the reader; under `dynamic` this
         rank's unfinished leases go back to the queue for the others. A no-op after
         `Loader.shutdown()` or `ray.shutdown()` (a Ray call would start a new local Ray)."""
+        self._closed = True
         self._close_feed()
         if self._local is not None:
             self._local.close()
@@ -255,37 +253,35 @@ class ShardIterator:
     def _where(self) -> str:
         return f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
 
-    def _begin(self) -> None:
+    def _begin(self, epoch: int) -> None:
+        """Start `epoch` here; the iterator moves to it only once it started (an error or
+        an interrupt before leaves it where it was, so the next `iter()` starts it again)."""
         where = self._where()
         try:  # the coordinator plans the epoch here (under packing it reads token counts)
             if self._local is not None:
                 if self._reader is not None:  # not closed: its attach was answered
                     self._reader.settled()  # (see `watch_rank`)
                 started = self._local.start(
-                    self._generation, self._epoch, self._format == "arrow", self._acks
+                    self._generation, epoch, self._format == "arrow", self._acks
                 )
             else:
-                started = ray.get(self._reader.start.remote(self._generation, self._epoch))
+                started = ray.get(self._reader.start.remote(self._generation, epoch))
         except ray.exceptions.RayTaskError as error:
-            raise unwrap_task_error(error, f"{where}, epoch {self._epoch}") from error
-        self._length, self._exact = started["batches"], started["exact"]
-        self._dynamic_steps_checked = None if self._dynamic else self._epoch
-        self._started, self._ended, self._failure = True, False, None
+            raise unwrap_task_error(error, f"{where}, epoch {epoch}") from error
         # After the reader moved on: a staging thread still waiting on the previous
         # epoch's reader is released by that (see `ShardReader.next`).
         self._close_feed()
-        self._received = 0
         # Under `dynamic` a waiting rank sends its acknowledgements at once (reading here:
         # once its leases ended): at an epoch's end the other ranks wait for exactly those.
         flush = self._acks.flush if self._dynamic else (lambda: None)  # static: sends nothing
         if self._local is not None:
             flush = self._local.when_awaited(flush)
-            raw = self._local.batches(self._epoch, flush=flush, where=where)
+            raw = self._local.batches(epoch, flush=flush, where=where)
         else:
             raw = fetch_batches(
                 self._reader,
                 self._generation,
-                self._epoch,
+                epoch,
                 flush=flush,
                 where=where,
                 blocks_ahead=self._blocks_ahead,
@@ -300,6 +296,10 @@ class ShardIterator:
             prefetch_depth=self._depth,
             flush=flush,
         )
+        self._epoch, self._received = epoch, 0
+        self._length, self._exact = started["batches"], started["exact"]
+        self._dynamic_steps_checked = None if self._dynamic else epoch
+        self._started, self._ended, self._failure = True, False, None
 
     def _close_feed(self) -> None:
         if self._feed is not None:

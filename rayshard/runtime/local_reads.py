@@ -126,7 +126,7 @@ class LocalReads:
         after the batches made before it, `where` naming loader and rank. Bound to this
         epoch's channel now: a later `start()` ends it rather than feeding it."""
         channel = self._channel
-        return iter(()) if channel is None else _drain(channel, epoch, flush, where)
+        return iter(()) if channel is None else _Drained(channel, epoch, flush, where)
 
     def when_awaited(self, flush: Callable[[], None]) -> Callable[[], None]:
         """`flush` for a consumer waiting for a batch of the started epoch, called only
@@ -158,18 +158,28 @@ class LocalReads:
         self._reading.close()
 
 
-def _drain(channel: Channel, epoch: int, flush: Callable[[], None], where: str) -> Iterator[Tagged]:
-    """`LocalReads.batches` of one epoch's channel."""
-    while True:
-        item = channel.get(timeout=STALL_FLUSH_S)
+class _Drained:
+    """`LocalReads.batches` of one epoch's channel: an iterator, not a generator, so an
+    interrupt while it waits (Ctrl-C) leaves it able to go on where it was."""
+
+    resumable = True
+
+    def __init__(self, channel: Channel, epoch: int, flush: Callable[[], None], where: str):
+        self._channel, self._epoch, self._flush, self._where = channel, epoch, flush, where
+
+    def __iter__(self) -> Iterator[Tagged]:
+        return self
+
+    def __next__(self) -> Tagged:
+        item = self._channel.get(timeout=STALL_FLUSH_S)
         if item is EMPTY:
-            flush()
-            item = channel.get()
+            self._flush()
+            item = self._channel.get()
         if item is CLOSED or item is _END:
-            return
+            raise StopIteration
         if isinstance(item, _Failure):
-            raise item.raised(where, epoch) from item.error
-        yield item
+            raise item.raised(self._where, self._epoch) from item.error
+        return item
 
 
 def _produce(

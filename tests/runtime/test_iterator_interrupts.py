@@ -1,0 +1,131 @@
+"""An iteration cut short by an interrupt (Ctrl-C in a notebook) or an error loses no
+sample: an epoch that failed to start is started again by the next `iter()`, a loop
+interrupted while it waits for a batch goes on where it was, a stream an interrupt ended
+refuses to go on, and a closed iterator says so. Real local Ray, real Parquet files; the
+interrupts are raised where a real one lands (the epoch's start, the wait for a batch)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rayshard.errors import RayshardError
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import unique_name, write_parquet
+
+ROWS = [40, 35, 26]  # 101 rows, row groups of 7
+ALL = list(range(sum(ROWS)))
+
+
+def _loader(tmp_path, **options) -> Loader:
+    options = {"shuffle": True, "seed": 3, **options}
+    source = ParquetSource(write_parquet(tmp_path, ROWS))
+    return Loader(source, batch_size=8, name=unique_name("interrupt"), **options)
+
+
+def _ids(batch) -> list[int]:
+    return np.asarray(batch["_index"]).tolist()
+
+
+def _interrupt_once(target, name: str, at_call: int, monkeypatch) -> None:
+    """`target.name(...)` raises `KeyboardInterrupt` at its `at_call`-th call, else runs."""
+    real, calls = getattr(target, name), []
+
+    def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == at_call:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(target, name, interrupted)
+
+
+@pytest.mark.ray
+def test_an_epoch_that_failed_to_start_is_started_again_not_skipped(
+    ray_session, tmp_path, monkeypatch
+):
+    loader = _loader(tmp_path)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    try:
+        assert sorted(i for b in it for i in _ids(b)) == ALL  # epoch 0
+        asked, start = [], it._local.start
+
+        def start_interrupted_once(generation, epoch, *args):
+            asked.append(epoch)
+            if len(asked) == 1:
+                raise KeyboardInterrupt  # while the coordinator plans epoch 1
+            return start(generation, epoch, *args)
+
+        monkeypatch.setattr(it._local, "start", start_interrupted_once)
+        with pytest.raises(KeyboardInterrupt):
+            iter(it)
+        assert it.epoch == 1
+        assert sorted(i for b in it for i in _ids(b)) == ALL
+        assert asked == [1, 1]  # epoch 1 again, not epoch 2
+        assert it.epoch == 2
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("batch_format", ["numpy", "torch"])
+def test_a_loop_interrupted_while_it_waits_goes_on_where_it_was(
+    ray_session, tmp_path, monkeypatch, batch_format
+):
+    loader = _loader(tmp_path)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format=batch_format)
+    try:
+        got = []
+        with pytest.raises(KeyboardInterrupt):
+            for batch in it:
+                got.append(_ids(batch))
+                if len(got) == 3:  # the wait for the 5th batch is interrupted
+                    channel = it._feed._channel if batch_format == "torch" else it._local._channel
+                    _interrupt_once(channel, "get", 2, monkeypatch)
+        assert len(got) == 4
+        got.extend(_ids(batch) for batch in it)  # the same epoch, from where it was
+        assert sorted(i for ids in got for i in ids) == ALL
+        assert it.epoch == 1
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.ray
+def test_a_stream_an_interrupt_ended_refuses_to_go_on(ray_session, tmp_path):
+    loader = _loader(tmp_path, consumer_reads=False)  # fetched from the reader actor
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    try:
+        loop = iter(it)
+        first = _ids(next(loop))
+        raw = it._stream._raw
+
+        def ended_by_an_interrupt():  # the fetching generator, as an interrupt leaves it
+            yield next(raw)
+            raise KeyboardInterrupt
+
+        it._stream._raw = ended_by_an_interrupt()
+        second = _ids(next(loop))
+        with pytest.raises(KeyboardInterrupt):
+            next(loop)
+        with pytest.raises(RayshardError, match="stopped after 2 of"):
+            iter(it)  # not an epoch silently ended short
+        assert len(set(first + second)) == 16
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.ray
+def test_a_closed_iterator_says_so(ray_session, tmp_path):
+    loader = _loader(tmp_path)
+    try:
+        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        loop = iter(it)
+        next(loop)
+        it.close()
+        with pytest.raises(RayshardError, match="was closed"):
+            next(loop)
+        with pytest.raises(RayshardError, match="was closed"):
+            iter(it)
+    finally:
+        loader.shutdown()
