@@ -1,6 +1,6 @@
 # Two entry points a new user needs: `make demo` and `make test`.
-# Each creates .venv with a CPU build of torch pinned for this kind of machine;
-# override TORCH_SPEC (e.g. TORCH_SPEC=torch) on a GPU machine. No pip cache: the venv
+# Each creates .venv with torch pinned (the build the pip index serves for the pin: a
+# local CPU wheel on this project's CI machines); TORCH_SPEC takes another requirement. No pip cache: the venv
 # alone is about 2.4 GB, and a cached copy of every download doubled the disk it needed.
 VENV ?= .venv
 PY := $(VENV)/bin/python

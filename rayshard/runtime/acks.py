@@ -63,6 +63,7 @@ class AckSender:
         self._pending: dict[int, list] = {}
         self._sent: list[Sent] = []  # acknowledgement calls not known to be recorded
         self._wake = threading.Event()
+        self._dropped = False  # the iterator was dropped unclosed (`end_soon`)
         self._interval = interval_s
         self._asked_s = 0.0  # the interval the coordinator asked for in its last answer
         self._link = RelayLink(coordinator, dp_rank)  # the way to the node's relay
@@ -260,15 +261,30 @@ class AckSender:
                 self.flush(wait=True)
             self._forget()  # (under `ray_held()`: references dropped while Ray is up)
 
+    def end_soon(self) -> None:
+        """Its iterator was dropped without `close()` (called by a finalizer: it must not
+        wait): the thread sends what is pending, waits until it is recorded, and ends."""
+        self._dropped = True
+        self._wake.set()
+
     def _run(self) -> None:
-        """Flush every `interval_s` until `stop()`, or until Ray is shut down under it
-        (a `ray.shutdown()` with the iterator still open)."""
+        """Flush every `interval_s` until `stop()` or `end_soon()`, or until Ray is shut
+        down under it (a `ray.shutdown()` with the iterator still open)."""
         while not self._wake.wait(self.pause_s):
             with ray_held() as up:
                 if not up:
                     self._forget()
                     return
                 self.flush()
+        if self._dropped:
+            with ray_held() as up:
+                try:
+                    if up:
+                        self.flush(wait=True)
+                except ray.exceptions.RayError:  # the loader was shut down meanwhile
+                    pass
+                finally:
+                    self._forget()
 
     def _forget(self) -> None:
         """Drop what is pending and the references to what was sent and to the relay (at

@@ -57,12 +57,10 @@ class ShardIterator:
         self._placement = placement
         self._loader_key = generations.key_of(coordinator)
         generations.note(*self._registered())
-        self._watch_key = registration.get("watch_key")  # the reader is a shared watch
+        self._watch_key = key = registration.get("watch_key")  # the reader is a shared watch
         self._dropped: Any = None  # releases the key if this iterator is dropped unclosed
         if self._watch_key is not None:
-            self._dropped = weakref.finalize(
-                self, abandon_rank, local_reads, self._reader, self._watch_key
-            )
+            self._dropped = weakref.finalize(self, abandon_rank, local_reads, self._reader, key)
         self._local = local_reads  # a `LocalReads`: this worker reads for itself
         self._depth, self._blocks_ahead = prefetch_depth, blocks_ahead
         self._format = batch_format
@@ -91,6 +89,7 @@ class ShardIterator:
             ack_interval_s,
             loader_name=self._loader_name,
         )
+        weakref.finalize(self, self._acks.end_soon)  # dropped unclosed: its thread ends
 
     @property
     def epoch(self) -> int:

@@ -166,18 +166,23 @@ class _Drained:
 
     def __init__(self, channel: Channel, epoch: int, flush: Callable[[], None], where: str):
         self._channel, self._epoch, self._flush, self._where = channel, epoch, flush, where
+        self._ended_by: Any = None  # the end, or the failure, once taken (given every time)
 
     def __iter__(self) -> Iterator[Tagged]:
         return self
 
     def __next__(self) -> Tagged:
-        item = self._channel.get(timeout=STALL_FLUSH_S)
+        item = self._ended_by
+        if item is None:
+            item = self._channel.get(timeout=STALL_FLUSH_S)
         if item is EMPTY:
             self._flush()
             item = self._channel.get()
         if item is CLOSED or item is _END:
+            self._ended_by = item
             raise StopIteration
         if isinstance(item, _Failure):
+            self._ended_by = item
             raise item.raised(self._where, self._epoch) from item.error
         return item
 

@@ -6,6 +6,8 @@ interrupts are raised where a real one lands (the epoch's start, the wait for a 
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from rayshard.errors import RayshardError
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import unique_name, write_parquet
+from tests.timeouts import wait_until
 
 ROWS = [40, 35, 26]  # 101 rows, row groups of 7
 ALL = list(range(sum(ROWS)))
@@ -127,5 +130,26 @@ def test_a_closed_iterator_says_so(ray_session, tmp_path):
             next(loop)
         with pytest.raises(RayshardError, match="was closed"):
             iter(it)
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_a_dropped_iterator_records_what_it_received_and_its_thread_ends(
+    ray_session, tmp_path, policy
+):
+    loader = _loader(tmp_path, policy=policy)
+    try:
+        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        loop = iter(it)
+        for _ in range(5):
+            next(loop)
+        thread = it._acks._thread
+        del it, loop  # not closed: a loop that makes an iterator per epoch
+        gc.collect()
+        wait_until(lambda: not thread.is_alive(), "the dropped iterator's acknowledgements")
+        received = loader.stats()["consumers"][0]
+        assert (received["batches"], received["samples"]) == (5, 40)  # sent before it ended
     finally:
         loader.shutdown()
