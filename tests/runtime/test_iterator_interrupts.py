@@ -135,11 +135,13 @@ def test_a_closed_iterator_says_so(ray_session, tmp_path):
 
 
 @pytest.mark.ray
-@pytest.mark.parametrize("policy", ["data", "dynamic"])
+@pytest.mark.parametrize(
+    "policy, consumer_reads", [("data", None), ("dynamic", None), ("data", False)]
+)
 def test_a_dropped_iterator_records_what_it_received_and_its_thread_ends(
-    ray_session, tmp_path, policy
+    ray_session, tmp_path, policy, consumer_reads
 ):
-    loader = _loader(tmp_path, policy=policy)
+    loader = _loader(tmp_path, policy=policy, consumer_reads=consumer_reads)
     try:
         it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
         loop = iter(it)
