@@ -168,6 +168,7 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         self._thread: threading.Thread | None = None
         self._finished = False
         self._held: Any = None  # a batch taken from the channel, not yet handed over
+        self._error: BaseException | None = None  # the source's failure, taken, not raised
         self._delivered = 0
         self._stall = 0.0
         self._phases = _producer.Phases()
@@ -205,10 +206,10 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         return self
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        if self._finished:
+        if self._finished and self._error is None:
             raise StopIteration
-        self.start()
-        if self._held is None:  # else an interrupt (Ctrl-C) came after the batch was taken
+        if self._held is None and self._error is None:  # (else: kept past an interrupt)
+            self.start()
             waited_from = time.perf_counter()
             if self._on_wait is None:
                 item = self._channel.get()
@@ -222,9 +223,13 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
                 self.close()
                 raise StopIteration
             if isinstance(item, _producer.Failure):
-                self.close()
-                raise item.error
-            self._held = item
+                self._error = item.error
+            else:
+                self._held = item
+        if self._error is not None:  # raised once, after the thread is stopped
+            self.close()
+            error, self._error = self._error, None
+            raise error
         item = self._held
         if isinstance(item, Tagged):  # the source's metadata, handed through with its batch
             out = Tagged(item.tag, self._stager.deliver(item.batch))

@@ -55,7 +55,10 @@ class _Converted:
         if self._held is None:
             self._held = next(self._raw)
         meta, batch = self._held
-        converted = Tagged(meta, self._convert(batch))
+        try:
+            converted = Tagged(meta, self._convert(batch))
+        except StopIteration as error:  # (not the stream's end: a generator's rule, PEP 479)
+            raise RuntimeError(f"converting a batch raised {error!r}") from error
         self._held = None
         return converted
 

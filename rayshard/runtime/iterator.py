@@ -150,6 +150,8 @@ class ShardIterator:
             try:
                 meta, batch = next(self._stream)
             except StopIteration:
+                if self._closed:  # by another thread while this loop waited
+                    raise iterator_closed(self._where()) from None
                 self._end_epoch()
                 return
             except BaseException as error:  # the stream is dead: the epoch did not end with it
@@ -166,8 +168,7 @@ class ShardIterator:
             yield batch
 
     def _length_final(self) -> bool:
-        """Whether the batch just received is the epoch's last (known without asking the
-        stream for one more, which under `dynamic` waits for every other rank's end)."""
+        """Whether the batch just received is the epoch's last, not asking the stream."""
         if not self._exact:
             return False
         if self._dynamic_steps_checked != self._epoch:

@@ -71,23 +71,44 @@ def test_an_epoch_that_failed_to_start_is_started_again_not_skipped(
         loader.shutdown()
 
 
+class _InterruptedOnce:
+    """A `collate_fn` that is interrupted (Ctrl-C) at its `at_call`-th call."""
+
+    def __init__(self, at_call: int) -> None:
+        self.at_call, self.calls = at_call, 0
+
+    def __call__(self, batch):
+        self.calls += 1
+        if self.calls == self.at_call:
+            raise KeyboardInterrupt
+        return batch
+
+
 @pytest.mark.ray
 @pytest.mark.parametrize("batch_format", ["numpy", "torch"])
-def test_a_loop_interrupted_while_it_waits_goes_on_where_it_was(
-    ray_session, tmp_path, monkeypatch, batch_format
+@pytest.mark.parametrize("where", ["wait", "hand-over"])
+def test_a_loop_interrupted_in_next_goes_on_where_it_was(
+    ray_session, tmp_path, monkeypatch, batch_format, where
 ):
     loader = _loader(tmp_path)
-    it = loader.iterator(world_rank=0, world_size=1, batch_format=batch_format)
+    converting = (
+        _InterruptedOnce(at_call=5) if (where, batch_format) == ("hand-over", "numpy") else None
+    )
+    it = loader.iterator(
+        world_rank=0, world_size=1, batch_format=batch_format, collate_fn=converting
+    )
     try:
         got = []
         with pytest.raises(KeyboardInterrupt):
             for batch in it:
                 got.append(_ids(batch))
-                if len(got) == 3:  # the wait for the 5th batch is interrupted
+                if len(got) == 4 and where == "wait":  # before the 5th batch is taken
                     channel = it._feed._channel if batch_format == "torch" else it._local._channel
-                    _interrupt_once(channel, "get", 2, monkeypatch)
+                    _interrupt_once(channel, "get", 1, monkeypatch)
+                if len(got) == 4 and (where, batch_format) == ("hand-over", "torch"):
+                    _interrupt_once(it._feed._stager, "deliver", 1, monkeypatch)  # taken
         assert len(got) == 4
-        got.extend(_ids(batch) for batch in it)  # the same epoch, from where it was
+        got.extend(_ids(batch) for batch in it)  # the same epoch, from the 5th batch
         assert sorted(i for ids in got for i in ids) == ALL
         assert it.epoch == 1
     finally:
@@ -153,5 +174,26 @@ def test_a_dropped_iterator_records_what_it_received_and_its_thread_ends(
         wait_until(lambda: not thread.is_alive(), "the dropped iterator's acknowledgements")
         received = loader.stats()["consumers"][0]
         assert (received["batches"], received["samples"]) == (5, 40)  # sent before it ended
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.ray
+def test_an_iterator_closed_while_its_loop_waits_says_so(ray_session, tmp_path, monkeypatch):
+    loader = _loader(tmp_path)
+    try:
+        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        loop = iter(it)
+        next(loop)
+        channel = it._local._channel
+        get = channel.get
+
+        def closed_meanwhile(*args, **kwargs):  # another thread's close() during the wait
+            it.close()
+            return get(*args, **kwargs)
+
+        monkeypatch.setattr(channel, "get", closed_meanwhile)
+        with pytest.raises(RayshardError, match="was closed"):
+            next(loop)  # not the epoch's end
     finally:
         loader.shutdown()
