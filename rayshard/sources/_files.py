@@ -255,8 +255,8 @@ class ChunkedFileSource(Source):
             for field, column in zip(parts, _select.constants(parts, values, table.num_rows)):
                 if columns is None or field.name in columns:
                     table = table.append_column(field, column)
-            if columns is not None:
-                table = table.select(list(columns))
+        if columns is not None:  # in the order asked for, as `schema()` gives them
+            table = table.select(list(columns))
         return table
 
     _chunk_name = "chunk"

@@ -3,8 +3,10 @@
 Files written by different tools differ in ways that lose nothing when widened:
 `list` vs `large_list` (polars writes `large_list`), `string` vs `large_string`, `binary`
 vs `large_binary`, integer widths (`int32` vs `int64`, `uint16` vs `int32`), float widths,
-and the name of a list's item field (`item` vs `element`). Those are promoted to the wider
-type; anything else (another kind of value, a missing column) is a `ConfigError`.
+the name of a list's item field (`item` vs `element`), a column of only nulls (type `null`)
+and dictionary encoding (pandas' categoricals, with index widths by their size). Those are
+promoted to the wider type (dictionaries against plain values: to the plain type);
+anything else (another kind of value, a missing column) is a `ConfigError`.
 Pure functions over `pyarrow` types, testable without files.
 """
 
@@ -23,6 +25,10 @@ def promote_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
     """The narrowest type both `a` and `b` convert to without loss, or None."""
     if a.equals(b):
         return a
+    if pa.types.is_null(a) or pa.types.is_null(b):  # a column of only nulls (pandas, polars)
+        return b if pa.types.is_null(a) else a
+    if pa.types.is_dictionary(a) or pa.types.is_dictionary(b):
+        return _promote_dictionary(a, b)
     for family in (_SIGNED, _UNSIGNED, _FLOATS):
         if a in family and b in family:
             return max(a, b, key=family.index)
@@ -101,6 +107,20 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     if table.schema.equals(target, check_metadata=True):
         return table
     return table.cast(target)
+
+
+def _promote_dictionary(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
+    """Dictionary-encoded (pandas' categoricals, pyarrow's default for repeated strings)
+    against another: two dictionaries of one value type keep the wider index; a dictionary
+    against plain values (another writer's) promotes to the plain type of both."""
+    if pa.types.is_dictionary(a) and pa.types.is_dictionary(b):
+        value = promote_type(a.value_type, b.value_type)
+        index = promote_type(a.index_type, b.index_type)
+        if value is None or index is None:
+            return None
+        return pa.dictionary(index, value, ordered=a.ordered and b.ordered)
+    values = [t.value_type if pa.types.is_dictionary(t) else t for t in (a, b)]
+    return promote_type(*values)
 
 
 def _is_list(t: pa.DataType) -> bool:

@@ -1,0 +1,84 @@
+"""Columns as other writers type them, across the files of one dataset: a column of only
+nulls (pandas, polars), dictionary-encoded strings (pandas' categoricals with index widths
+by size, pyarrow) against plain strings (fastparquet, polars); a `filter=` on a float
+column with NaN (Parquet statistics leave NaN out); the columns in the order asked for.
+Real files in a temp folder; the promotions also as pure functions."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from rayshard.sources.parquet import ParquetSource
+from rayshard.sources.schema import promote_type
+
+
+def _rows(source: ParquetSource) -> dict:
+    num = source.layout().num_samples
+    return pa.Table.from_batches(list(source.read(0, num)), schema=source.schema()).to_pydict()
+
+
+def test_null_and_dictionary_types_promote():
+    text = pa.dictionary(pa.int8(), pa.string())
+    assert promote_type(pa.null(), pa.large_string()) == pa.large_string()
+    assert promote_type(pa.int64(), pa.null()) == pa.int64()
+    assert promote_type(text, pa.dictionary(pa.int16(), pa.string())) == pa.dictionary(
+        pa.int16(), pa.string()
+    )
+    assert promote_type(text, pa.large_string()) == pa.large_string()
+    assert promote_type(pa.string(), text) == pa.string()
+    assert promote_type(text, pa.int64()) is None  # another kind of value: refused
+    assert promote_type(text, pa.dictionary(pa.int8(), pa.int32())) is None
+
+
+@pytest.mark.parametrize("writer", ["pandas", "polars"])
+def test_a_column_of_only_nulls_in_one_file_takes_the_others_type(tmp_path, writer):
+    if writer == "pandas":
+        pd.DataFrame({"x": [1, 2], "c": [None, None]}).to_parquet(tmp_path / "a.parquet")
+    else:
+        pl.DataFrame({"x": [1, 2], "c": [None, None]}).write_parquet(tmp_path / "a.parquet")
+    pl.DataFrame({"x": [3], "c": ["q"]}).write_parquet(tmp_path / "b.parquet")
+    source = ParquetSource(tmp_path)
+    assert source.schema().field("c").type == pa.large_string()
+    assert _rows(source) == {"x": [1, 2, 3], "c": [None, None, "q"]}
+
+
+def test_categoricals_of_other_index_widths_and_plain_strings_read_as_one_column(tmp_path):
+    pd.DataFrame({"c": pd.Categorical(["x", "y"])}).to_parquet(tmp_path / "a.parquet")  # int8
+    many = [f"v{i}" for i in range(300)]  # 300 categories: int16 indices
+    pd.DataFrame({"c": pd.Categorical(many)}).to_parquet(tmp_path / "b.parquet")
+    both = ParquetSource(tmp_path)
+    assert pa.types.is_dictionary(both.schema().field("c").type)
+    assert _rows(both)["c"] == ["x", "y", *many]
+
+    pd.DataFrame({"c": ["z"]}).to_parquet(tmp_path / "c.parquet", engine="fastparquet")
+    mixed = ParquetSource(tmp_path)  # a plain string column from another writer
+    assert mixed.schema().field("c").type == pa.string()
+    assert _rows(mixed)["c"] == ["x", "y", *many, "z"]
+
+
+@pytest.mark.parametrize("writer", ["pyarrow", "polars"])
+def test_a_filter_on_a_float_column_keeps_its_nan_rows(tmp_path, writer):
+    values = [1.0, math.nan, 2.0, 3.0, 1.0, 1.0]
+    if writer == "pyarrow":
+        pq.write_table(pa.table({"f": values}), tmp_path / "a.parquet", row_group_size=2)
+    else:
+        pl.DataFrame({"f": values}).write_parquet(tmp_path / "a.parquet", row_group_size=2)
+    # the first row group's statistics say min = max = 1.0: they leave the NaN out
+    kept = _rows(ParquetSource(tmp_path, filter=pc.field("f") != 1.0))["f"]
+    assert kept[0] != kept[0] and kept[1:] == [2.0, 3.0]  # NaN != 1.0 holds for the NaN
+    assert len(_rows(ParquetSource(tmp_path, filter=pc.field("f").is_nan()))["f"]) == 1
+
+
+def test_batches_have_the_columns_in_the_order_asked_for(tmp_path):
+    pq.write_table(pa.table({"x": [1, 2], "y": [3, 4], "z": [5, 6]}), tmp_path / "a.parquet")
+    source = ParquetSource(tmp_path, columns=["z", "x"])
+    assert source.schema().names == ["z", "x"]
+    assert [batch.schema.names for batch in source.read(0, 2)] == [["z", "x"]]
+    assert _rows(source) == {"z": [5, 6], "x": [1, 2]}
