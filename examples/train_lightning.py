@@ -127,7 +127,7 @@ def fit(
         strategy=RayDDPStrategy(),
         plugins=[RayLightningEnvironment()],
         callbacks=[RayshardCheckpoint(train, val), *reporting, *(callbacks or [])],
-        num_sanity_val_steps=0,  # it would read 2 batches of the validation loader's epoch
+        num_sanity_val_steps=0,  # (only to save time: see the README)
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,

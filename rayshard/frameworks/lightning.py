@@ -24,6 +24,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 
+from rayshard.frameworks.hf_resume import restart_epoch
+
 CHECKPOINT_KEY = "rayshard"  # the key of the loader state in a Lightning checkpoint
 VAL_CHECKPOINT_KEY = "rayshard_val"  # and of the validation loader's
 
@@ -121,6 +123,14 @@ class RayshardCheckpoint(pl.Callback):
         end early or spill into the next one."""
         if trainer.reload_dataloaders_every_n_epochs != 1:
             trainer.reload_dataloaders_every_n_epochs = 1
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: Any) -> None:
+        """A validation cut short (the sanity check's batches, `limit_val_batches`) leaves
+        the validation iterator mid-epoch: the next one would read only the rest, and its
+        `len()` (which Lightning takes as the epoch's) shrink every time. It reads that
+        epoch from its start again instead; a whole validation moves on to the next."""
+        if self.val is not None:
+            restart_epoch(getattr(self.val, "iterator", self.val))
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = self.batches.snapshot()

@@ -1,0 +1,84 @@
+"""Lightning's validation over a rayshard iterator, in one process: a validation cut
+short (the sanity check's two batches, `limit_val_batches`) does not leave the next
+validation the rest of its epoch (fewer batches each time, then Lightning's refusal of a
+fraction of one batch); each validation reads its epoch from the start, and a whole one
+moves on to the next epoch."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from rayshard.frameworks.lightning import LightningBatches, RayshardCheckpoint
+from rayshard.loader import Loader
+from rayshard.sources.parquet import ParquetSource
+from tests.runtime.helpers import unique_name, write_parquet
+
+pytestmark = pytest.mark.ray
+
+TRAIN_ROWS, VAL_ROWS, BATCH, EPOCHS = 48, 64, 8, 3  # 8 validation batches
+
+
+class Validated(pl.LightningModule):
+    """Records the ids of every validation run (the sanity check's apart)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+        self.runs: list[list[int]] = []
+        self.sanity: list[int] = []
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        return (self.lin(batch["x"]) ** 2).mean()
+
+    def on_validation_epoch_start(self) -> None:
+        if not self.trainer.sanity_checking:
+            self.runs.append([])
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        ids = batch["id"][~batch["_padded"]].tolist()
+        (self.sanity if self.trainer.sanity_checking else self.runs[-1]).extend(ids)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+@pytest.mark.parametrize("limit", [None, 0.5])
+def test_every_validation_reads_its_epoch_from_the_start(ray_session, tmp_path, limit):
+    train = Loader(
+        ParquetSource(write_parquet(tmp_path / "train", [TRAIN_ROWS])),
+        batch_size=BATCH,
+        name=unique_name("plv"),
+    )
+    val = Loader(
+        ParquetSource(write_parquet(tmp_path / "val", [VAL_ROWS])),
+        batch_size=BATCH,
+        name=unique_name("plv-val"),
+    )
+    try:
+        batches = LightningBatches(train.iterator(world_rank=0, world_size=1))
+        val_batches = val.iterator(world_rank=0, world_size=1)
+        model = Validated()
+        pl.Trainer(
+            max_epochs=EPOCHS,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=2,
+            limit_val_batches=limit,
+            callbacks=[RayshardCheckpoint(batches, val_batches)],
+        ).fit(model, train_dataloaders=batches, val_dataloaders=val_batches)
+        assert model.sanity == list(range(2 * BATCH))  # two batches, then read again
+        assert len(model.runs) == EPOCHS
+        if limit is None:  # whole validations: every row, epoch after epoch
+            assert all(sorted(run) == list(range(VAL_ROWS)) for run in model.runs)
+            assert val_batches.epoch == EPOCHS
+        else:  # the same half of the same (unshuffled) epoch each time
+            assert model.runs == [list(range(VAL_ROWS // 2))] * EPOCHS
+    finally:
+        train.shutdown()
+        val.shutdown()
