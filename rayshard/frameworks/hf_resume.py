@@ -71,6 +71,20 @@ def epoch_start(state: dict) -> dict:
     return {**state, "consumed": [], "partial": []}
 
 
+def check_exact_length(iterator: Any, framework: str) -> None:
+    """A `ConfigError` if the begun epoch's `len()` is an estimate (`dynamic` with
+    `equal_steps=False`): `framework` ends an epoch at `len()`, so an estimate would end it
+    early, or leave the next epoch empty (its rest counted as that epoch)."""
+    stats = iterator.stats() if hasattr(iterator, "stats") else {}
+    if stats.get("length_exact", True) is False:
+        raise ConfigError(
+            f"{framework} ends each epoch at len(), and this loader's len() is an estimate "
+            "(policy='dynamic' with equal_steps=False): its epochs would end early or come "
+            "out empty. Use equal_steps=True (the default) or a static policy, or iterate "
+            "the iterator yourself to its end"
+        )
+
+
 def restart_epoch(iterator: Any) -> None:
     """Make `iterator`, if stopped mid-epoch (a `train()` or an evaluation interrupted, and
     the dataset used again), read that epoch from its start: on resume the Trainer measures
@@ -92,6 +106,11 @@ class ResumingDataLoader(torch.utils.data.DataLoader):
     def __init__(self, adapter: Any, resume: Any = NOT_RESUMING) -> None:
         super().__init__(adapter, batch_size=None)
         self.resume = resume
+
+    def __iter__(self) -> Any:
+        batches = super().__iter__()  # (the adapter's iterator begins its epoch here)
+        check_exact_length(self.dataset.iterator, "the Hugging Face Trainer")
+        return batches
 
     def set_epoch(self, epoch: int) -> None:
         resume, self.resume = self.resume, NOT_RESUMING
@@ -124,6 +143,7 @@ __all__ = [
     "NOT_RESUMING",
     "STATE_FILE_PATTERN",
     "ResumingDataLoader",
+    "check_exact_length",
     "find_loader_state",
     "epoch_start",
     "restart_epoch",

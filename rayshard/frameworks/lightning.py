@@ -24,7 +24,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-from rayshard.frameworks.hf_resume import restart_epoch
+from rayshard.frameworks.hf_resume import check_exact_length, restart_epoch
 
 CHECKPOINT_KEY = "rayshard"  # the key of the loader state in a Lightning checkpoint
 VAL_CHECKPOINT_KEY = "rayshard_val"  # and of the validation loader's
@@ -50,6 +50,7 @@ class LightningBatches:
 
     def _batches(self) -> Iterator[Any]:
         batches = iter(self.iterator)  # decides the epoch
+        check_exact_length(self.iterator, "Lightning")
         epoch = self.iterator.epoch
         if epoch != self._epoch:
             self._epoch, self._yielded = epoch, 0

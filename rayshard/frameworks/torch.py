@@ -7,9 +7,10 @@
 rayshard batches rows already (per rank), so the `DataLoader` must pass batches through:
 `batch_size=None` and `num_workers=0`. A `DataLoader` worker process would read the rank's
 whole shard again (every worker gets a copy of the dataset), so the adapter refuses to be
-iterated in one. Accelerate: do not `prepare()` this `DataLoader` in a multi-process run:
+iterated in one. Accelerate: do not `prepare()` this `DataLoader`: in a multi-process run
 Accelerate would split each rank's batches once more over the processes (or read them all
-on rank 0 and dispatch); it is per rank already. Prepare the model and optimizer only.
+on rank 0 and dispatch); it is per rank already. In one process its wrapper reads a batch
+ahead, which a `state_dict()` then counts. Prepare the model and optimizer only.
 """
 
 from __future__ import annotations

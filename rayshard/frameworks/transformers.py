@@ -81,7 +81,8 @@ def prepare_trainer(trainer: Any) -> Any:
             if state is None:
                 warnings.warn(
                     f"checkpoint {folder} has no rayshard loader state (not saved by a"
-                    " Trainer prepared with rayshard's prepare_trainer): the loader reads the"
+                    " Trainer prepared with rayshard's prepare_trainer, or saved with"
+                    " save_only_model=True, which saves no data state): the loader reads the"
                     " Trainer's epoch again from its start and the Trainer skips the batches"
                     " had, which repeats no sample only if that epoch's plan is the same",
                     stacklevel=2,

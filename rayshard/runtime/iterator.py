@@ -63,9 +63,7 @@ class ShardIterator:
             self._dropped = weakref.finalize(self, abandon_rank, local_reads, self._reader, key)
         self._local = local_reads  # a `LocalReads`: this worker reads for itself
         self._depth, self._blocks_ahead = prefetch_depth, blocks_ahead
-        self._format = batch_format
-        self._device = device
-        self._collate_fn = collate_fn
+        self._format, self._device, self._collate_fn = batch_format, device, collate_fn
         self._feed: Any = None  # the DeviceFeed of the current epoch (torch format)
         self._stream: Iterator[Any] = iter(())
         self._epoch = int(registration.get("epoch", 0))  # where this rank is
@@ -195,6 +193,7 @@ class ShardIterator:
             "samples_received": self.samples_received,
             "stall_seconds": self.stall_seconds,
             "ack_interval_asked_s": self._acks.asked_s,  # 0 until the coordinator answered
+            "length_exact": self._exact,  # whether `len()` of the started epoch is final
         }
         if self._feed is not None:
             out["feed"] = self._feed.stats().as_dict()

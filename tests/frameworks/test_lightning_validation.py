@@ -10,7 +10,10 @@ import lightning.pytorch as pl
 import pytest
 import torch
 
+from rayshard.errors import ConfigError
+from rayshard.frameworks.hf_resume import ResumingDataLoader
 from rayshard.frameworks.lightning import LightningBatches, RayshardCheckpoint
+from rayshard.frameworks.torch import IterableAdapter
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import unique_name, write_parquet
@@ -82,3 +85,43 @@ def test_every_validation_reads_its_epoch_from_the_start(ray_session, tmp_path, 
     finally:
         train.shutdown()
         val.shutdown()
+
+
+def test_a_loop_that_stops_at_len_refuses_an_estimated_length(ray_session, tmp_path):
+    # dynamic without equal steps: a rank's len() is an estimate, and Lightning and the
+    # Hugging Face Trainer end an epoch there (early, or the next epoch would come out empty)
+    data = write_parquet(tmp_path / "train", [TRAIN_ROWS])
+    loader = Loader(
+        ParquetSource(data),
+        batch_size=BATCH,
+        name=unique_name("plv-dyn"),
+        policy="dynamic",
+        equal_steps=False,
+    )
+    try:
+        batches = LightningBatches(loader.iterator(world_rank=0, world_size=1))
+        trainer = pl.Trainer(
+            max_epochs=1,
+            accelerator="cpu",
+            devices=1,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        with pytest.raises(ConfigError, match="equal_steps=True"):
+            trainer.fit(Validated(), train_dataloaders=batches)
+        adapter = IterableAdapter(loader.iterator(world_rank=0, world_size=1))
+        with pytest.raises(ConfigError, match="Hugging Face Trainer"):
+            iter(ResumingDataLoader(adapter))
+    finally:
+        loader.shutdown()
+
+    exact = Loader(
+        ParquetSource(data), batch_size=BATCH, name=unique_name("plv-eq"), policy="dynamic"
+    )
+    try:  # with equal steps (the default) the same loops read
+        adapter = IterableAdapter(exact.iterator(world_rank=0, world_size=1))
+        assert len(list(ResumingDataLoader(adapter))) == TRAIN_ROWS // BATCH
+    finally:
+        exact.shutdown()
