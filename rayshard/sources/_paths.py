@@ -68,7 +68,22 @@ def resolve_paths(
             )  # fmt: skip
         else:
             out.append((fs, path, display, path.rsplit("/", 1)[-1], _version(info)))
+    _refuse_repeats(out)
     return out
+
+
+def _refuse_repeats(files: list[tuple[pafs.FileSystem, str, str, str, str]]) -> None:
+    """A `ConfigError` naming a file that entries name twice (a folder and a folder inside
+    it, two globs that overlap): every epoch would read its samples twice."""
+    seen: set[tuple[str, str]] = set()
+    for fs, path, display, *_ in files:
+        if (fs.type_name, path) in seen:
+            raise ConfigError(
+                f"{display} is named twice by the paths given (entries that overlap, such as "
+                "a folder and a folder inside it, or two globs): every epoch would read its "
+                "rows twice. Name each file once"
+            )
+        seen.add((fs.type_name, path))
 
 
 def _path_list(paths: object, kind: str) -> list[str]:
@@ -182,11 +197,9 @@ def _glob_regex(pattern: str) -> str:
         elif pattern.startswith("**", i):
             out.append(".*")
             i += 2
-        elif pattern[i] == "*":
-            out.append("[^/]*")
-            i += 1
-        elif pattern[i] == "?":
-            out.append("[^/]")
+        elif pattern[i] in "*?":  # as in a shell: not a name's leading "." (".x.crc")
+            lead = "(?![.])" if i == 0 or pattern[i - 1] == "/" else ""
+            out.append(lead + ("[^/]*" if pattern[i] == "*" else "[^/]"))
             i += 1
         elif pattern[i] == "[" and "]" in pattern[i + 1 :]:
             close = pattern.index("]", i + 1)

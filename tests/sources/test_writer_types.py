@@ -15,6 +15,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
+from rayshard.errors import ConfigError
 from rayshard.sources.parquet import ParquetSource
 from rayshard.sources.schema import promote_type
 
@@ -82,3 +83,17 @@ def test_batches_have_the_columns_in_the_order_asked_for(tmp_path):
     assert source.schema().names == ["z", "x"]
     assert [batch.schema.names for batch in source.read(0, 2)] == [["z", "x"]]
     assert _rows(source) == {"z": [5, 6], "x": [1, 2]}
+
+
+def test_overlapping_paths_are_refused_and_globs_skip_hidden_names(tmp_path):
+    (tmp_path / "sub").mkdir()
+    pq.write_table(pa.table({"x": [1, 2]}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"x": [3]}), tmp_path / "sub" / "b.parquet")
+    folders = [tmp_path, tmp_path / "sub"]  # b.parquet twice
+    globs = [f"{tmp_path}/*.parquet", f"{tmp_path}/**/*.parquet"]  # a.parquet twice
+    for paths, named in ((folders, "b.parquet"), (globs, "a.parquet")):
+        with pytest.raises(ConfigError, match=rf"{named} is named twice"):
+            ParquetSource(paths)
+    (tmp_path / ".a.parquet.crc").write_bytes(b"checksum")  # a Spark/Hadoop side file
+    assert _rows(ParquetSource(f"{tmp_path}/*")) == {"x": [1, 2]}
+    assert ParquetSource(f"{tmp_path}/**/*.parquet").layout().num_samples == 3
