@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from rayshard.errors import ConfigError
 
 _SEGMENT = re.compile(r"^([^=/]+)=([^/]*)$")
+HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"  # a null partition value (Hive, Spark, pyarrow)
 _ROW = "__rayshard_row"
 
 
@@ -57,7 +58,8 @@ def partition_schema(
                 f"partition key {key!r} ({first_name}) is also a column inside the files: "
                 "rename the folders, or pass partitioning=None"
             )
-        ints = all(_is_int64(keys[key]) for _, keys in values)
+        given = [keys[key] for _, keys in values if keys[key] != HIVE_NULL]
+        ints = bool(given) and all(_is_int64(value) for value in given)
         fields.append(pa.field(key, pa.int64() if ints else pa.string()))
     return pa.schema(fields)
 
@@ -110,6 +112,8 @@ def _evaluate(table: pa.Table, expression: Any, where: str) -> pa.Table:
 
 
 def _typed(value: str, type_: pa.DataType) -> Any:
+    if value == HIVE_NULL:
+        return None
     return int(value) if pa.types.is_integer(type_) else value
 
 

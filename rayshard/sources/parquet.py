@@ -112,7 +112,8 @@ class ParquetSource(ChunkedFileSource):
 
         expression = pc.scalar(True)
         for key, value in partition.items():
-            expression = expression & (pc.field(key) == value)
+            field = pc.field(key)
+            expression = expression & (field.is_null() if value is None else field == value)
         try:
             fragment = ds.ParquetFileFormat().make_fragment(
                 path, filesystem=fs, partition_expression=expression

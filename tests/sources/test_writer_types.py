@@ -97,3 +97,21 @@ def test_overlapping_paths_are_refused_and_globs_skip_hidden_names(tmp_path):
     (tmp_path / ".a.parquet.crc").write_bytes(b"checksum")  # a Spark/Hadoop side file
     assert _rows(ParquetSource(f"{tmp_path}/*")) == {"x": [1, 2]}
     assert ParquetSource(f"{tmp_path}/**/*.parquet").layout().num_samples == 3
+
+
+def test_a_null_hive_partition_is_a_null_of_the_keys_type(tmp_path):
+    # pyarrow (as Hive and Spark) writes a null partition value as p=__HIVE_DEFAULT_PARTITION__
+    table = pa.table({"x": [1, 2, 3, 4], "p": pa.array([1, 2, None, 1], pa.int64())})
+    pq.write_to_dataset(table, tmp_path, partition_cols=["p"])
+    source = ParquetSource(tmp_path)
+    assert source.schema().field("p").type == pa.int64()
+    rows = _rows(source)
+    assert sorted(zip(rows["x"], rows["p"]), key=str) == sorted(
+        [(1, 1), (2, 2), (3, None), (4, 1)], key=str
+    )
+    assert _rows(ParquetSource(tmp_path, filter=pc.field("p").is_null())) == {
+        "x": [3],
+        "p": [None],
+    }
+    kept = _rows(ParquetSource(tmp_path, filter=pc.field("x") > 2))  # row-group statistics
+    assert sorted(zip(kept["x"], kept["p"]), key=str) == sorted([(3, None), (4, 1)], key=str)
