@@ -3,8 +3,10 @@
 Files written by different tools differ in ways that lose nothing when widened:
 `list` vs `large_list` (polars writes `large_list`), `string` vs `large_string`, `binary`
 vs `large_binary`, integer widths (`int32` vs `int64`, `uint16` vs `int32`), float widths,
-the name of a list's item field (`item` vs `element`), a column of only nulls (type `null`)
-and dictionary encoding (pandas' categoricals, with index widths by their size). Those are
+the name of a list's item field (`item` vs `element`), view types (`string_view`, as
+polars writes Arrow IPC) as their large kind, decimals of one scale to the larger
+precision, structs field by field, a column of only nulls (type `null`) and dictionary
+encoding (pandas' categoricals, with index widths by their size). Those are
 promoted to the wider type (dictionaries against plain values: to the plain type);
 anything else (another kind of value, a missing column) is a `ConfigError`.
 Pure functions over `pyarrow` types, testable without files.
@@ -19,6 +21,8 @@ from rayshard.errors import ConfigError
 _SIGNED = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _UNSIGNED = (pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64())
 _FLOATS = (pa.float16(), pa.float32(), pa.float64())
+_TEXT = (pa.string(), pa.large_string(), pa.string_view())
+_BYTES = (pa.binary(), pa.large_binary(), pa.binary_view())
 
 
 def promote_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
@@ -37,9 +41,14 @@ def promote_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         # a signed type holds an unsigned one of fewer bits; int64 is the widest
         need = max(_SIGNED.index(signed), _UNSIGNED.index(unsigned) + 1)
         return _SIGNED[need] if need < len(_SIGNED) else None
-    for small, large in ((pa.string(), pa.large_string()), (pa.binary(), pa.large_binary())):
-        if {str(a), str(b)} <= {str(small), str(large)}:
-            return large
+    for kinds in (_TEXT, _BYTES):  # view types (polars' IPC) as their large kind
+        if {str(a), str(b)} <= {str(t) for t in kinds}:
+            return kinds[1]
+    if pa.types.is_decimal(a) and pa.types.is_decimal(b):  # duckdb, pandas: precisions
+        same = a.scale == b.scale and a.bit_width == b.bit_width
+        return max(a, b, key=lambda t: t.precision) if same else None
+    if pa.types.is_struct(a) and pa.types.is_struct(b):
+        return _promote_struct(a, b)
     if _is_list(a) and _is_list(b):
         value = promote_type(a.value_type, b.value_type)
         if value is None:
@@ -107,6 +116,20 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     if table.schema.equals(target, check_metadata=True):
         return table
     return table.cast(target)
+
+
+def _promote_struct(a: pa.StructType, b: pa.StructType) -> pa.DataType | None:
+    """Structs of the same field names in the same order, each field promoted (polars
+    writes a struct's strings as `large_string`, pyarrow as `string`)."""
+    if [f.name for f in a] != [f.name for f in b]:
+        return None
+    fields = []
+    for x, y in zip(a, b):
+        value = promote_type(x.type, y.type)
+        if value is None:
+            return None
+        fields.append(pa.field(x.name, value, nullable=x.nullable or y.nullable))
+    return pa.struct(fields)
 
 
 def _promote_dictionary(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:

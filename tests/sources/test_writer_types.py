@@ -6,6 +6,7 @@ Real files in a temp folder; the promotions also as pure functions."""
 
 from __future__ import annotations
 
+import decimal
 import math
 
 import pandas as pd
@@ -16,6 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from rayshard.errors import ConfigError
+from rayshard.sources.arrow_files import ArrowFileSource
 from rayshard.sources.parquet import ParquetSource
 from rayshard.sources.schema import promote_type
 
@@ -115,3 +117,33 @@ def test_a_null_hive_partition_is_a_null_of_the_keys_type(tmp_path):
     }
     kept = _rows(ParquetSource(tmp_path, filter=pc.field("x") > 2))  # row-group statistics
     assert sorted(zip(kept["x"], kept["p"]), key=str) == sorted([(3, None), (4, 1)], key=str)
+
+
+def test_structs_decimals_and_view_strings_of_other_writers_read_as_one_column(tmp_path):
+    import duckdb
+
+    structs, decimals, ipc = (tmp_path / n for n in ("structs", "decimals", "ipc"))
+    for folder in (structs, decimals, ipc):
+        folder.mkdir()
+    pl.DataFrame({"s": [{"a": "x", "n": 1}]}).write_parquet(structs / "a.parquet")  # large
+    s = pa.array([{"a": "y", "n": 2}], pa.struct([("a", pa.string()), ("n", pa.int32())]))
+    pq.write_table(pa.table({"s": s}), structs / "b.parquet")
+    assert _rows(ParquetSource(structs))["s"] == [{"a": "x", "n": 1}, {"a": "y", "n": 2}]
+
+    duckdb.sql(
+        f"COPY (SELECT 1.25::DECIMAL(5, 2) AS d) TO '{decimals / 'a.parquet'}' (FORMAT parquet)"
+    )
+    wide = pa.array([decimal.Decimal("12345678.50")], pa.decimal128(10, 2))
+    pq.write_table(pa.table({"d": wide}), decimals / "b.parquet")
+    source = ParquetSource(decimals)
+    assert source.schema().field("d").type == pa.decimal128(10, 2)
+    assert [str(v) for v in _rows(source)["d"]] == ["1.25", "12345678.50"]
+
+    pl.DataFrame({"t": ["u"]}).write_ipc(ipc / "a.arrow")  # string_view
+    plain = pa.table({"t": ["v"]})
+    with pa.ipc.new_file(ipc / "b.arrow", plain.schema) as writer:
+        writer.write_table(plain)
+    source = ArrowFileSource(ipc)
+    assert source.schema().field("t").type == pa.large_string()
+    num = source.layout().num_samples
+    assert pa.Table.from_batches(list(source.read(0, num))).column("t").to_pylist() == ["u", "v"]
