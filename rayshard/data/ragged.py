@@ -28,6 +28,8 @@ from rayshard.data.wire import ships_as_arrow
 from rayshard.errors import DataError
 
 INDEX_KEY = "_index"
+# view types (polars' Arrow IPC) have no fill kernel: filled as their large kind
+_UNVIEWED = {"string_view": pa.large_string(), "binary_view": pa.large_binary()}
 
 
 def convert_table(
@@ -58,6 +60,7 @@ def convert_table(
                 has_fill, fill = rules.fill_of(name)
                 if not has_fill:
                     raise _null_error(name, column.is_null(), index)
+                column = column.cast(_UNVIEWED.get(str(column.type), column.type))
                 column = column.fill_null(pa.scalar(fill).cast(column.type))
             keep = keep_text and ships_as_arrow(column.type)
             out[name] = column if keep else numpy_of(column)

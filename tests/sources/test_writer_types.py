@@ -1,8 +1,10 @@
 """Columns as other writers type them, across the files of one dataset: a column of only
 nulls (pandas, polars), dictionary-encoded strings (pandas' categoricals with index widths
-by size, pyarrow) against plain strings (fastparquet, polars); a `filter=` on a float
-column with NaN (Parquet statistics leave NaN out); the columns in the order asked for.
-Real files in a temp folder; the promotions also as pure functions."""
+by size, pyarrow) against plain strings (fastparquet, polars), structs, decimals and view
+strings (polars, duckdb, pyarrow); a `filter=` on a float column with NaN (Parquet
+statistics leave NaN out); a null Hive partition; the columns in the order asked for;
+overlapping paths and hidden side files. Real files in a temp folder; the promotions also
+as pure functions."""
 
 from __future__ import annotations
 
@@ -15,11 +17,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
+from real_data import epoch
 
 from rayshard.errors import ConfigError
+from rayshard.loader import Loader
 from rayshard.sources.arrow_files import ArrowFileSource
 from rayshard.sources.parquet import ParquetSource
 from rayshard.sources.schema import promote_type
+from tests.runtime.helpers import unique_name
 
 
 def _rows(source: ParquetSource) -> dict:
@@ -147,3 +152,17 @@ def test_structs_decimals_and_view_strings_of_other_writers_read_as_one_column(t
     assert source.schema().field("t").type == pa.large_string()
     num = source.layout().num_samples
     assert pa.Table.from_batches(list(source.read(0, num))).column("t").to_pylist() == ["u", "v"]
+
+
+@pytest.mark.ray
+def test_nulls_of_a_view_string_column_are_filled(ray_session, tmp_path):
+    pl.DataFrame({"t": ["a", None, "c"], "id": [0, 1, 2]}).write_ipc(tmp_path / "a.arrow")
+    source = ArrowFileSource(tmp_path)
+    with pytest.raises(ConfigError, match="fill_null"):
+        Loader(source, batch_size=3, name=unique_name("view"), fill_null={"t": 5})
+    loader = Loader(source, batch_size=3, name=unique_name("view"), fill_null={"t": "?"})
+    try:
+        (batch,) = epoch(loader, batch_format="numpy")
+        assert list(batch["t"]) == ["a", "?", "c"]
+    finally:
+        loader.shutdown()
