@@ -15,6 +15,7 @@ import torch
 from rayshard.frameworks.lightning import CHECKPOINT_KEY, LightningBatches, RayshardCheckpoint
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
+from tests.frameworks.pl_trainers import quiet_trainer
 from tests.runtime.helpers import unique_name, write_parquet
 
 pytestmark = pytest.mark.ray
@@ -62,16 +63,7 @@ class SaveAndStop(pl.Callback):
 
 
 def _trainer(*callbacks, epochs: int = EPOCHS) -> pl.Trainer:
-    return pl.Trainer(
-        max_epochs=epochs,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=list(callbacks),
-    )
+    return quiet_trainer(*callbacks, epochs=epochs)
 
 
 @pytest.fixture(scope="module")

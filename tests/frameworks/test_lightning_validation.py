@@ -16,6 +16,7 @@ from rayshard.frameworks.lightning import LightningBatches, RayshardCheckpoint
 from rayshard.frameworks.torch import IterableAdapter
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
+from tests.frameworks.pl_trainers import quiet_trainer
 from tests.runtime.helpers import unique_name, write_parquet
 
 pytestmark = pytest.mark.ray
@@ -63,17 +64,11 @@ def test_every_validation_reads_its_epoch_from_the_start(ray_session, tmp_path, 
         batches = LightningBatches(train.iterator(world_rank=0, world_size=1))
         val_batches = val.iterator(world_rank=0, world_size=1)
         model = Validated()
-        pl.Trainer(
-            max_epochs=EPOCHS,
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
+        quiet_trainer(
+            RayshardCheckpoint(batches, val_batches),
+            epochs=EPOCHS,
             num_sanity_val_steps=2,
             limit_val_batches=limit,
-            callbacks=[RayshardCheckpoint(batches, val_batches)],
         ).fit(model, train_dataloaders=batches, val_dataloaders=val_batches)
         assert model.sanity == list(range(2 * BATCH))  # two batches, then read again
         assert len(model.runs) == EPOCHS
@@ -100,15 +95,7 @@ def test_a_loop_that_stops_at_len_refuses_an_estimated_length(ray_session, tmp_p
     )
     try:
         batches = LightningBatches(loader.iterator(world_rank=0, world_size=1))
-        trainer = pl.Trainer(
-            max_epochs=1,
-            accelerator="cpu",
-            devices=1,
-            logger=False,
-            enable_checkpointing=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-        )
+        trainer = quiet_trainer(epochs=1)
         with pytest.raises(ConfigError, match="equal_steps=True"):
             trainer.fit(Validated(), train_dataloaders=batches)
         adapter = IterableAdapter(loader.iterator(world_rank=0, world_size=1))
