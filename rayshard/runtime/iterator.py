@@ -87,7 +87,7 @@ class ShardIterator:
             ack_interval_s,
             loader_name=self._loader_name,
         )
-        weakref.finalize(self, self._acks.end_soon)  # dropped unclosed: its thread ends
+        weakref.finalize(self, self._acks.end_soon).atexit = False  # dropped: thread ends
 
     @property
     def epoch(self) -> int:
