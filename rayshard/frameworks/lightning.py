@@ -130,8 +130,11 @@ class RayshardCheckpoint(pl.Callback):
         the validation iterator mid-epoch: the next one would read only the rest, and its
         `len()` (which Lightning takes as the epoch's) shrink every time. It reads that
         epoch from its start again instead; a whole validation moves on to the next."""
-        if self.val is not None:
-            restart_epoch(getattr(self.val, "iterator", self.val))
+        if isinstance(self.val, LightningBatches):  # its count of the epoch starts over too
+            restart_epoch(self.val.iterator)
+            self.val._epoch, self.val._yielded = None, 0
+        elif self.val is not None:
+            restart_epoch(self.val)
 
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: Any, checkpoint: dict) -> None:
         checkpoint[CHECKPOINT_KEY] = self.batches.snapshot()

@@ -19,7 +19,7 @@ import pyarrow.fs as pafs
 
 from rayshard.errors import ConfigError
 from rayshard.sources import _select
-from rayshard.sources.schema import conform, merge_schemas
+from rayshard.sources.schema import conform, merge_schemas, plain_dictionaries
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +108,7 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
             f"the dataset has no rows: every file is empty ({where}); "
             "check the paths, or write some rows first"
         )
-    file_schema = schema_of[1]
+    file_schema = plain_dictionaries(schema_of[1])
     if promoted:
         log.info(
             "rayshard: files of %s differ safely; columns %s are promoted, schema: %s",

@@ -120,8 +120,8 @@ class ParquetSource(ChunkedFileSource):
             )
             parts = [pa.field(k, pa.scalar(v).type) for k, v in partition.items()]
             schema = pa.schema([*fragment.physical_schema, *parts])
-            if any(pa.types.is_floating(f.type) and f.name in str(filter_) for f in schema):
-                return list(range(n))  # float statistics leave NaN out: they cannot rule out
+            if _may_read_floats(filter_, schema):
+                return list(range(n))
             kept = fragment.split_by_row_group(filter_, schema=schema)
             return sorted(group.id for part in kept for group in part.row_groups)
         except (pa.ArrowException, OSError):  # statistics unusable: evaluate every row group
@@ -137,6 +137,16 @@ class ParquetSource(ChunkedFileSource):
                 out.append((file.display, group, offset, offset + rows))
                 offset += rows
         return out
+
+
+def _may_read_floats(filter_: Any, schema: pa.Schema) -> bool:
+    """Whether `filter_` may read a float column, whose Parquet statistics leave NaN out and
+    so cannot rule a row group out: one named in it, or any nested or positional reference
+    (conservative: a wrong yes only costs the pruning)."""
+    text = str(filter_)
+    if "FieldRef.Nested" in text or "FieldPath" in text:
+        return True
+    return any(pa.types.is_floating(f.type) and f.name in text for f in schema)
 
 
 def _belongs(path_in_schema: str, columns: list[str]) -> bool:

@@ -6,9 +6,8 @@ vs `large_binary`, integer widths (`int32` vs `int64`, `uint16` vs `int32`), flo
 the name of a list's item field (`item` vs `element`), view types (`string_view`, as
 polars writes Arrow IPC) as their large kind, decimals of one scale to the larger
 precision, structs field by field, a column of only nulls (type `null`) and dictionary
-encoding (pandas' categoricals, with index widths by their size). Those are
-promoted to the wider type (dictionaries against plain values: to the plain type);
-anything else (another kind of value, a missing column) is a `ConfigError`.
+encoding (pandas' categoricals: read as their plain values). Those are promoted to the
+wider type; anything else (another kind of value, a missing column) is a `ConfigError`.
 Pure functions over `pyarrow` types, testable without files.
 """
 
@@ -31,8 +30,8 @@ def promote_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         return a
     if pa.types.is_null(a) or pa.types.is_null(b):  # a column of only nulls (pandas, polars)
         return b if pa.types.is_null(a) else a
-    if pa.types.is_dictionary(a) or pa.types.is_dictionary(b):
-        return _promote_dictionary(a, b)
+    if pa.types.is_dictionary(a) or pa.types.is_dictionary(b):  # read as plain values
+        return promote_type(*(t.value_type if pa.types.is_dictionary(t) else t for t in (a, b)))
     for family in (_SIGNED, _UNSIGNED, _FLOATS):
         if a in family and b in family:
             return max(a, b, key=family.index)
@@ -88,8 +87,8 @@ def merge_schemas(
             raise ConfigError(
                 f"schemas disagree on column {field.name!r}: {field.type} in {a_name} but "
                 f"{other_field.type} in {b_name}, and there is no safe promotion between them "
-                "(only list/large_list, string/large_string, binary/large_binary and wider "
-                "numbers of one kind are promoted); rewrite one file with the other's type"
+                "(see the kinds promoted in the README's Real data); rewrite one file with the "
+                "other's type"
             )
         if not (wide.equals(field.type) and wide.equals(other_field.type)):
             promoted.append(field.name)
@@ -132,22 +131,19 @@ def _promote_struct(a: pa.StructType, b: pa.StructType) -> pa.DataType | None:
     return pa.struct(fields)
 
 
-def _promote_dictionary(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
-    """Dictionary-encoded (pandas' categoricals, pyarrow's default for repeated strings)
-    against another: two dictionaries of one value type keep the wider index; a dictionary
-    against plain values (another writer's) promotes to the plain type of both."""
-    if pa.types.is_dictionary(a) and pa.types.is_dictionary(b):
-        value = promote_type(a.value_type, b.value_type)
-        index = promote_type(a.index_type, b.index_type)
-        if value is None or index is None:
-            return None
-        return pa.dictionary(index, value, ordered=a.ordered and b.ordered)
-    values = [t.value_type if pa.types.is_dictionary(t) else t for t in (a, b)]
-    return promote_type(*values)
+def plain_dictionaries(schema: pa.Schema) -> pa.Schema:
+    """`schema` with dictionary-encoded columns (pandas' categoricals, pyarrow's) as their
+    plain values: batches join row groups, and row groups and files each have their own
+    dictionary, whose union may not fit the index type (pandas gives 100 categories an
+    int8 index; two such files hold 200)."""
+    plain = [
+        f.with_type(f.type.value_type) if pa.types.is_dictionary(f.type) else f for f in schema
+    ]
+    return pa.schema(plain, metadata=schema.metadata)
 
 
 def _is_list(t: pa.DataType) -> bool:
     return pa.types.is_list(t) or pa.types.is_large_list(t)
 
 
-__all__ = ["conform", "merge_schemas", "promote_type"]
+__all__ = ["conform", "merge_schemas", "plain_dictionaries", "promote_type"]

@@ -48,8 +48,9 @@ class Validated(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+@pytest.mark.parametrize("wrapped", [False, True])
 @pytest.mark.parametrize("limit", [None, 0.5])
-def test_every_validation_reads_its_epoch_from_the_start(ray_session, tmp_path, limit):
+def test_every_validation_reads_its_epoch_from_the_start(ray_session, tmp_path, limit, wrapped):
     train = Loader(
         ParquetSource(write_parquet(tmp_path / "train", [TRAIN_ROWS])),
         batch_size=BATCH,
@@ -63,6 +64,8 @@ def test_every_validation_reads_its_epoch_from_the_start(ray_session, tmp_path, 
     try:
         batches = LightningBatches(train.iterator(world_rank=0, world_size=1))
         val_batches = val.iterator(world_rank=0, world_size=1)
+        if wrapped:  # (as a LightningBatches too: its len() counts the epoch's batches had)
+            val_batches = LightningBatches(val_batches)
         model = Validated()
         quiet_trainer(
             RayshardCheckpoint(batches, val_batches),
