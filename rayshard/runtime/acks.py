@@ -263,7 +263,8 @@ class AckSender:
 
     def end_soon(self) -> None:
         """Its iterator was dropped without `close()` (called by a finalizer: it must not
-        wait): the thread sends what is pending, waits until it is recorded, and ends."""
+        wait): the thread sends what is pending and ends (a `ray.shutdown()` in another
+        thread waits for Ray's lock, so the thread does not wait for the answers)."""
         self._dropped = True
         self._wake.set()
 
@@ -276,15 +277,12 @@ class AckSender:
                     self._forget()
                     return
                 self.flush()
-        if self._dropped:
+        if self._dropped:  # what is pending goes out, not waited for under Ray's lock
             with ray_held() as up:
-                try:
-                    if up:
-                        self.flush(wait=True)
-                except ray.exceptions.RayError:  # the loader was shut down meanwhile
-                    pass
-                finally:
-                    self._forget()
+                if up:
+                    with self._lock:
+                        self._send_pending()
+                self._forget()
 
     def _forget(self) -> None:
         """Drop what is pending and the references to what was sent and to the relay (at
