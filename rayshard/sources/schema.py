@@ -20,8 +20,9 @@ from rayshard.errors import ConfigError
 _SIGNED = (pa.int8(), pa.int16(), pa.int32(), pa.int64())
 _UNSIGNED = (pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64())
 _FLOATS = (pa.float16(), pa.float32(), pa.float64())
-_TEXT = (pa.string(), pa.large_string(), pa.string_view())
-_BYTES = (pa.binary(), pa.large_binary(), pa.binary_view())
+# view types (polars' Arrow IPC; pyarrow >= 16) promote as their large kind: by name
+_TEXT = ("string", "large_string", "string_view")
+_BYTES = ("binary", "large_binary", "binary_view")
 
 
 def promote_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
@@ -40,9 +41,9 @@ def promote_type(a: pa.DataType, b: pa.DataType) -> pa.DataType | None:
         # a signed type holds an unsigned one of fewer bits; int64 is the widest
         need = max(_SIGNED.index(signed), _UNSIGNED.index(unsigned) + 1)
         return _SIGNED[need] if need < len(_SIGNED) else None
-    for kinds in (_TEXT, _BYTES):  # view types (polars' IPC) as their large kind
-        if {str(a), str(b)} <= {str(t) for t in kinds}:
-            return kinds[1]
+    for kinds, large in ((_TEXT, pa.large_string()), (_BYTES, pa.large_binary())):
+        if {str(a), str(b)} <= set(kinds):
+            return large
     if pa.types.is_decimal(a) and pa.types.is_decimal(b):  # duckdb, pandas: precisions
         same = a.scale == b.scale and a.bit_width == b.bit_width
         return max(a, b, key=lambda t: t.precision) if same else None
