@@ -201,3 +201,19 @@ def test_an_iterator_closed_while_its_loop_waits_says_so(ray_session, tmp_path, 
             next(loop)  # not the epoch's end
     finally:
         loader.shutdown()
+
+
+@pytest.mark.ray
+def test_a_stop_iteration_from_collate_fn_is_an_error_not_the_epochs_end(ray_session, tmp_path):
+    def collate(batch):
+        raise StopIteration  # a user's bug: it must not read as the end of the epoch
+
+    loader = _loader(tmp_path)
+    try:
+        it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy", collate_fn=collate)
+        with pytest.raises(RuntimeError, match="StopIteration"):
+            next(iter(it))
+        with pytest.raises(RayshardError, match="stopped after 0 of"):
+            iter(it)  # the epoch is broken, not ended with nothing read
+    finally:
+        loader.shutdown()
