@@ -77,25 +77,18 @@ class ShardIterator:
         self._next_length: tuple | None = None  # ((generation, epoch), batches) for len()
         self._iterations = 0  # calls of iter(): a generator of an older call yields nothing
         self._failure: BaseException | None = None  # what ended the current epoch's stream
+        self._held: Any = None  # a received batch not yet yielded (an interrupt came first)
         self._closed = False  # `close()` was called: iterating raises
         self.samples_received, self.stall_seconds = 0, 0.0
-        self._loader_name = registration.get("loader", "")
-        self._acks = AckSender(
-            coordinator,
-            registration["generation"],
-            placement.dp_rank,
-            ack_interval_s,
-            loader_name=self._loader_name,
-        )
+        self._loader_name = name = registration.get("loader", "")
+        rank, interval = placement.dp_rank, ack_interval_s
+        self._acks = AckSender(coordinator, self._generation, rank, interval, loader_name=name)
         weakref.finalize(self, self._acks.end_soon).atexit = False  # dropped: thread ends
 
     @property
     def epoch(self) -> int:
         """The epoch the current (or, once it is finished, the next) iteration reads."""
-        return self._epoch + 1 if self._finished() else self._epoch
-
-    def _finished(self) -> bool:
-        return self._started and self._ended
+        return self._epoch + 1 if self._started and self._ended else self._epoch
 
     @property
     def placement(self) -> DataParallelRank:
@@ -106,6 +99,7 @@ class ShardIterator:
         """Make the next iteration read `epoch` from its start."""
         check_int(epoch, "epoch", minimum=0, error=ValueError)
         self._epoch, self._received, self._started, self._failure = epoch, 0, False, None
+        self._held = None
         self._iterations += 1  # a generator of an earlier iter() yields nothing more
 
     def __len__(self) -> int:
@@ -114,7 +108,7 @@ class ShardIterator:
         and no churn, otherwise the coordinator's current estimate. Asked often by
         frameworks: answered from a cache per (generation, epoch), no remote call."""
         if self._started and not self._ended:
-            return max(self._length - self._received, 0)
+            return max(self._length - self._received, 0) + (self._held is not None)
         key = (self._generation, self.epoch)
         if self._next_length is None or self._next_length[0] != key:
             self._next_length = (key, self._current_length(key[1]))
@@ -132,7 +126,7 @@ class ShardIterator:
             raise iterator_closed(self._where())
         if self._failure is not None and not self._ended:
             raise epoch_broken(self._failure, self._epoch, self._received, self._length)
-        if not self._started or self._ended:  # the epoch moves on once it has started
+        if self._held is None and (not self._started or self._ended):  # (moves on once begun)
             self._begin(self._epoch + 1 if self._started else self._epoch)
         self._iterations += 1
         return self._yield(self._epoch, self._iterations)
@@ -141,29 +135,36 @@ class ShardIterator:
         while iteration == self._iterations:
             if self._closed:  # (closed between two batches)
                 raise iterator_closed(self._where())
-            reason = generations.superseded(*self._registered())
-            if reason is not None:  # nothing taken from the stream: nothing lost
-                raise generations.stale_error(self._where(), self._generation, reason)
-            waited = time.perf_counter()
-            try:
-                meta, batch = next(self._stream)
-            except StopIteration:
-                if self._closed:  # by another thread while this loop waited
-                    raise iterator_closed(self._where()) from None
-                self._end_epoch()
+            if self._held is None and not self._receive(epoch):
                 return
-            except BaseException as error:  # the stream is dead: the epoch did not end with it
-                if isinstance(error, Exception) or not getattr(self._stream, "resumable", False):
-                    self._failure = error  # (an interrupt: only a `resumable` stream goes on)
-                raise
-            stall = time.perf_counter() - waited
-            self._received += 1
-            self._acknowledge(epoch, meta, stall)
+            # An interrupt or error from here on keeps the batch for the next `iter()`.
             if self._received >= self._length and self._length_final():
                 self._end_epoch()  # before the yield: the caller may never ask again
             else:
                 self._ended = False  # work returned by a lost rank, past the planned end
+            batch, self._held = self._held, None
             yield batch
+
+    def _receive(self, epoch: int) -> bool:
+        """Take the stream's next batch into `_held` and acknowledge it; False at its end."""
+        reason = generations.superseded(*self._registered())
+        if reason is not None:  # nothing taken from the stream: nothing lost
+            raise generations.stale_error(self._where(), self._generation, reason)
+        waited = time.perf_counter()
+        try:
+            meta, batch = next(self._stream)
+        except StopIteration:
+            if self._closed:  # by another thread while this loop waited
+                raise iterator_closed(self._where()) from None
+            self._end_epoch()
+            return False
+        except BaseException as error:  # the stream is dead: the epoch did not end with it
+            if isinstance(error, Exception) or not getattr(self._stream, "resumable", False):
+                self._failure = error  # (an interrupt: only a `resumable` stream goes on)
+            raise
+        self._received, self._held = self._received + 1, batch
+        self._acknowledge(epoch, meta, time.perf_counter() - waited)
+        return True
 
     def _length_final(self) -> bool:
         """Whether the batch just received is the epoch's last, not asking the stream."""
@@ -171,8 +172,8 @@ class ShardIterator:
             return False
         if self._dynamic_steps_checked != self._epoch:
             # Under `dynamic` a lost rank's work can grow this rank's step count.
-            self._dynamic_steps_checked = self._epoch
             self._length = max(self._length, self._current_length(self._epoch))
+            self._dynamic_steps_checked = self._epoch  # (once answered: an interrupt asks again)
         return self._received >= self._length
 
     def _current_length(self, epoch: int) -> int:
@@ -181,9 +182,10 @@ class ShardIterator:
         )
 
     def _end_epoch(self) -> None:
-        """Every batch reached the loop: the coordinator must have them (see `runtime.acks`)."""
-        self._ended = True
+        """Every batch reached the loop: the coordinator must have them (see `runtime.acks`).
+        Ended once they are: an interrupt in the wait leaves the epoch to end again."""
         self._acks.flush(wait=True)
+        self._ended = True
 
     def stats(self) -> dict:
         """This worker's counters, with the device feed's memory statistics (torch format)."""
@@ -298,7 +300,7 @@ class ShardIterator:
         self._epoch, self._received = epoch, 0
         self._length, self._exact = started["batches"], started["exact"]
         self._dynamic_steps_checked = None if self._dynamic else epoch
-        self._started, self._ended, self._failure = True, False, None
+        self._started, self._ended, self._failure, self._held = True, False, None, None
 
     def _close_feed(self) -> None:
         if self._feed is not None:
@@ -306,10 +308,8 @@ class ShardIterator:
             self._feed = None
 
     def _acknowledge(self, epoch: int, meta: BatchMeta, stall: float) -> None:
-        """Record a received batch; acknowledgements go out in groups (see
-        `rayshard.runtime.acks`). The tag says which samples the batch consumes, with those
-        a transform dropped, or under packing the documents it finished and the split
-        ones' progress (`rayshard.runtime.block.tag_batch`)."""
+        """Record a received batch, acknowledged in groups (`rayshard.runtime.acks`); its
+        tag says which samples it consumes (`rayshard.runtime.block.tag_batch`)."""
         self.samples_received += meta.real
         self.stall_seconds += stall
         received = (self._received, meta.runs, meta.real, meta.nbytes, stall, meta.partial)

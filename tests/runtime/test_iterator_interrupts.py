@@ -44,6 +44,20 @@ def _interrupt_once(target, name: str, at_call: int, monkeypatch) -> None:
     monkeypatch.setattr(target, name, interrupted)
 
 
+def _interrupt_first_wait(acks, monkeypatch) -> None:
+    """`acks.flush(wait=True)` (the epoch's end waits for its acknowledgements) raises
+    `KeyboardInterrupt` the first time; other flushes run."""
+    real, waits = acks.flush, []
+
+    def interrupted(wait: bool = False) -> None:
+        waits.append(wait)
+        if wait and waits.count(True) == 1:
+            raise KeyboardInterrupt
+        real(wait=wait)
+
+    monkeypatch.setattr(acks, "flush", interrupted)
+
+
 @pytest.mark.ray
 def test_an_epoch_that_failed_to_start_is_started_again_not_skipped(
     ray_session, tmp_path, monkeypatch
@@ -111,6 +125,36 @@ def test_a_loop_interrupted_in_next_goes_on_where_it_was(
         got.extend(_ids(batch) for batch in it)  # the same epoch, from the 5th batch
         assert sorted(i for ids in got for i in ids) == ALL
         assert it.epoch == 1
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    "policy, where", [("data", "flush"), ("dynamic", "flush"), ("dynamic", "length")]
+)
+def test_a_loop_interrupted_while_its_last_batch_is_recorded_gets_it_next(
+    ray_session, tmp_path, monkeypatch, policy, where
+):
+    """The epoch's last batch is received, then the wait for its acknowledgement (or,
+    under `dynamic`, the re-read of the step count) is interrupted: the next loop yields
+    that batch and ends the epoch; the epoch after is whole."""
+    loader = _loader(tmp_path, policy=policy)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    try:
+        total, got = len(it), []
+        with pytest.raises(KeyboardInterrupt):
+            for batch in it:
+                got.append(_ids(batch))
+                if len(got) == total - 1 and where == "length":
+                    _interrupt_once(it, "_current_length", 1, monkeypatch)
+                if len(got) == total - 1 and where == "flush":
+                    _interrupt_first_wait(it._acks, monkeypatch)
+        assert len(got) == total - 1 and len(it) == 1 and it.epoch == 0
+        got.extend(_ids(batch) for batch in it)  # the held last batch, then the end
+        assert len(got) == total and sorted(i for ids in got for i in ids) == ALL
+        assert it.epoch == 1
+        assert sorted(i for b in it for i in _ids(b)) == ALL  # epoch 1, whole
     finally:
         loader.shutdown()
 
