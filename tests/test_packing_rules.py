@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,11 +19,18 @@ from rayshard.core.packing import PackSpec, count_rows, plan_rows, resume_point,
 from rayshard.core.state import LoaderState
 from rayshard.data.batching import iter_rows
 from rayshard.data.columns import Padding
-from rayshard.data.packing import Packing
+from rayshard.data.packing import (
+    Packing,
+    check_packing_input,
+    mix_token_lengths,
+    token_lengths,
+)
 from rayshard.errors import ConfigError, DataError
 from rayshard.loader import Loader
 from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY, packed_batches
 from rayshard.sources import TableSource
+from rayshard.sources.mixed import MixedSource
+from rayshard.sources.parquet import ParquetSource
 
 
 def table(lengths):
@@ -126,6 +134,25 @@ def test_bad_packing_options_are_config_errors(options, message):
             {"packing": Packing(column="tokens", seq_len=8), "transform": lambda b, c: b},
             ConfigError,
             r"transform= together with packing= is not supported",
+        ),
+        (
+            pa.table({"tokens": pa.array([[1, 2]], pa.list_(pa.uint8()))}),
+            {"packing": Packing(column="tokens", seq_len=8, separator=256)},
+            ConfigError,
+            r"packing separator=256 does not fit the token column 'tokens' .* \(uint8, "
+            r"0\.\.255\): choose a token id in that range, or store the tokens as a wider",
+        ),
+        (
+            pa.table({"tokens": pa.array([[1, 2]], pa.list_(pa.uint16()))}),
+            {"packing": Packing(column="tokens", seq_len=8, pad_id=-1)},
+            ConfigError,
+            r"packing pad_id=-1 does not fit the token column 'tokens' .* \(uint16",
+        ),
+        (
+            pa.table({"tokens": pa.array([[1, 2], [3, None, 5]], pa.list_(pa.int32()))}),
+            {"packing": Packing(column="tokens", seq_len=8, split_documents=False)},
+            DataError,
+            r"sample 1 of .* has a null token in 'tokens': packing needs integer tokens only",
         ),
     ],
 )
@@ -333,3 +360,40 @@ def test_coordinator_core_counts_packed_steps_and_keeps_partial_through_a_journa
     fresh.apply(cmd.Restore(state))
     fresh.apply(cmd.Register(0, 1, 0, 1))
     assert fresh.plan(0).ranks[0].batches == 3
+
+
+def test_numpy_integer_token_ids_are_plain_ints_in_the_fingerprint():
+    packing = Packing(column="tokens", seq_len=8, separator=np.int64(7), pad_id=np.int32(0))
+    assert type(packing.separator) is int and type(packing.pad_id) is int
+    assert LoaderConfig(packing=packing).fingerprint("tokens", 3)  # JSON: no TypeError
+
+
+def test_a_null_token_is_named_also_in_a_sliced_batch():
+    tokens = pa.array([[None], [1, 2], [3], [4, None]], pa.list_(pa.int32()))
+    sliced = pa.table({"tokens": tokens}).slice(1)  # the first row's null is outside
+    with pytest.raises(DataError, match=r"sample 2 of .* has a null token"):
+        token_lengths(TableSource(sliced), Packing(column="tokens", seq_len=8))
+
+
+def test_the_driver_check_leaves_out_a_source_the_mix_gives_no_samples():
+    long = TableSource(table([50]))
+    mixed = MixedSource([TableSource(table([3, 4, 5])), long], counts=[3, 0])
+    packing = Packing(column="tokens", seq_len=8, split_documents=False)
+    check_packing_input(mixed, packing, None, None)  # the 50-token document is never read
+    with pytest.raises(DataError, match="has 50 tokens"):
+        check_packing_input(MixedSource([long], counts=[1]), packing, None, None)
+
+
+@pytest.mark.parametrize("epoch", [0, 1, 3])
+def test_a_mix_epochs_token_lengths_are_gathered_from_each_sources_own(tmp_path, epoch):
+    # Parquet files of two writers' shapes; the mix repeats one source and samples the other
+    paths = []
+    for name, lengths in (("a", [1, 5, 0, 7, 2]), ("b", [3, 9, 4, 6, 8, 2, 11])):
+        pq.write_table(table(lengths), tmp_path / f"{name}.parquet", row_group_size=2)
+        paths.append(ParquetSource([str(tmp_path / f"{name}.parquet")]))
+    mixed = MixedSource(paths, counts=[12, 4])
+    packing = Packing(column="tokens", seq_len=8)
+    gathered = mix_token_lengths(
+        mixed.mix(5), epoch, [token_lengths(part, packing) for part in paths]
+    )
+    assert gathered.tolist() == token_lengths(mixed.for_epoch(epoch, 5), packing).tolist()

@@ -196,7 +196,10 @@ def materialize(
 def unpack(
     token_rows: np.ndarray, document_ids: np.ndarray, spec: PackSpec
 ) -> dict[int, np.ndarray]:
-    """Documents back from packed rows (in delivery order), separators removed."""
+    """Documents back from the packed rows of a whole stream (in delivery order),
+    separators removed: every document's last piece must be among the rows (a single
+    batch's documents cut at its end lose their last token to the separator rule), and
+    an empty document has no token to be found by."""
     pieces: dict[int, list[np.ndarray]] = {}
     flat_docs, flat_tokens = document_ids.reshape(-1), token_rows.reshape(-1)
     real = flat_docs >= 0

@@ -8,6 +8,8 @@ import bisect
 import json
 from typing import Any
 
+import numpy as np
+
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.leases import LeaseBook
 from rayshard.core.membership import Membership
@@ -126,21 +128,33 @@ class CoreQueries:
 
     def token_lengths(self, epoch: int) -> Any:
         """Tokens per sample of the packing column in `epoch`, from the Arrow offsets: read
-        once, or once per epoch for a source whose samples change by epoch (a
-        `MixedSource`); the last two epochs' are kept."""
-        from rayshard.data.packing import token_lengths
-        from rayshard.sources.base import Source
+        once; for a `MixedSource` each of its sources read once, and each epoch's mix of
+        them gathered from those (the last two epochs' kept)."""
+        from rayshard.data import packing
 
-        changes = type(self.source).for_epoch is not Source.for_epoch
-        key = epoch if changes else None
         if self._lengths is None:
             self._lengths = {}
-        if key not in self._lengths:
-            source = self.source.for_epoch(epoch, self.settings.plan.seed)
-            self._lengths[key] = token_lengths(source, self.settings.packing)
-            for old in sorted(k for k in self._lengths if k is not None)[:-2]:
+        mix = getattr(self.source, "mix", None)
+        if mix is None:
+            if None not in self._lengths:
+                self._lengths[None] = packing.token_lengths(self.source, self.settings.packing)
+            return self._lengths[None]
+        if epoch not in self._lengths:
+            if "sources" not in self._lengths:  # (a source with count 0 is never read)
+                used = set(map(id, packing.mixed_parts(self.source)))
+                self._lengths["sources"] = [
+                    packing.token_lengths(part, self.settings.packing)
+                    if id(part) in used
+                    else np.empty(0, np.int64)
+                    for part in self.source.sources
+                ]
+            mixed = mix(self.settings.plan.seed)
+            self._lengths[epoch] = packing.mix_token_lengths(
+                mixed, epoch, self._lengths["sources"]
+            )
+            for old in sorted(k for k in self._lengths if isinstance(k, int))[:-2]:
                 del self._lengths[old]
-        return self._lengths[key]
+        return self._lengths[epoch]
 
     def length(self, dp_rank: int, epoch: int) -> int:
         """Batches `dp_rank` yields in `epoch` (dynamic: as the lease book stands now)."""

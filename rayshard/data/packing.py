@@ -77,6 +77,8 @@ class Packing:
             ok = value is None if name == "separator" else False
             if not ok and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
                 raise ConfigError(f"packing {name}={value!r} must be an integer token id")
+            if value is not None:  # a numpy integer as a plain one (the JSON fingerprint)
+                object.__setattr__(self, name, int(value))
         if not isinstance(self.split_documents, bool):
             raise ConfigError(
                 f"packing split_documents={self.split_documents!r} must be True or False"
@@ -120,8 +122,17 @@ def check_packing_input(source: Any, packing: Packing, columns: Any, transform: 
         )
     check_token_column(source.schema(), packing, columns, source.describe())
     if not packing.split_documents:  # a DataError naming the longest document
-        for part in getattr(source, "sources", (source,)):
+        for part in mixed_parts(source):
             token_lengths(part, packing)
+
+
+def mixed_parts(source: Any) -> list[Any]:
+    """The sources a `MixedSource` draws samples from (one with count 0 left out), or
+    `[source]`."""
+    parts = getattr(source, "sources", None)
+    if parts is None:
+        return [source]
+    return [part for part, count in zip(parts, source.counts) if count]
 
 
 def check_token_column(schema: pa.Schema, packing: Packing, columns: Any, where: str) -> None:
@@ -145,6 +156,15 @@ def check_token_column(schema: pa.Schema, packing: Packing, columns: Any, where:
             f"tokenized column (list<int32> or list<int64>), e.g. tokenize in a preprocessing "
             f"step"
         )
+    limits = np.iinfo(kind.value_type.to_pandas_dtype())
+    for option in ("separator", "pad_id"):
+        value = getattr(packing, option)
+        if value is not None and not limits.min <= value <= limits.max:
+            raise ConfigError(
+                f"packing {option}={value} does not fit the token column {name!r} of {where}"
+                f" ({kind.value_type}, {limits.min}..{limits.max}): choose a token id in "
+                f"that range, or store the tokens as a wider integer type"
+            )
 
 
 def token_lengths(source: Any, packing: Packing) -> np.ndarray:
@@ -161,9 +181,32 @@ def token_lengths(source: Any, packing: Packing) -> np.ndarray:
                 f"needs a token list in every row (an empty list is fine)"
             )
         offsets = column.offsets.to_numpy()
+        tokens = column.flatten()  # (this batch's own tokens, also of a sliced list)
+        if tokens.null_count:
+            first = int(np.flatnonzero(tokens.is_null().to_numpy(zero_copy_only=False))[0])
+            bad = at + int(np.searchsorted(offsets - offsets[0], first, side="right")) - 1
+            raise DataError(
+                f"sample {bad} of {source.describe()} has a null token in {packing.column!r}:"
+                f" packing needs integer tokens only; drop or replace the nulls beforehand"
+            )
         out[at : at + len(column)] = np.diff(offsets)
         at += len(column)
     check_lengths(out, packing, source.describe())
+    return out
+
+
+def mix_token_lengths(mix: Any, epoch: int, lengths: list[np.ndarray]) -> np.ndarray:
+    """Tokens per position of a mix's `epoch` (`rayshard.core.mixing.Mix`), gathered from
+    each source's `lengths` (empty for a source with count 0): no token is read again,
+    and the positions are located a million at a time."""
+    out = np.empty(mix.total, dtype=np.int64)
+    for start in range(0, mix.total, 1 << 20):
+        end = min(start + (1 << 20), mix.total)
+        source, index = mix.locate(epoch, start, end)
+        part = out[start:end]
+        for s in np.unique(source):
+            where = source == s
+            part[where] = lengths[int(s)][index[where]]
     return out
 
 
@@ -184,4 +227,12 @@ def check_lengths(lengths: np.ndarray, packing: Packing, where: str) -> None:
         )
 
 
-__all__ = ["LastRow", "PACKED_KEYS", "Packing", "check_token_column", "token_lengths"]
+__all__ = [
+    "LastRow",
+    "PACKED_KEYS",
+    "Packing",
+    "check_token_column",
+    "mix_token_lengths",
+    "mixed_parts",
+    "token_lengths",
+]

@@ -93,14 +93,15 @@ def packed_batches(
             dropped, seen = end.value
             dtype[0] = dtype[0] if seen is None else seen
             break
+        if made == batches:  # raised before the extra batch: no rank takes a step alone
+            raise RayshardError(
+                f"packing made more than the {batches} batches the plan counted: the token "
+                f"column changed while the loader ran, or the reading order differs from "
+                f"the plan"
+            )
         made += 1
         dtype[0] = out[packing.column].dtype  # padding batches get the same type
         yield out
-    if made > batches:
-        raise RayshardError(
-            f"packing made {made} batches where the plan counted {batches}: the token "
-            f"column changed while the loader ran, or the reading order differs from the plan"
-        )
     for _ in range(batches - made):
         pad = batch([Row(())] * batch_size, dropped)
         dropped = []
