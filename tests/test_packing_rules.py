@@ -25,7 +25,7 @@ from rayshard.data.packing import (
     mix_token_lengths,
     token_lengths,
 )
-from rayshard.errors import ConfigError, DataError
+from rayshard.errors import ConfigError, DataError, RayshardError
 from rayshard.loader import Loader
 from rayshard.runtime.packing_stage import COMPLETED_KEY, PARTIAL_KEY, packed_batches
 from rayshard.sources import TableSource
@@ -188,6 +188,23 @@ def test_packing_stage_pads_to_the_planned_batches_and_reports_progress():
     for i, n in enumerate([5, 7, 3]):
         assert back[i].tolist() == list(range(100 * i, 100 * i + n))
     assert out[0]["tokens"].dtype == np.int32  # the column's own type
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_batch_past_the_plan_is_an_error_before_it_is_yielded(fast):
+    # 15 tokens make 2 batches of 2 rows; a plan of 1 (the column changed since planning):
+    # no rank may take a step its peers do not
+    stage = packed_batches(
+        rows_of(table([5, 7, 3]), [(0, 3)]),
+        Packing(column="tokens", seq_len=4),
+        2,
+        {},
+        1,
+        fast=fast,
+    )
+    assert next(stage)["tokens"].shape == (2, 4)
+    with pytest.raises(RayshardError, match="more than the 1 batches the plan counted"):
+        next(stage)
 
 
 def test_packing_stage_resumes_inside_a_document_and_drops_the_last_row():
