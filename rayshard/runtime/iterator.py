@@ -77,8 +77,9 @@ class ShardIterator:
         self._next_length: tuple | None = None  # ((generation, epoch), batches) for len()
         self._iterations = 0  # calls of iter(): a generator of an older call yields nothing
         self._failure: BaseException | None = None  # what ended the current epoch's stream
-        self._held: Any = None  # a received batch not yet yielded (an interrupt came first)
+        self._held: Any = None  # a batch received, not yielded yet (an interrupt came first)
         self._closed = False  # `close()` was called: iterating raises
+        self._restored_at: int | None = None  # the generation its last restore answered
         self.samples_received, self.stall_seconds = 0, 0.0
         self._loader_name = name = registration.get("loader", "")
         rank, interval = placement.dp_rank, ack_interval_s
@@ -177,9 +178,8 @@ class ShardIterator:
         return self._received >= self._length
 
     def _current_length(self, epoch: int) -> int:
-        return ray.get(
-            self._coordinator.length.remote(self._generation, self._placement.dp_rank, epoch)
-        )
+        length = self._coordinator.length.remote(self._generation, self._placement.dp_rank, epoch)
+        return ray.get(length)
 
     def _end_epoch(self) -> None:
         """Every batch reached the loop: the coordinator must have them (see `runtime.acks`).
@@ -209,11 +209,13 @@ class ShardIterator:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` was saved: the next iteration yields the rest of its epoch."""
+        self._acks.discard()  # batches received since are read again: not consumed
         try:
-            epoch, self._generation = ray.get(self._coordinator.restore.remote(state))
+            restored = self._coordinator.restore.remote(state, self._restored_at)
+            epoch, self._generation = ray.get(restored)
         except ray.exceptions.RayTaskError as error:  # a refused state: its own error
             raise unwrap_task_error(error, f"{self._where()}, load_state_dict") from None
-        self._acks.generation = self._generation
+        self._acks.generation = self._restored_at = self._generation
         generations.note(*self._registered())
         self.set_epoch(epoch)
 
@@ -269,9 +271,7 @@ class ShardIterator:
                 started = ray.get(self._reader.start.remote(self._generation, epoch))
         except ray.exceptions.RayTaskError as error:
             raise unwrap_task_error(error, f"{where}, epoch {epoch}") from error
-        # After the reader moved on: a staging thread still waiting on the previous
-        # epoch's reader is released by that (see `ShardReader.next`).
-        self._close_feed()
+        self._close_feed()  # after the reader moved on: a staging thread waiting is released
         # Under `dynamic` a waiting rank sends its acknowledgements at once (reading here:
         # once its leases ended): at an epoch's end the other ranks wait for exactly those.
         flush = self._acks.flush if self._dynamic else (lambda: None)  # static: sends nothing
