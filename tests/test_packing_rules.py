@@ -375,6 +375,8 @@ def test_coordinator_core_counts_packed_steps_and_keeps_partial_through_a_journa
     assert fresh.state_at(0, 1) == state
     # Resumed on one rank: 34 - 1 - 3 - 8 = 22 tokens left, 6 rows, 3 batches.
     fresh.apply(cmd.Restore(state))
+    # a state taken again before the resumed epoch's first batch keeps the split documents
+    assert fresh.state_at(0, 0) == state
     fresh.apply(cmd.Register(0, 1, 0, 1))
     assert fresh.plan(0).ranks[0].batches == 3
 

@@ -187,7 +187,7 @@ class CoreQueries:
         """The loader-wide state once `settled(epoch, received)`: the next epoch's start if
         `epoch` is complete, else what of it was consumed."""
         if not self.begun(epoch):
-            return self.state_dict(epoch, self.resumed_consumed(epoch))
+            return self.state_dict(epoch, self.resumed_consumed(epoch), self.resumed_partial(epoch))
         consumed = self.all_consumed(epoch)
         if received > 0 and not iv.subtract(self.epoch_samples(epoch), consumed):
             return self.state_dict(epoch + 1, ())

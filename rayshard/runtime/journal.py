@@ -91,8 +91,15 @@ class Journal:
                     os.remove(name)
 
     def replay(self) -> Iterator[dict]:
-        """The recorded entries after the header (restart), then reopen for appending."""
-        entries = list(self._entries())
+        """The recorded entries after the header (restart), then reopen for appending: a
+        torn last line is cut off first (the next entry would be glued onto it), and a
+        whole last line without its newline ended."""
+        entries, kept = self._entries()
+        with open(self.path, "r+b") as handle:
+            handle.truncate(kept)
+            handle.seek(kept - 1)
+            if handle.read(1) != b"\n":
+                handle.write(b"\n")
         self._handle = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - kept open
         return iter(entries)
 
@@ -170,29 +177,34 @@ class Journal:
             )
         return header
 
-    def _entries(self) -> Iterator[dict]:
+    def _entries(self) -> tuple[list[dict], int]:
+        """The entries after the header, and the bytes of the file up to the last whole
+        one (a torn last line, from a crash in its write, dropped with a warning)."""
         if not os.path.exists(self.path):
             raise ConfigError(
                 f"journal {self.path} is missing: the coordinator cannot recover its epoch "
                 "state (was it written on another node? pass a shared journal path)"
             )
         self._read_header()
-        with open(self.path, encoding="utf-8") as handle:
-            lines = handle.read().split("\n")[1:]
-        if lines and lines[-1] == "":
+        with open(self.path, "rb") as handle:
+            data = handle.read()
+        header, *lines = data.split(b"\n")
+        if lines and lines[-1] == b"":
             lines.pop()
+        entries, kept = [], len(header) + 1
         for number, line in enumerate(lines, start=2):
             try:
-                entry = json.loads(line)
+                entries.append(json.loads(line))
             except ValueError as error:
                 if number == len(lines) + 1:
                     log.warning("journal %s: dropping a torn last line", self.path)
-                    return
+                    break
                 raise ConfigError(
                     f"journal {self.path} is corrupt at line {number}: {error}; it cannot be "
                     "replayed (delete it to start the loader afresh)"
                 ) from error
-            yield entry
+            kept += len(line) + 1
+        return entries, min(kept, len(data))  # (a last line may lack its newline)
 
 
 def actor_was_restarted() -> bool:
