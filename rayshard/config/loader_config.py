@@ -166,12 +166,8 @@ class LoaderConfig:
             from rayshard.sources.arrow_files import ArrowFileSource as cls_
         else:
             from rayshard.sources.parquet import ParquetSource as cls_
-        return cls_(
-            list(self.paths),
-            columns=self.columns,
-            filesystem=filesystem,
-            split_rows=self.split_rows,
-        )
+        options = {"filesystem": filesystem, "split_rows": self.split_rows}
+        return cls_(list(self.paths), columns=self.columns, **options)
 
     def to_dict(self) -> dict[str, Any]:
         """Every flat key, JSON/YAML-safe (enums as strings, tuples as lists)."""
@@ -220,8 +216,9 @@ class LoaderConfig:
         return {**facts.pop("plan"), **facts}
 
     def _identity(self, source_name: str, num_samples: int) -> dict[str, Any]:
+        # (`expected_world_size` checks the job, not the data: a state may change world size)
         facts = {
-            "plan": self.plan.to_dict(),
+            "plan": {**self.plan.to_dict(), "expected_world_size": None},
             "policy": self.policy.value,
             "columns": self.columns,
             "shuffle": self.shuffle,

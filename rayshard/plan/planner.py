@@ -168,8 +168,9 @@ def plan_remaining(
     consumed_set = iv.normalize(consumed)
     if previous_world_size is None:
         previous_world_size = world_size
+    saved = dataclasses.replace(config, expected_world_size=None)  # (the saving job's size)
     full = plan_epoch(
-        config, layout, previous_world_size, epoch, by_files=by_files, shuffled=shuffled
+        saved, layout, previous_world_size, epoch, by_files=by_files, shuffled=shuffled
     )
     if world_size == previous_world_size:
         kept = [

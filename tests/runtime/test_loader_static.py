@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from rayshard.cli import main as cli
+from rayshard.config.loader_config import LoaderConfig
 from rayshard.errors import ConfigError, RayshardError, StaleClientError
 from rayshard.loader import Loader
 from rayshard.plan import intervals as iv
@@ -146,6 +147,25 @@ def test_rotation_follows_plan_cli(ray_session, dataset):
             assert real_ids(rank_batches) == want, f"epoch {epoch} rank {rank}"
             assert len(rank_batches) == plan["batches"]
     loader.shutdown()
+
+
+def test_a_state_of_a_job_that_set_expected_world_size_resumes_on_another(ray_session, dataset):
+    """`expected_world_size` checks the running job: a state saved by 2 ranks with it set
+    to 2 resumes on 1 rank with it set to 1 (it was in the loader's id, so refused, and the
+    rest of the epoch was planned against the new value)."""
+    ids = {LoaderConfig(expected_world_size=n).fingerprint("s", 100) for n in (None, 1, 2)}
+    assert len(ids) == 1  # not in the id (nor, so, in the ids of loaders without it)
+    loader = make_loader(dataset, shuffle=True, seed=1, expected_world_size=2)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    received = [i for rank in run_lockstep(its, steps=2) for i in real_ids(rank)]
+    state = its[0].state_dict()
+    loader.shutdown()
+    fresh = make_loader(dataset, shuffle=True, seed=1, expected_world_size=1)
+    state["loader"] = fresh.loader_id  # (this test's loaders differ by name alone)
+    it = fresh.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    it.load_state_dict(state)
+    assert Counter(received + real_ids(list(it))) == Counter(range(100))
+    fresh.shutdown()
 
 
 def test_resume_mid_epoch_nothing_missing_nothing_repeated(ray_session, dataset):
