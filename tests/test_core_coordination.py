@@ -546,3 +546,28 @@ def test_a_rank_that_has_not_begun_holds_every_epoch_back_under_static_policies(
         _read_epoch(core, epoch, 1)  # rank 1 has not begun: it will read epoch 0 first
         assert core.forget_past_epochs() == []
     assert core.apply(cmd.StartEpoch(1, 0, 0.0)).batches == core.plan(0).ranks[1].batches
+
+
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_a_group_regrouped_past_an_epoch_a_lost_rank_left_unfinished_reads_its_rest(policy):
+    """Rank 0 took all of its epoch 0 and began epoch 1; rank 1 was acknowledged for 2 of
+    its 5 batches (the rest pending in its group) and died. The group re-forms on one rank
+    with no state loaded: it resumes epoch 0's rest (rank 0's start of epoch 1 is read
+    again), not epoch 1 with epoch 0's last rows lost."""
+    source = TableSource(pa.table({"id": np.arange(40)}))
+    core = CoordinatorCore("regroup", source, LoaderConfig(batch_size=4, policy=policy))
+    for rank in (0, 1):
+        core.apply(cmd.Register(rank, 2, rank, 2))
+        core.apply(cmd.StartEpoch(rank, 0))
+    if policy == "dynamic":  # the rows acknowledged below were leased first
+        core.apply(cmd.Lease(0, 0, 40))
+    core.apply(cmd.Ack(0, 0, 5, ((0, 20),)))
+    core.apply(cmd.Ack(1, 0, 2, ((20, 28),)))
+    core.apply(cmd.StartEpoch(0, 1))
+    core.apply(cmd.Ack(0, 1, 1, ((0, 4),)))
+    core.apply(cmd.Lost(1, "reader died"))
+    core.apply(cmd.Register(0, 1, 0, 1))  # a new generation, one rank
+    assert core.resume.epoch == 0 and core.resume.consumed == ((0, 28),)
+    assert core.start_of(0) == 0
+    if policy == "data":
+        assert core.plan(0).ranks[0].ranges == ((28, 40),)

@@ -255,9 +255,8 @@ class CoordinatorCore(CoreQueries):
     def _new_generation(self, dp_size: int, world_size: int, time: float) -> Membership:
         old = self.members
         if old is not None:
-            epochs = sorted({*self.received, *self.started, *self.books})
-            if epochs:
-                epoch = epochs[-1]
+            epoch = self.regroup_epoch()
+            if epoch is not None:
                 self.resume = LoaderState(
                     self.loader_id,
                     epoch,

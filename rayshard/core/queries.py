@@ -193,6 +193,18 @@ class CoreQueries:
             return self.state_dict(epoch + 1, ())
         return self.state_dict(epoch, consumed, self.all_partial(epoch))
 
+    def regroup_epoch(self) -> int | None:
+        """The epoch a new generation resumes from its own progress (no state loaded): the
+        earliest begun that is not complete (a rank that moved on to the next epoch before
+        a lost one's last batches were acknowledged: reading its rest again repeats what
+        the first rank took of the next epoch, rather than losing those rows), else the
+        latest begun; None before any."""
+        epochs = sorted({*self.received, *self.started, *self.books})
+        for epoch in epochs[:-1]:
+            if iv.subtract(self.epoch_samples(epoch), self.all_consumed(epoch)):
+                return epoch
+        return epochs[-1] if epochs else None
+
     def active_ranks(self) -> list[int]:
         return sorted(self.members.ranks) if self.members else []
 
