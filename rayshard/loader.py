@@ -23,11 +23,13 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 from rayshard.config.checked import checked_config
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.sharding import assign
+from rayshard.data.formats import arrow_types
 from rayshard.data.transforms import TransformFn
 from rayshard.errors import ConfigError
 from rayshard.plan import data_parallel_rank
 from rayshard.runtime import generations
 from rayshard.runtime.coordinator import Coordinator
+from rayshard.runtime.delivery import Delivery
 from rayshard.runtime.iterator import ShardIterator
 from rayshard.runtime.iterator_args import check_iterator_args
 from rayshard.runtime.journal import Journal
@@ -200,23 +202,23 @@ class Loader:
         local = None
         if reads_in_consumer(self.settings, len(dp.group), self.transform):
             local = LocalReads(reading)
-        nested: tuple = ()  # found before the reader: nothing may fail after it starts
+        nested, types = (), {}  # found before the reader: nothing may fail after it starts
         if self.settings.packing is None:
             nested = self.settings.column_rules.nested_columns(self._read_schema())
+        if batch_format == "arrow" and self.settings.packing is None and self.transform is None:
+            types = arrow_types(self._read_schema())  # (a transform's columns are its own)
+        depth = self.settings.prefetch_depth
+        delivery = Delivery(batch_format, nested, collate_fn, device, depth, types)
         registration["reader_name"] = registration["reader"]  # leaving names it
         registration["reader"] = self._reader(registration, dp, reading, local is not None)
         iterator = ShardIterator(
             self._coordinator,
             registration,
             dp,
-            prefetch_depth=self.settings.prefetch_depth,
+            delivery,
             blocks_ahead=self.settings.blocks_ahead,
-            batch_format=batch_format,
-            device=device,
-            collate_fn=collate_fn,
             ack_interval_s=self.settings.ack_interval_s,
             local_reads=local,
-            nested_columns=nested,
         )
         generations.made(generations.key_of(self._coordinator), iterator)
         return iterator

@@ -8,13 +8,14 @@ device feed stages, with strings as Python lists and jagged columns as `torch.ne
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from rayshard.data.columns import OFFSETS_SUFFIX
+from rayshard.data.wire import ships_as_arrow
 from rayshard.errors import DataError
 
 FORMATS = ("torch", "numpy", "arrow")
@@ -68,10 +69,28 @@ def _tensor(array: np.ndarray, host_tensor: Callable[[np.ndarray], Any]) -> Any:
     return tensor
 
 
-def arrow_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> pa.RecordBatch:
+def arrow_types(schema: pa.Schema) -> dict[str, pa.DataType]:
+    """The columns of `schema` that `arrow_batch` builds with their own type: those it
+    gets as Python objects or numpy dates (not numbers, strings or binary: those come
+    back as they were; not dictionaries: read as their plain values)."""
+    plain = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean)
+    return {
+        field.name: field.type
+        for field in schema
+        if not any(test(field.type) for test in plain)
+        and not ships_as_arrow(field.type)
+        and not pa.types.is_dictionary(field.type)
+    }
+
+
+def arrow_batch(
+    batch: dict[str, Any], nested: Sequence[str] = (), types: Mapping[str, Any] | None = None
+) -> pa.RecordBatch:
     """The batch as an Arrow record batch: arrays of rank >= 2 as (nested) fixed-size
-    lists, object arrays through `pa.array`, `nested`
-    columns as list columns again (zero-copy from values and offsets)."""
+    lists, object arrays through `pa.array` (with their source type from `types` where
+    that holds them: one schema in every batch), `nested` columns as list columns again
+    (zero-copy from values and offsets)."""
+    types = types or {}
     columns: dict[str, Any] = {}
     for key, value in batch.items():
         if key.endswith(OFFSETS_SUFFIX) and key[: -len(OFFSETS_SUFFIX)] in nested:
@@ -82,6 +101,8 @@ def arrow_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> pa.RecordB
             columns[key] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
         elif isinstance(value, np.ndarray) and value.ndim >= 2:
             columns[key] = fixed_size_lists(value)
+        elif key in types and (isinstance(value, (list, pa.Array)) or _objects_or_dates(value)):
+            columns[key] = _typed(value, types[key])
         else:
             columns[key] = value
     try:
@@ -91,6 +112,21 @@ def arrow_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> pa.RecordB
         if named is None:
             raise
         raise named from error
+
+
+def _objects_or_dates(value: Any) -> bool:
+    return isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype.kind in "OMm"
+
+
+def _typed(value: Any, type_: pa.DataType) -> Any:
+    """`value` as an Arrow array of `type_` (an Arrow one, as shipped from a reader
+    actor, cast); as it is (inferred) where that fails: a reader path that changed it."""
+    try:
+        if isinstance(value, pa.Array):
+            return value if value.type == type_ else value.cast(type_)
+        return pa.array(value, type=type_)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError):
+        return value
 
 
 def _unconvertible(columns: dict[str, Any]) -> DataError | None:
@@ -128,11 +164,19 @@ def convert_batch(
     batch_format: str,
     nested: Sequence[str] = (),
     collate_fn: Callable[[Any], Any] | None = None,
+    arrow_types: Mapping[str, Any] | None = None,
 ) -> Any:
     """A batch in `batch_format` ("numpy" or "arrow"; "torch" goes through
     `torch_host_batch` and the device feed), passed through `collate_fn` if given."""
-    out: Any = batch if batch_format == "numpy" else arrow_batch(batch, nested)
+    out: Any = batch if batch_format == "numpy" else arrow_batch(batch, nested, arrow_types)
     return out if collate_fn is None else collate_fn(out)
 
 
-__all__ = ["FORMATS", "arrow_batch", "convert_batch", "fixed_size_lists", "torch_host_batch"]
+__all__ = [
+    "FORMATS",
+    "arrow_batch",
+    "arrow_types",
+    "convert_batch",
+    "fixed_size_lists",
+    "torch_host_batch",
+]

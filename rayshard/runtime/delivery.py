@@ -4,7 +4,8 @@ device on a stream of its own), which waits with `flush` as it waits for data.""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from rayshard.data.batching import Tagged
@@ -12,31 +13,46 @@ from rayshard.data.formats import convert_batch, torch_host_batch
 from rayshard.runtime.fetch import STALL_FLUSH_S
 
 
+@dataclasses.dataclass(frozen=True)
+class Delivery:
+    """How an iterator hands its batches over (`Loader.iterator`'s arguments, checked):
+    the format, jagged `nested` columns, `collate_fn`, the torch `device`, the batches
+    staged ahead, and `arrow_types`: the source's type of each column the arrow format
+    builds from Python objects (structs, decimals, lists of lists, zoned timestamps),
+    which inference would not give back, nor give the same in every batch."""
+
+    batch_format: str = "torch"
+    nested: tuple[str, ...] = ()
+    collate_fn: Any = None
+    device: Any = None
+    prefetch_depth: int = 2
+    arrow_types: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
 def deliver(
-    raw: Iterable[Tagged],
-    fmt: str,
-    *,
-    nested: tuple[str, ...],
-    collate_fn: Any,
-    device: Any,
-    prefetch_depth: int,
-    flush: Callable[[], None],
+    raw: Iterable[Tagged], delivery: Delivery, flush: Callable[[], None]
 ) -> tuple[Iterator[Tagged], Any]:
-    """The stream of tagged batches in `fmt`, and the `DeviceFeed` behind it (torch format;
-    else None)."""
+    """The stream of tagged batches in the delivery's format, and the `DeviceFeed` behind
+    it (torch format; else None); the feed waits with `flush` as it waits for data."""
+    fmt, nested, collate_fn = delivery.batch_format, delivery.nested, delivery.collate_fn
     if fmt == "torch":
         from rayshard.device import DeviceFeed
 
         feed = DeviceFeed(
             (Tagged(meta, torch_host_batch(batch, nested)) for meta, batch in raw),
-            device=device,
-            prefetch_depth=prefetch_depth,
+            device=delivery.device,
+            prefetch_depth=delivery.prefetch_depth,
             collate_fn=collate_fn,
             on_wait=flush,
             on_wait_after_s=STALL_FLUSH_S,
         )
         return feed, feed
-    return _Converted(raw, lambda batch: convert_batch(batch, fmt, nested, collate_fn)), None
+    types = delivery.arrow_types
+
+    def convert(batch: Any) -> Any:
+        return convert_batch(batch, fmt, nested, collate_fn, types)
+
+    return _Converted(raw, convert), None
 
 
 class _Converted:
@@ -63,4 +79,4 @@ class _Converted:
         return converted
 
 
-__all__ = ["deliver"]
+__all__ = ["Delivery", "deliver"]

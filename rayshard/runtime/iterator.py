@@ -23,7 +23,7 @@ from rayshard.plan import DataParallelRank
 from rayshard.runtime import generations, process_watch
 from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import BatchMeta
-from rayshard.runtime.delivery import deliver
+from rayshard.runtime.delivery import Delivery, deliver
 from rayshard.runtime.fetch import fetch_batches
 from rayshard.runtime.local_reads import abandon_rank
 from rayshard.runtime.ray_held import ray_held
@@ -37,19 +37,14 @@ class ShardIterator:
         coordinator: Any,
         registration: dict,
         placement: DataParallelRank,
+        delivery: Delivery,
         *,
-        prefetch_depth: int,
         blocks_ahead: int = 1,
-        batch_format: str = "torch",
-        device: Any = None,
-        collate_fn: Any = None,
         ack_interval_s: float = 0.1,
         local_reads: Any = None,
-        nested_columns: tuple[str, ...] = (),
     ) -> None:
-        # `batch_format`, `device` and `collate_fn` were checked by `Loader.iterator`
-        # (`check_iterator_args`), before the rank registered.
-        self._nested = tuple(nested_columns)
+        # `delivery`'s arguments were checked by `Loader.iterator` before the rank registered
+        self._delivery = delivery
         self._coordinator = coordinator
         self._generation = registration["generation"]
         self._reader = registration["reader"]
@@ -62,8 +57,7 @@ class ShardIterator:
         if self._watch_key is not None:
             self._dropped = weakref.finalize(self, abandon_rank, local_reads, self._reader, key)
         self._local = local_reads  # a `LocalReads`: this worker reads for itself
-        self._depth, self._blocks_ahead = prefetch_depth, blocks_ahead
-        self._format, self._device, self._collate_fn = batch_format, device, collate_fn
+        self._blocks_ahead, self._arrow = blocks_ahead, delivery.batch_format == "arrow"
         self._feed: Any = None  # the DeviceFeed of the current epoch (torch format)
         self._stream: Iterator[Any] = iter(())
         self._epoch = int(registration.get("epoch", 0))  # where this rank is
@@ -265,7 +259,7 @@ class ShardIterator:
                 if self._reader is not None:  # not closed: its attach was answered
                     self._reader.settled()  # (see `watch_rank`)
                 started = self._local.start(
-                    self._generation, epoch, self._format == "arrow", self._acks
+                    self._generation, epoch, self._arrow, self._acks
                 )
             else:
                 started = ray.get(self._reader.start.remote(self._generation, epoch))
@@ -286,17 +280,9 @@ class ShardIterator:
                 flush=flush,
                 where=where,
                 blocks_ahead=self._blocks_ahead,
-                arrow=self._format == "arrow",
+                arrow=self._arrow,
             )
-        self._stream, self._feed = deliver(
-            raw,
-            self._format,
-            nested=self._nested,
-            collate_fn=self._collate_fn,
-            device=self._device,
-            prefetch_depth=self._depth,
-            flush=flush,
-        )
+        self._stream, self._feed = deliver(raw, self._delivery, flush)
         self._epoch, self._received = epoch, 0
         self._length, self._exact = started["batches"], started["exact"]
         self._dynamic_steps_checked = None if self._dynamic else epoch

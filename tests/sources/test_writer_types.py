@@ -174,3 +174,47 @@ def test_nulls_of_a_view_string_column_are_filled(ray_session, tmp_path):
         assert list(batch["t"]) == ["a", "?", "c"]
     finally:
         loader.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("consumer_reads", [True, False])
+def test_arrow_batches_keep_the_sources_types_in_every_batch(ray_session, tmp_path, consumer_reads):
+    """`batch_format="arrow"` builds structs, decimals, lists of lists, zoned timestamps,
+    dates and fixed-size binary with the source's types (inferred, they differed from
+    batch to batch: decimal precision from the values, an empty list's `null` items, the
+    zone dropped), so the epoch's batches make one table equal to the file's."""
+    n = 20
+    table = pa.table(
+        {
+            "price": pa.array(
+                [decimal.Decimal(f"{i}.25") * 10**i for i in range(n)], pa.decimal128(28, 2)
+            ),
+            "when": pa.array(
+                [1_700_000_000_000_000 + i for i in range(n)], pa.timestamp("us", tz="Europe/Paris")
+            ),
+            "meta": pa.array(
+                [{"id": i % 100, "w": i / 2} for i in range(n)],
+                pa.struct([("id", pa.int8()), ("w", pa.float32())]),
+            ),
+            "spans": pa.array(
+                [[[i] * (i % 3)] * (i % 2) for i in range(n)], pa.list_(pa.list_(pa.int32()))
+            ),
+            "tags": pa.array([["t"] * (i % 2) for i in range(n)], pa.list_(pa.string())),
+            "sha": pa.array([bytes([i]) * 4 for i in range(n)], pa.binary(4)),
+        }
+    )
+    pq.write_table(table, tmp_path / "typed.parquet", row_group_size=5)
+    loader = Loader(
+        ParquetSource([str(tmp_path / "typed.parquet")]),
+        batch_size=3,
+        consumer_reads=consumer_reads,
+        name=unique_name("arrow-types"),
+    )
+    try:
+        batches = epoch(loader, batch_format="arrow")
+    finally:
+        loader.shutdown()
+    got = pa.Table.from_batches(batches)  # one schema in every batch
+    assert got.select(table.column_names).schema == table.schema
+    order = pc.sort_indices(got, [("_index", "ascending")])
+    assert got.take(order).select(table.column_names).equals(table)
