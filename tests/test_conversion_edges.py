@@ -111,3 +111,52 @@ def test_arrow_batches_name_a_column_arrow_cannot_hold_and_take_nested_rows_as_a
     # A nested column a transform returned as per-row arrays: one list column again.
     batch = arrow_batch({"t": [np.arange(2), np.arange(3)]}, nested=["t"])
     assert batch.column(0).to_pylist() == [[0, 1], [0, 1, 2]]
+
+
+def test_a_null_inside_a_fixed_size_list_of_lists_is_named_not_a_float_nan():
+    pairs = pa.array([[[1, 2], [3]], [[4, None], [5]]], pa.list_(pa.list_(pa.int32()), 2))
+    with pytest.raises(DataError, match=r"column 'v' is null at sample 11 \(an element"):
+        convert_table(_table(pairs))
+    rows = convert_table(_table(pairs.slice(0, 1)))["v"]
+    assert rows.tolist() == [[[1, 2], [3]]]  # Python lists, int values kept
+    filled = convert_table(_table(pairs), ColumnRules.build(None, {"v": 0}, _table(pairs).schema))
+    assert filled["v"].tolist() == [[[1, 2], [3]], [[4, 0], [5]]]
+
+
+@pytest.mark.parametrize("kind, fill", [("string_view", "z"), ("binary_view", b"z")])
+def test_fill_null_fills_a_fixed_size_list_of_view_strings(kind, fill):
+    value = "a" if kind == "string_view" else b"a"
+    column = pa.array([[value, None]], pa.list_(getattr(pa, kind)(), 2))
+    rules = ColumnRules.build(None, {"v": fill}, _table(column).schema)
+    assert convert_table(_table(column), rules)["v"].tolist() == [[value, fill]]
+
+
+@pytest.mark.parametrize("kind", ["string", "large_string", "string_view", "binary_view"])
+def test_a_transform_gets_view_strings_as_python_lists_as_other_strings(kind):
+    from rayshard.runtime.transform_stage import transform_input
+
+    values = ["a", None] if "string" in kind else [b"a", None]
+    table = _table(pa.array(values, getattr(pa, kind)())).append_column(
+        "_padded", pa.array([False, False])
+    )
+    assert transform_input(table)["v"] == values  # a list, None for the null
+
+
+def test_a_source_column_named_like_a_batch_key_is_refused_before_work():
+    from rayshard.data.columns import check_loader_columns
+    from rayshard.errors import ConfigError
+
+    schema = pa.schema([("x", pa.int64()), ("_index", pa.int64())])
+    with pytest.raises(ConfigError, match=r"column named '_index'.* columns=\['x'\]"):
+        check_loader_columns(schema, None, None, None, "t.parquet")
+    check_loader_columns(schema, ["x"], None, None, "t.parquet")  # left out: fine
+
+
+def test_per_sample_refuses_a_key_only_later_samples_return():
+    from rayshard.data.transforms import TransformContext, per_sample
+
+    ctx = TransformContext("l", 0, 0, 0, np.arange(3), np.zeros(3, bool))
+    batch = {"x": np.arange(3.0), "_index": np.arange(3), "_padded": np.zeros(3, bool)}
+    fn = per_sample(lambda s, rng: {"x": s["x"]} if s["x"] == 0 else {"x": s["x"], "e": 1})
+    with pytest.raises(ValueError, match="one returns 'e', which the first did not"):
+        fn(batch, ctx)

@@ -191,6 +191,14 @@ def check_loader_columns(
                 f"{schema.names} (check the spelling)"
             )
         schema = pa.schema([schema.field(c) for c in names])
+    taken = [name for name in ("_index", "_padded") if name in schema.names]
+    if taken:  # every batch carries these: a column of that name would be a second one
+        kept = [name for name in schema.names if name not in taken]
+        raise ConfigError(
+            f"{where} has a column named {taken[0]!r}, a name every batch of the loader "
+            f"carries (the sample index and the padding flag): leave it out with "
+            f"columns={kept!r}, or rename it in the data"
+        )
     return ColumnRules.build(padding, fill_null, schema, where)
 
 

@@ -85,6 +85,7 @@ def _fixed(
             detail = " (an element of the list)" if element else ""
             raise _null_error(name, None, index, row=row, detail=detail)
         nulls = pa.array(_fixed_nulls(levels, shape))
+        flat = flat.cast(_UNVIEWED.get(str(flat.type), flat.type))  # (no kernel for views)
         flat = pc.if_else(nulls, pa.scalar(fill).cast(flat.type), flat)
     return numpy_of(flat).reshape(len(column), *shape)
 
@@ -169,10 +170,11 @@ def _column_kinds(schema: pa.Schema) -> tuple[tuple[str, str, tuple[int, ...]], 
         if is_ragged(type_):
             kind = "ragged"
         elif pa.types.is_fixed_size_list(type_):
-            kind = "fixed"
             while pa.types.is_fixed_size_list(type_):
                 shape.append(type_.list_size)
                 type_ = type_.value_type
+            # of variable-length lists: a Python list per row (their nulls checked too)
+            kind, shape = ("list", []) if _is_list(type_) else ("fixed", shape)
         else:
             kind = "list" if _is_list(type_) else "plain"
         kinds.append((field.name, kind, tuple(shape)))

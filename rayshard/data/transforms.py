@@ -173,6 +173,12 @@ class per_sample:  # noqa: N801 - used like a function: transform=per_sample(fn)
 
 def _stack(outputs: Sequence[Mapping[str, Any]]) -> Batch:
     keys = list(outputs[0])
+    extra = next((k for o in outputs for k in o if k not in outputs[0]), None)
+    if extra is not None:  # (a key only later samples return: not dropped without a word)
+        raise ValueError(
+            f"per_sample: every sample must return the same keys; one returns {extra!r}, "
+            f"which the first did not (it returned {keys})"
+        )
     out: Batch = {}
     for key in keys:
         try:

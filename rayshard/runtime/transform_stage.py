@@ -52,10 +52,11 @@ def transform_input(table: pa.Table, rules: ColumnRules | None = None) -> dict[s
 
 
 def _text(kind: pa.DataType) -> bool:
-    """String and binary types, dictionary-encoded ones included (as pandas writes them)."""
+    """String and binary types, dictionary-encoded ones (as pandas writes them) and views
+    (as polars writes Arrow IPC) included."""
     if pa.types.is_dictionary(kind):
         kind = kind.value_type
-    return (
+    return str(kind) in ("string_view", "binary_view") or (
         pa.types.is_string(kind)
         or pa.types.is_large_string(kind)
         or pa.types.is_binary(kind)
