@@ -160,3 +160,33 @@ def test_per_sample_refuses_a_key_only_later_samples_return():
     fn = per_sample(lambda s, rng: {"x": s["x"]} if s["x"] == 0 else {"x": s["x"], "e": 1})
     with pytest.raises(ValueError, match="one returns 'e', which the first did not"):
         fn(batch, ctx)
+
+
+_META = pa.struct([("id", pa.int64()), ("inner", pa.struct([("w", pa.float32())]))])
+
+
+def test_a_null_field_of_a_struct_is_named_and_filled_by_a_dict_and_ints_stay_ints():
+    rows = [{"id": 1, "inner": {"w": 0.5}}, {"id": None, "inner": {"w": None}}, None]
+    column = pa.array(rows, _META)
+    with pytest.raises(DataError, match=r"column 'v' is null at sample 11 \(a field of"):
+        convert_table(_table(column))
+    assert convert_table(_table(column.slice(0, 1)))["v"].tolist() == rows[:1]  # 1, not 1.0
+    fill = {"id": -1, "inner": {"w": 0.0}}
+    rules = ColumnRules.build(None, {"v": fill}, _table(column).schema)
+    assert convert_table(_table(column), rules)["v"].tolist() == [rows[0], fill, fill]
+    sliced = _table(column).slice(1)  # a batch cut from the middle of a chunk
+    assert convert_table(sliced, rules)["v"].tolist() == [fill, fill]
+
+
+def test_a_null_field_of_a_struct_in_a_list_is_named_and_filled_by_a_dict():
+    column = pa.array(
+        [[{"id": 1, "inner": None}], [{"id": None, "inner": {"w": 1.0}}]], pa.list_(_META)
+    )
+    with pytest.raises(DataError, match=r"column 'v' is null at sample 10 \(an element"):
+        convert_table(_table(column))
+    fill = {"id": -1, "inner": {"w": 0.0}}
+    rules = ColumnRules.build(None, {"v": fill}, _table(column).schema)
+    assert convert_table(_table(column), rules)["v"].tolist() == [
+        [{"id": 1, "inner": {"w": 0.0}}],
+        [{"id": -1, "inner": {"w": 1.0}}],
+    ]

@@ -24,6 +24,7 @@ from rayshard.data.columns import (
     is_list_type,
     is_ragged,
 )
+from rayshard.data.structs import fill_fields, row_nulls, struct_rows
 from rayshard.data.wire import ships_as_arrow
 from rayshard.errors import DataError
 
@@ -55,6 +56,9 @@ def convert_table(
             out[name] = _fixed(name, column, shape, rules, index)
         elif kind == "list":
             out[name] = _python_lists(name, column, rules, index)
+        elif pa.types.is_struct(column.type):
+            at_row = functools.partial(_row_error, name, index)
+            out[name] = struct_rows(column, *rules.fill_of(name), at_row)
         else:
             if column.null_count:
                 has_fill, fill = rules.fill_of(name)
@@ -116,10 +120,11 @@ def _python_lists(name: str, column: pa.Array, rules: ColumnRules, index: Any) -
     """Lists of strings, of lists, ...: a Python list per row (an object array). With a
     fill value, a null row or sublist becomes empty and a null element the fill value."""
     rows = column.to_pylist()
-    if _has_nulls(column):
+    nulls = row_nulls(column)  # (also a struct element's field)
+    if nulls.any():
         has_fill, fill = rules.fill_of(name)
         if not has_fill:
-            row = next(i for i, value in enumerate(rows) if _holds_null(value))
+            row = int(np.argmax(nulls))
             detail = "" if rows[row] is None else " (an element of the list)"
             raise _null_error(name, None, index, row=row, detail=detail)
         fill = pa.scalar(fill).cast(fill_type(column.type)).as_py()
@@ -128,21 +133,6 @@ def _python_lists(name: str, column: pa.Array, rules: ColumnRules, index: Any) -
     for i, row in enumerate(rows):
         out[i] = row
     return out
-
-
-def _has_nulls(column: pa.Array) -> bool:
-    """Whether `column` or the values of its (nested) lists hold a null."""
-    while True:
-        if column.null_count:
-            return True
-        if not is_list_type(column.type):
-            return False
-        column = column.flatten()
-
-
-def _holds_null(value: Any) -> bool:
-    """Whether a row (as Python) is None or holds None in its (nested) lists."""
-    return value is None or (isinstance(value, list) and any(_holds_null(v) for v in value))
 
 
 def _filled(rows: list[Any], type_: pa.DataType, fill: Any) -> list[Any]:
@@ -155,8 +145,8 @@ def _filled(rows: list[Any], type_: pa.DataType, fill: Any) -> list[Any]:
             row = [None] * type_.list_size if pa.types.is_fixed_size_list(type_) else []
         if is_list_type(value_type):
             out.append(_filled(row, value_type, fill))
-        else:
-            out.append([fill if value is None else value for value in row])
+        else:  # (a struct's null fields filled from a dict `fill`)
+            out.append([fill_fields(value, fill) for value in row])
     return out
 
 
@@ -282,6 +272,10 @@ def _sample(index: Any, row: int) -> int:
     if index is None:
         return row
     return int(index[row].as_py()) if hasattr(index, "__getitem__") else row
+
+
+def _row_error(name: str, index: Any, row: int, detail: str) -> DataError:
+    return _null_error(name, None, index, row=row, detail=detail)
 
 
 def _null_error(
