@@ -190,3 +190,21 @@ def test_a_null_field_of_a_struct_in_a_list_is_named_and_filled_by_a_dict():
         [{"id": 1, "inner": {"w": 0.0}}],
         [{"id": -1, "inner": {"w": 1.0}}],
     ]
+
+
+def test_a_fixed_shape_tensor_column_comes_in_its_shape_under_every_format(tmp_path):
+    import pyarrow.parquet as pq
+
+    from rayshard.data.formats import arrow_types, torch_host_batch
+
+    images = np.arange(3 * 2 * 3, dtype=np.float32).reshape(3, 2, 3)
+    column = pa.FixedShapeTensorArray.from_numpy_ndarray(images)
+    pq.write_table(pa.table({"v": column}), tmp_path / "t.parquet")  # the type round-trips
+    table = pq.read_table(tmp_path / "t.parquet").append_column("_index", pa.array([0, 1, 2]))
+    rows = convert_table(table.slice(1))["v"]  # a batch from the middle of the chunk
+    assert rows.shape == (2, 2, 3) and rows.dtype == np.float32
+    np.testing.assert_array_equal(rows, images[1:])
+    assert tuple(torch_host_batch({"v": rows})["v"].shape) == (2, 2, 3)
+    batch = arrow_batch({"v": rows}, types=arrow_types(table.schema))
+    assert batch.schema.field("v").type == table.schema.field("v").type
+    np.testing.assert_array_equal(batch.column(0).to_numpy_ndarray(), images[1:])

@@ -100,7 +100,8 @@ def arrow_batch(
             values, offsets = jagged
             columns[key] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
         elif isinstance(value, np.ndarray) and value.ndim >= 2:
-            columns[key] = fixed_size_lists(value)
+            tensor = isinstance(types.get(key), pa.FixedShapeTensorType)  # (the source's)
+            columns[key] = _tensors(value) if tensor else fixed_size_lists(value)
         elif key in types and (isinstance(value, (list, pa.Array)) or _objects_or_dates(value)):
             columns[key] = _typed(value, types[key])
         else:
@@ -112,6 +113,11 @@ def arrow_batch(
         if named is None:
             raise
         raise named from error
+
+
+def _tensors(array: np.ndarray) -> pa.Array:
+    """A `(rows, *shape)` array as Arrow's `fixed_shape_tensor` column."""
+    return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(array))
 
 
 def _objects_or_dates(value: Any) -> bool:

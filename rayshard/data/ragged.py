@@ -7,6 +7,7 @@ Pure functions, testable without Ray; the readers run `convert_table` on every b
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import numpy as np
@@ -54,6 +55,9 @@ def convert_table(
             out.update(pad_list(name, column, rules.padding_of(name), has_fill, fill, index))
         elif kind == "fixed":
             out[name] = _fixed(name, column, shape, rules, index)
+        elif kind == "tensor":  # Arrow's fixed_shape_tensor: its storage, in its shape
+            flat = _fixed(name, column.storage, (math.prod(shape),), rules, index)
+            out[name] = flat.reshape(len(column), *shape)
         elif kind == "list":
             out[name] = _python_lists(name, column, rules, index)
         elif pa.types.is_struct(column.type):
@@ -159,6 +163,8 @@ def _column_kinds(schema: pa.Schema) -> tuple[tuple[str, str, tuple[int, ...]], 
         type_, shape = field.type, []
         if is_ragged(type_):
             kind = "ragged"
+        elif isinstance(type_, pa.FixedShapeTensorType) and _row_major(type_):
+            kind, shape = "tensor", list(type_.shape)
         elif pa.types.is_fixed_size_list(type_):
             while pa.types.is_fixed_size_list(type_):
                 shape.append(type_.list_size)
@@ -169,6 +175,13 @@ def _column_kinds(schema: pa.Schema) -> tuple[tuple[str, str, tuple[int, ...]], 
             kind = "list" if _is_list(type_) else "plain"
         kinds.append((field.name, kind, tuple(shape)))
     return tuple(kinds)
+
+
+def _row_major(type_: pa.FixedShapeTensorType) -> bool:
+    """Whether the tensor's storage is in its logical order (no permutation): else it is
+    read through `to_numpy` like other extension types."""
+    permutation = type_.permutation
+    return permutation is None or list(permutation) == sorted(permutation)
 
 
 def converts_by_row(schema: pa.Schema) -> bool:
