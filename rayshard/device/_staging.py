@@ -234,8 +234,9 @@ def _typed_views(buffer: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
 def _numeric_list(value: list) -> bool:
     """A flat list of numbers (a `collate_fn`'s), which is staged as a tensor; a list of
     lists or arrays (one per row) is not, whatever its shape, so its type never depends on
-    the batch."""
-    if any(isinstance(item, (list, tuple)) or np.ndim(item) > 0 for item in value):
+    the batch. An empty list (a batch whose rows a transform all dropped) is not: its
+    column is text or lists as often as numbers, and stays a list."""
+    if not value or any(isinstance(item, (list, tuple)) or np.ndim(item) > 0 for item in value):
         return False
     try:
         return np.asarray(value).dtype.kind in _NUMERIC_KINDS

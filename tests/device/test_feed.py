@@ -113,6 +113,11 @@ def test_lists_per_row_stay_lists_whatever_their_shape_and_flat_numbers_are_stag
         [[0, 1, 2, 3, 4]] * 2,
         [[0, 1, 2, 3]],
     ]
+    # A batch whose rows a transform all dropped: its text column stays a list, not an
+    # empty float64 tensor (the type would then depend on the batch)
+    empty = next(iter(DeviceFeed([{"text": [], "label": np.arange(0)}], device="cpu")))
+    assert empty["text"] == [] and type(empty["text"]) is list
+    assert empty["label"].dtype == torch.int64 and empty["label"].shape == (0,)
 
 
 def test_cpu_batches_view_the_source_arrays_without_a_copy():
