@@ -130,10 +130,32 @@ def test_checkpoint_folder_is_accepted(tmp_path):
         assert read(tmp_path / name / STATE_FILE).world_size == 5
 
 
+def test_a_trainer_checkpoint_with_a_state_per_process_is_rewritten_whole(tmp_path):
+    """A Hugging Face Trainer checkpoint holds `rayshard_state_<process>.json`: a rewrite
+    changes every process's file (one changed alone, the processes would resume from
+    different states)."""
+    checkpoint = tmp_path / "checkpoint-500"
+    checkpoint.mkdir()
+    for process in (0, 1, 10):
+        write(checkpoint / f"rayshard_state_{process}.json", {**STATE, "epoch": 2 + process})
+    assert show(checkpoint)["epoch"] == 2  # process 0's
+    assert invoke("skip-epoch", str(checkpoint)).exit_code == 0
+    assert [read(checkpoint / f"rayshard_state_{p}.json").epoch for p in (0, 1, 10)] == [3, 4, 13]
+    out = tmp_path / "moved"
+    assert invoke("retarget", str(checkpoint), "--world-size", "2", "-o", str(out)).exit_code == 0
+    assert [read(out / f"rayshard_state_{p}.json").world_size for p in (0, 1, 10)] == [2] * 3
+    refused = invoke(
+        "retarget", str(checkpoint), "--world-size", "2", "-o", str(tmp_path / "a.json")
+    )
+    assert refused.exit_code == 1 and "one state file per process; pass a folder" in refused.output
+
+
 def test_folder_without_a_state_is_refused(tmp_path):
     result = invoke("show", str(tmp_path))
     assert result.exit_code == 1
-    assert f"{tmp_path} is a folder without {STATE_FILE}" in result.output
+    assert f"{tmp_path} is a folder without {STATE_FILE} or rayshard_state_<process>" in (
+        result.output
+    )
 
 
 def test_refuses_a_foreign_loader(state_file):

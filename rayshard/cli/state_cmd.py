@@ -1,6 +1,8 @@
 """`rayshard state`: inspect a saved loader state and rewrite it safely.
 
-PATH is a state JSON file or a checkpoint folder holding `rayshard_state.json`. Rewrites
+PATH is a state JSON file or a checkpoint folder holding `rayshard_state.json` (or, as a
+Hugging Face Trainer checkpoint, one `rayshard_state_<process>.json` per process: `show`
+reads process 0's, a rewrite changes every one alike). Rewrites
 go to a temporary file in the target's folder, then `os.replace`: a crash leaves the old
 file or the new one, never half of one. Rewriting in place keeps the old file as `.bak`.
 """
@@ -16,7 +18,13 @@ import click
 
 from rayshard.core import state_tools
 from rayshard.core.state import STATE_VERSION, LoaderState
-from rayshard.core.state_file import STATE_FILE, WHAT_TO_PASS, atomic_write, read_state_json
+from rayshard.core.state_file import (
+    PROCESS_STATE_FILE,
+    STATE_FILE,
+    WHAT_TO_PASS,
+    atomic_write,
+    read_state_json,
+)
 from rayshard.errors import ConfigError
 from rayshard.plan import DataLayout
 
@@ -106,21 +114,35 @@ def retarget_command(
     _rewrite(path, out, expect_loader, lambda s: state_tools.retarget(s, world_size))
 
 
-def _resolve(path: Path) -> Path:
+def _resolve(path: Path) -> list[Path]:
+    """The state files PATH names: itself, its folder's `rayshard_state.json`, or its
+    per-process files, process 0's first."""
     if not path.is_dir():
-        return path
-    file = path / STATE_FILE
-    if not file.is_file():
+        return [path]
+    if (path / STATE_FILE).is_file():
+        return [path / STATE_FILE]
+    each = sorted(path.glob(PROCESS_STATE_FILE.format(rank="*")), key=_process)
+    if not each:
         raise click.ClickException(
-            f"{path} is a folder without {STATE_FILE}: pass a checkpoint folder written by "
-            "rayshard.train.save_state, or the state JSON file itself"
+            f"{path} is a folder without {STATE_FILE} or "
+            f"{PROCESS_STATE_FILE.format(rank='<process>')}: pass a checkpoint folder "
+            "written by rayshard.train.save_state or a prepared Trainer, or the state JSON"
         )
-    return file
+    return each
+
+
+def _process(file: Path) -> int:
+    number = file.stem.rsplit("_", 1)[-1]
+    return int(number) if number.isdigit() else 1 << 30
 
 
 def _load(path: Path, expect_loader: str | None) -> tuple[Path, LoaderState]:
-    """The state file PATH names, and its strictly loaded, consistent state (else exit 1)."""
-    file = _resolve(path)
+    """The state file PATH names (process 0's of several), and its strictly loaded,
+    consistent state (else exit 1)."""
+    return _load_file(_resolve(path)[0], expect_loader)
+
+
+def _load_file(file: Path, expect_loader: str | None) -> tuple[Path, LoaderState]:
     try:
         data = read_state_json(file)
     except ConfigError as error:
@@ -148,12 +170,26 @@ def _rewrite(
     expect_loader: str | None,
     change: Callable[[LoaderState], LoaderState],
 ) -> None:
-    file, state = _load(path, expect_loader)
+    files = _resolve(path)
+    for file in files:  # each checked before any is written
+        _load_file(file, expect_loader)
+    for file in files:
+        target = None if out is None else _out_file(out, file.name if len(files) > 1 else None)
+        _rewrite_file(file, target, expect_loader, change)
+
+
+def _rewrite_file(
+    file: Path,
+    out: Path | None,
+    expect_loader: str | None,
+    change: Callable[[LoaderState], LoaderState],
+) -> None:
+    file, state = _load_file(file, expect_loader)
     try:
         new = change(state)
     except (ConfigError, TypeError) as error:
         raise click.ClickException(f"{file}: {error}") from error
-    target = file if out is None else _out_file(out)
+    target = file if out is None else out
     payload = new.to_json() + "\n"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -171,11 +207,18 @@ def _rewrite(
     )
 
 
-def _out_file(out: str) -> Path:
+def _out_file(out: str, name: str | None = None) -> Path:
     """Where `-o out` writes: `out` itself if it names a .json file, else the state file
-    in the folder `out` (`new/`, `ckpt-retargeted`)."""
+    in the folder `out` (`new/`, `ckpt-retargeted`); one of several files (`name`, a
+    process's) always in the folder `out`, by its own name."""
     path = Path(out)
     folder = out.endswith(("/", os.sep)) or path.is_dir() or path.suffix.lower() != ".json"
+    if name is not None:
+        if not folder:
+            raise click.ClickException(
+                f"-o {out}: the checkpoint holds one state file per process; pass a folder"
+            )
+        return path / name
     return path / STATE_FILE if folder else path
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from rayshard.errors import ConfigError
 
 STATE_FILE = "rayshard_state.json"  # in a checkpoint folder
+PROCESS_STATE_FILE = "rayshard_state_{rank}.json"  # one per process (a Hugging Face checkpoint)
 WHAT_TO_PASS = "pass the JSON written by rayshard.train.save_state or iterator.state_dict()"
 
 
@@ -63,4 +64,4 @@ def _mode_for(target: Path) -> int:
         return 0o666 & ~umask
 
 
-__all__ = ["STATE_FILE", "atomic_write", "read_state_json"]
+__all__ = ["PROCESS_STATE_FILE", "STATE_FILE", "atomic_write", "read_state_json"]

@@ -33,10 +33,10 @@ from typing import Any
 
 import torch.utils.data
 
-from rayshard.core.state_file import atomic_write, read_state_json
+from rayshard.core.state_file import PROCESS_STATE_FILE, atomic_write, read_state_json
 from rayshard.errors import ConfigError
 
-STATE_FILE_PATTERN = "rayshard_state_{rank}.json"  # in a Trainer checkpoint folder
+STATE_FILE_PATTERN = PROCESS_STATE_FILE  # in a Trainer checkpoint folder
 NOT_RESUMING = object()  # `ResumingDataLoader(resume=...)`: a train() from the start
 
 
