@@ -211,11 +211,12 @@ class Coordinator:
                 ) from None
         return self._core.state_at(epoch, received)
 
-    async def restore(self, state: dict, restored_at: int | None = None) -> tuple[int, int]:
-        """Resume from a saved state; a new state starts a new generation, so readers drop
-        what they read ahead. Every rank loads it: the others' loads of the current state
-        join it; a rank that restored at the current generation (`restored_at`) and was
-        acknowledged since restores it again (a rewind). Returns (epoch, generation)."""
+    async def restore(
+        self, state: dict, restored_at: int | None = None, dp_rank: int = -1
+    ) -> tuple[int, int]:
+        """Resume from a saved state (a new generation: readers drop what they read ahead);
+        (epoch, generation). Peers' loads of the current state join it; a rank that restored
+        at this generation (`restored_at`) and was acknowledged since restores it again."""
         loaded = LoaderState.from_dict(
             state,
             expect_loader=self._loader_id,
@@ -224,7 +225,8 @@ class Coordinator:
         )
         if self._core.members is None:
             raise RayshardError("restore() before any rank registered: take an iterator first")
-        again = restored_at == self._core.members.generation and bool(self._core.received)
+        acked = any(dp_rank in counts for counts in self._core.received.values())
+        again = restored_at == self._core.members.generation and acked
         if self._core.resume != loaded or again:
             self._do(cmd.Restore(loaded.to_dict(), time.time()))
             self._compact()

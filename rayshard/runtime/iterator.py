@@ -203,12 +203,13 @@ class ShardIterator:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` was saved: the next iteration yields the rest of its epoch."""
-        self._acks.discard()  # batches received since are read again: not consumed
         try:
-            restored = self._coordinator.restore.remote(state, self._restored_at)
+            rank = self._placement.dp_rank
+            restored = self._coordinator.restore.remote(state, self._restored_at, rank)
             epoch, self._generation = ray.get(restored)
         except ray.exceptions.RayTaskError as error:  # a refused state: its own error
             raise unwrap_task_error(error, f"{self._where()}, load_state_dict") from None
+        self._acks.discard()  # batches received before are read again: not consumed
         self._acks.generation = self._restored_at = self._generation
         generations.note(*self._registered())
         self.set_epoch(epoch)
@@ -258,9 +259,7 @@ class ShardIterator:
             if self._local is not None:
                 if self._reader is not None:  # not closed: its attach was answered
                     self._reader.settled()  # (see `watch_rank`)
-                started = self._local.start(
-                    self._generation, epoch, self._arrow, self._acks
-                )
+                started = self._local.start(self._generation, epoch, self._arrow, self._acks)
             else:
                 started = ray.get(self._reader.start.remote(self._generation, epoch))
         except ray.exceptions.RayTaskError as error:

@@ -51,21 +51,54 @@ def test_a_rewind_to_the_same_checkpoint_twice_reads_its_rest_each_time(
         loader.shutdown()
 
 
-def test_two_ranks_rewinding_together_twice_join_one_restore_each_time(ray_session, tmp_path):
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_two_ranks_rewinding_together_twice_join_one_restore_each_time(
+    ray_session, tmp_path, policy
+):
     source = ParquetSource(write_parquet(tmp_path, ROWS))
-    loader = Loader(source, batch_size=8, shuffle=True, seed=5, name=unique_name("rewind"))
+    loader = Loader(
+        source, batch_size=8, shuffle=True, seed=5, policy=policy, name=unique_name("rewind")
+    )
     ranks = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     try:
         first = [i for batches in run_lockstep(ranks, steps=2) for i in _ids(batches)]
         checkpoint = ranks[0].state_dict()
         run_lockstep(ranks, steps=2)
         for _ in range(2):
-            generations = []
+            before, generations = ranks[0]._generation, []
             for it in ranks:  # rank 0 restores; rank 1's load of the same state joins it
                 it.load_state_dict(checkpoint)
                 generations.append(it._generation)
-            assert generations[0] == generations[1]  # one restore: rank 0 is not stale
+            assert generations == [before + 1] * 2  # one restore each time, rank 0 not stale
+            one = [i for batches in run_lockstep(ranks, steps=1) for i in _ids(batches)]
+            saved = ranks[1].state_dict()  # the checkpoint's samples and one step's
+            assert sum(b - a for a, b in saved["consumed"]) == len(first) + len(one)
             rest = [i for batches in run_lockstep(ranks) for i in _ids(batches)]
-            assert Counter(first + rest) == Counter(range(101))
+            assert Counter(first + one + rest) == Counter(range(101))
+    finally:
+        loader.shutdown()
+
+
+def test_a_peer_loading_the_current_state_late_joins_it_after_the_others_progress(
+    ray_session, tmp_path
+):
+    """As a Hugging Face Trainer's resume: each process loads the epoch's start, then the
+    checkpoint's state (here the same) at its first `set_epoch`, with no barrier between
+    the processes: rank 0 trains on before rank 1's second load, which joins the restore
+    (a restore would leave rank 0's iterator stale)."""
+    source = ParquetSource(write_parquet(tmp_path, ROWS))
+    loader = Loader(source, batch_size=8, shuffle=True, seed=5, name=unique_name("late"))
+    ranks = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    try:
+        checkpoint = ranks[0].state_dict()  # the epoch's start
+        for it in ranks:
+            it.load_state_dict(checkpoint)
+        ranks[0].load_state_dict(checkpoint)  # its second load: nothing received since
+        ahead = _ids(itertools.islice(ranks[0], 2))
+        ranks[0]._acks.flush(wait=True)  # its progress recorded
+        ranks[1].load_state_dict(checkpoint)  # rank 1's second load, late
+        assert ranks[1]._generation == ranks[0]._generation
+        rest = [i for batches in run_lockstep(ranks) for i in _ids(batches)]
+        assert Counter(ahead + rest) == Counter(range(101))
     finally:
         loader.shutdown()
