@@ -97,6 +97,13 @@ def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -
         offset = _aligned(offset + nbytes)
 
     for key, value in batch.items():
+        nested = isinstance(value, tuple) and not _numeric_list(list(value))
+        if nested or isinstance(value, Mapping):  # (numpy would stack a tuple, casting it)
+            raise TypeError(
+                f"batch entry {key!r} is a {type(value).__name__} inside the batch: a batch "
+                "holds arrays, tensors and lists; make the collate_fn return its parts "
+                "flat, e.g. (x, labels, mask) or {'x': x, 'labels': labels, 'mask': mask}"
+            )
         if isinstance(value, list) and not _numeric_list(value):
             # strings, bytes, lists per row (ragged or not): as the loop gets them
             passthrough[key] = value

@@ -108,6 +108,8 @@ def check_available(device: torch.device) -> None:
 def _resolve_device(device: torch.device | str | None) -> torch.device:
     """The target device with an explicit CUDA index, so device comparisons are exact."""
     resolved = default_device() if device is None else torch.device(device)
+    if resolved.type == "cpu":  # ("cpu:0" is the host too: tensors' device is "cpu")
+        return torch.device("cpu")
     if resolved.type != "cuda":
         return resolved
     check_available(resolved)
@@ -229,6 +231,8 @@ class DeviceFeed(Iterator[dict[str, torch.Tensor]]):
         if self._error is not None:  # raised once, after the thread is stopped
             self.close()
             error, self._error = self._error, None
+            if isinstance(error, StopIteration):  # (not the end: a collate_fn's, PEP 479)
+                raise RuntimeError(f"staging a batch raised {error!r}") from error
             raise error
         item = self._held
         if isinstance(item, Tagged):  # the source's metadata, handed through with its batch

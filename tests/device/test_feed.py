@@ -388,6 +388,28 @@ def test_a_collate_fn_may_return_a_tuple_or_list_of_arrays(shape):
     assert isinstance(y, torch.Tensor) and y.tolist() == [0, 1, 2] and s == ["a", "b", "c"]
     with pytest.raises(TypeError, match="got int; make the collate_fn return one of those"):
         list(DeviceFeed(source, device="cpu", collate_fn=lambda batch: 5))
+    # a tuple inside it (labels and a bool mask) was stacked into one int64 tensor
+    inner = (y.numpy(), y.numpy() > 0)  # labels and their mask
+    with pytest.raises(TypeError, match=r"batch entry '1' is a tuple inside the batch"):
+        list(DeviceFeed(source, device="cpu", collate_fn=lambda b: shape([b["x"], inner])))
+    with pytest.raises(TypeError, match=r"batch entry 'meta' is a dict inside the batch"):
+        list(DeviceFeed(source, device="cpu", collate_fn=lambda b: {"meta": {"a": b["y"]}}))
+    sizes = next(DeviceFeed(source, device="cpu", collate_fn=lambda b: {"hw": (3, 4)}))
+    assert sizes["hw"].tolist() == [3, 4]  # a tuple of numbers is staged, as before
+
+
+def test_a_stop_iteration_from_collate_fn_is_an_error_not_the_end():
+    def collate(batch):
+        raise StopIteration  # (a `next()` on an exhausted iterator inside it)
+
+    with pytest.raises(RuntimeError, match="staging a batch raised StopIteration"):
+        list(DeviceFeed([{"x": np.arange(3)}] * 3, device="cpu", collate_fn=collate))
+
+
+def test_cpu_with_an_index_is_the_host_for_jagged_columns_too():
+    for device in ("cpu:0", torch.device("cpu", 0)):
+        (batch,) = list(DeviceFeed([{"tokens": jagged([2, 1]), "y": np.arange(2)}], device=device))
+        assert batch["tokens"].is_nested and batch["y"].tolist() == [0, 1]
 
 
 def jagged(lengths: list[int]) -> torch.Tensor:
