@@ -208,3 +208,23 @@ def test_a_fixed_shape_tensor_column_comes_in_its_shape_under_every_format(tmp_p
     batch = arrow_batch({"v": rows}, types=arrow_types(table.schema))
     assert batch.schema.field("v").type == table.schema.field("v").type
     np.testing.assert_array_equal(batch.column(0).to_numpy_ndarray(), images[1:])
+
+
+def test_a_fixed_size_list_of_structs_and_a_fill_lacking_a_field_are_checked():
+    pairs = pa.array(
+        [[{"id": None, "inner": None}, {"id": 2, "inner": {"w": 1.0}}]], pa.list_(_META, 2)
+    )
+    with pytest.raises(DataError, match=r"sample 10 \(an element of the list\)"):
+        convert_table(_table(pairs))  # (its ints were floats, the null passed)
+    fill = {"id": -1, "inner": {"w": 0.0}}
+    rules = ColumnRules.build(None, {"v": fill}, _table(pairs).schema)
+    assert convert_table(_table(pairs), rules)["v"].tolist() == [
+        [fill, {"id": 2, "inner": {"w": 1.0}}]
+    ]
+    lacking = ColumnRules.build(None, {"v": {"id": -1}}, _table(pairs).schema)  # no "inner"
+    with pytest.raises(DataError, match=r"a null the fill value cannot fill: a field it lacks"):
+        convert_table(_table(pairs), lacking)
+    column = pa.array([{"id": None, "inner": None}], _META)
+    lacking = ColumnRules.build(None, {"v": {"id": -1}}, _table(column).schema)
+    with pytest.raises(DataError, match=r"a null the fill value cannot fill: a field it lacks"):
+        convert_table(_table(column), lacking)

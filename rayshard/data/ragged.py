@@ -25,7 +25,7 @@ from rayshard.data.columns import (
     is_list_type,
     is_ragged,
 )
-from rayshard.data.structs import fill_fields, row_nulls, struct_rows
+from rayshard.data.structs import UNFILLED, fill_fields, row_nulls, struct_rows
 from rayshard.data.wire import ships_as_arrow
 from rayshard.errors import DataError
 
@@ -133,10 +133,19 @@ def _python_lists(name: str, column: pa.Array, rules: ColumnRules, index: Any) -
             raise _null_error(name, None, index, row=row, detail=detail)
         fill = pa.scalar(fill).cast(fill_type(column.type)).as_py()
         rows = _filled(rows, column.type, fill)
+        left = next((i for i, row in enumerate(rows) if _holds_none(row)), None)
+        if left is not None:
+            raise _null_error(name, None, index, row=left, detail=UNFILLED)
     out = np.empty(len(rows), dtype=object)
     for i, row in enumerate(rows):
         out[i] = row
     return out
+
+
+def _holds_none(value: Any) -> bool:
+    if isinstance(value, dict):
+        return any(_holds_none(v) for v in value.values())
+    return value is None or (isinstance(value, list) and any(_holds_none(v) for v in value))
 
 
 def _filled(rows: list[Any], type_: pa.DataType, fill: Any) -> list[Any]:
@@ -170,7 +179,8 @@ def _column_kinds(schema: pa.Schema) -> tuple[tuple[str, str, tuple[int, ...]], 
                 shape.append(type_.list_size)
                 type_ = type_.value_type
             # of variable-length lists: a Python list per row (their nulls checked too)
-            kind, shape = ("list", []) if _is_list(type_) else ("fixed", shape)
+            nested = _is_list(type_) or pa.types.is_struct(type_)
+            kind, shape = ("list", []) if nested else ("fixed", shape)
         else:
             kind = "list" if _is_list(type_) else "plain"
         kinds.append((field.name, kind, tuple(shape)))

@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 from rayshard.errors import DataError
 
 _LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+UNFILLED = " (a null the fill value cannot fill: a field it lacks, or inside a list field)"
 
 
 def row_nulls(array: pa.Array) -> np.ndarray:
@@ -52,10 +53,7 @@ def struct_rows(
         column = _filled(column, fill)
         left = row_nulls(column)
         if left.any():
-            raise null_error(
-                int(np.argmax(left)),
-                " (inside a list field: fill_null fills struct fields, not a list's elements)",
-            )
+            raise null_error(int(np.argmax(left)), UNFILLED)
     out = np.empty(len(column), dtype=object)
     for i, row in enumerate(column.to_pylist()):
         out[i] = row
