@@ -23,14 +23,18 @@ def _ids(batches) -> list[int]:
     return [int(i) for b in batches for i in b["_index"]]
 
 
+def _loader(tmp_path, policy: str = "data") -> Loader:
+    source = ParquetSource(write_parquet(tmp_path, ROWS))
+    return Loader(
+        source, batch_size=8, shuffle=True, seed=5, policy=policy, name=unique_name("rewind")
+    )
+
+
 @pytest.mark.parametrize("policy", ["data", "dynamic"])
 def test_a_rewind_to_the_same_checkpoint_twice_reads_its_rest_each_time(
     ray_session, tmp_path, policy
 ):
-    source = ParquetSource(write_parquet(tmp_path, ROWS))
-    loader = Loader(
-        source, batch_size=8, shuffle=True, seed=5, policy=policy, name=unique_name("rewind")
-    )
+    loader = _loader(tmp_path, policy)
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
     try:
         first = _ids(itertools.islice(it, 3))
@@ -55,10 +59,7 @@ def test_a_rewind_to_the_same_checkpoint_twice_reads_its_rest_each_time(
 def test_two_ranks_rewinding_together_twice_join_one_restore_each_time(
     ray_session, tmp_path, policy
 ):
-    source = ParquetSource(write_parquet(tmp_path, ROWS))
-    loader = Loader(
-        source, batch_size=8, shuffle=True, seed=5, policy=policy, name=unique_name("rewind")
-    )
+    loader = _loader(tmp_path, policy)
     ranks = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     try:
         first = [i for batches in run_lockstep(ranks, steps=2) for i in _ids(batches)]
@@ -86,8 +87,7 @@ def test_a_peer_loading_the_current_state_late_joins_it_after_the_others_progres
     checkpoint's state (here the same) at its first `set_epoch`, with no barrier between
     the processes: rank 0 trains on before rank 1's second load, which joins the restore
     (a restore would leave rank 0's iterator stale)."""
-    source = ParquetSource(write_parquet(tmp_path, ROWS))
-    loader = Loader(source, batch_size=8, shuffle=True, seed=5, name=unique_name("late"))
+    loader = _loader(tmp_path)
     ranks = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     try:
         checkpoint = ranks[0].state_dict()  # the epoch's start
