@@ -20,7 +20,8 @@ ROWS = [40, 35, 26]  # 101 rows, row groups of 7
 
 
 def _ids(batches) -> list[int]:
-    return [int(i) for b in batches for i in b["_index"]]
+    """The real samples of numpy batches (not the padding rows of `dynamic`'s equal steps)."""
+    return [int(i) for b in batches for i in b["_index"][~b["_padded"]]]
 
 
 def _loader(tmp_path, policy: str = "data") -> Loader:
