@@ -193,3 +193,30 @@ def test_a_state_edited_into_nonsense_is_refused_before_it_is_used(edit, message
         LoaderState.from_dict(data, expect_loader="x:1", expect_num_samples=100)
     good = LoaderState("x:1", 2, 0, ((0, 30), (40, 100)), 1, 100)
     assert LoaderState.from_dict(good.to_dict(), expect_num_samples=100) == good
+
+
+@pytest.mark.parametrize("dp_size", [1, 2, 3])
+def test_a_state_of_unknown_world_size_resumes_its_epoch_on_any(dp_size):
+    """`world_size: 0` (unknown, as `rayshard state` shows it) resumes the rest of its
+    epoch as if saved on the new world size (a re-plan for 0 ranks raised)."""
+    import pyarrow as pa
+
+    from rayshard.config.loader_config import LoaderConfig
+    from rayshard.core.planning import epoch_plan
+    from rayshard.sources import TableSource
+
+    source = TableSource(pa.table({"id": pa.array(range(40), pa.int64())}))
+    state = LoaderState.from_dict(
+        {
+            "version": 1,
+            "loader": "L",
+            "epoch": 0,
+            "seed": 0,
+            "consumed": [[0, 8], [30, 33]],
+            "world_size": 0,
+            "num_samples": 40,
+        }
+    )
+    plan = epoch_plan(LoaderConfig(batch_size=4), source, dp_size, 0, state)
+    read = [i for rank in plan.ranks for a, b in rank.ranges for i in range(a, b)]
+    assert sorted(read) == [i for i in range(40) if not (i < 8 or 30 <= i < 33)]

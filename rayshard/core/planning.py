@@ -62,7 +62,7 @@ def _epoch_plan(
         dp_size,
         epoch,
         resume.consumed,
-        previous_world_size=resume.world_size,
+        previous_world_size=resume.world_size or dp_size,  # (0: unknown, as `state` allows)
         by_files=assignment.policy is ShardingPolicy.FILE,
         shuffled=shuffled,
     )
