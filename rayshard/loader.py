@@ -31,7 +31,7 @@ from rayshard.runtime import generations
 from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.delivery import Delivery
 from rayshard.runtime.iterator import ShardIterator
-from rayshard.runtime.iterator_args import check_iterator_args
+from rayshard.runtime.iterator_args import check_iterator_args, check_torch_columns
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
 from rayshard.runtime.placement_check import warn_about_actor_resources
@@ -205,8 +205,9 @@ class Loader:
         nested, types = (), {}  # found before the reader: nothing may fail after it starts
         if self.settings.packing is None:
             nested = self.settings.column_rules.nested_columns(self._read_schema())
-        if batch_format == "arrow" and self.settings.packing is None and self.transform is None:
-            types = arrow_types(self._read_schema())  # (a transform's columns are its own)
+        if self.settings.packing is None and self.transform is None:  # (else its own columns)
+            types = arrow_types(self._read_schema()) if batch_format == "arrow" else {}
+            check_torch_columns(self._read_schema(), batch_format, collate_fn)
         depth = self.settings.prefetch_depth
         delivery = Delivery(batch_format, nested, collate_fn, device, depth, types)
         registration["reader_name"] = registration["reader"]  # leaving names it

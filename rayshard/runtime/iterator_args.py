@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pyarrow as pa
+
 from rayshard.config.checks import check_int
 from rayshard.data.formats import FORMATS
 from rayshard.errors import ConfigError
@@ -51,3 +53,20 @@ def _check_device(device: Any) -> None:
             "'cuda:0' or a torch.device, or leave it unset"
         ) from None
     check_available(parsed)
+
+
+def check_torch_columns(schema: pa.Schema, batch_format: str, collate_fn: Any) -> None:
+    """Under `torch` without a `collate_fn` (and without a transform: the caller's part),
+    a date, timestamp or duration column (numpy `datetime64`/`timedelta64`) cannot become
+    a tensor: a `ConfigError` at `iterator()` naming it, not a `TypeError` at the first
+    batch. (Times of day come as Python lists, as strings do.)"""
+    if batch_format != "torch" or collate_fn is not None:
+        return
+    as_numpy_dates = (pa.types.is_date, pa.types.is_timestamp, pa.types.is_duration)
+    for field in schema:
+        if any(test(field.type) for test in as_numpy_dates):
+            raise ConfigError(
+                f"column {field.name!r} ({field.type}) cannot become a torch tensor: leave it "
+                f"out with columns=, convert it in a transform or collate_fn (e.g. to int64 "
+                f"with .astype('int64')), or use batch_format='numpy'"
+            )

@@ -61,3 +61,18 @@ def test_a_cuda_device_without_cuda_fails_at_iterator_not_at_the_first_batch(dev
     # the iterator is made in the process that uses it: no CUDA there is known at once
     with pytest.raises(ConfigError, match=r"device='cuda(:\d)?' but CUDA is not available"):
         check(batch_format="torch", device=device)
+
+
+def test_a_date_column_under_torch_is_refused_at_iterator_not_at_the_first_batch():
+    import pyarrow as pa
+
+    from rayshard.runtime.iterator_args import check_torch_columns
+
+    schema = pa.schema([("x", pa.float32()), ("when", pa.timestamp("us")), ("t", pa.time64("us"))])
+    with pytest.raises(
+        ConfigError, match=r"column 'when' \(timestamp\[us\]\) cannot become a torch"
+    ):
+        check_torch_columns(schema, "torch", None)
+    check_torch_columns(schema, "numpy", None)  # numpy datetime64, as read
+    check_torch_columns(schema, "torch", lambda batch: batch)  # the collate_fn converts it
+    check_torch_columns(pa.schema([("t", pa.time64("us"))]), "torch", None)  # Python lists

@@ -218,3 +218,20 @@ def test_arrow_batches_keep_the_sources_types_in_every_batch(ray_session, tmp_pa
     assert got.select(table.column_names).schema == table.schema
     order = pc.sort_indices(got, [("_index", "ascending")])
     assert got.take(order).select(table.column_names).equals(table)
+
+
+@pytest.mark.ray
+def test_a_timestamp_column_under_torch_is_refused_at_iterator(ray_session, tmp_path):
+    pl.DataFrame({"x": [1.0, 2.0], "when": [0, 1]}).with_columns(
+        pl.col("when").cast(pl.Datetime("us"))
+    ).write_parquet(tmp_path / "dates.parquet")
+    loader = Loader(
+        ParquetSource([str(tmp_path / "dates.parquet")]), batch_size=2, name=unique_name("dates")
+    )
+    try:
+        with pytest.raises(ConfigError, match=r"column 'when' .* cannot become a torch tensor"):
+            loader.iterator(world_rank=0, world_size=1)  # before the rank registers
+        batch = next(iter(loader.iterator(world_rank=0, world_size=1, batch_format="numpy")))
+        assert batch["when"].dtype.kind == "M"
+    finally:
+        loader.shutdown()
