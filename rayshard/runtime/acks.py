@@ -118,13 +118,6 @@ class AckSender:
         with self._lock:
             self._take_asked(answers)
 
-    def discard(self) -> None:
-        """Forget what is pending, unsent: the loop goes back to a checkpoint, and the
-        batches received since are read again (a group in flight is the previous
-        generation's: the coordinator ignores it)."""
-        with self._lock:
-            self._pending = {}
-
     @property
     def asked_s(self) -> float:
         """The interval the coordinator asked for in the last answer taken (0: none yet)."""

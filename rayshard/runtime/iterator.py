@@ -203,13 +203,15 @@ class ShardIterator:
 
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` was saved: the next iteration yields the rest of its epoch."""
+        # Recorded first: none goes out under the new generation (they would count as
+        # consumed after the restore), and a rank that read since its last load rewinds.
+        self._acks.flush(wait=True)
         try:
             rank = self._placement.dp_rank
             restored = self._coordinator.restore.remote(state, self._restored_at, rank)
             epoch, self._generation = ray.get(restored)
         except ray.exceptions.RayTaskError as error:  # a refused state: its own error
             raise unwrap_task_error(error, f"{self._where()}, load_state_dict") from None
-        self._acks.discard()  # batches received before are read again: not consumed
         self._acks.generation = self._restored_at = self._generation
         generations.note(*self._registered())
         self.set_epoch(epoch)

@@ -24,18 +24,28 @@ def _ids(batches) -> list[int]:
     return [int(i) for b in batches for i in b["_index"][~b["_padded"]]]
 
 
-def _loader(tmp_path, policy: str = "data") -> Loader:
+def _loader(tmp_path, policy: str = "data", **options) -> Loader:
     source = ParquetSource(write_parquet(tmp_path, ROWS))
     return Loader(
-        source, batch_size=8, shuffle=True, seed=5, policy=policy, name=unique_name("rewind")
+        source,
+        batch_size=8,
+        shuffle=True,
+        seed=5,
+        policy=policy,
+        name=unique_name("rewind"),
+        **options,
     )
 
 
-@pytest.mark.parametrize("policy", ["data", "dynamic"])
+@pytest.mark.parametrize(
+    "policy, interval", [("data", 0.1), ("dynamic", 0.1), ("data", 60), ("dynamic", 60)]
+)
 def test_a_rewind_to_the_same_checkpoint_twice_reads_its_rest_each_time(
-    ray_session, tmp_path, policy
+    ray_session, tmp_path, policy, interval
 ):
-    loader = _loader(tmp_path, policy)
+    """(An `ack_interval_s` of 60: the batches since the last load are acknowledged by
+    the load itself, so the rank is seen to have read since and restores again.)"""
+    loader = _loader(tmp_path, policy, ack_interval_s=interval)
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
     try:
         first = _ids(itertools.islice(it, 3))
