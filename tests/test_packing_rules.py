@@ -15,7 +15,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayshard.config.loader_config import LoaderConfig
-from rayshard.core.packing import PackSpec, count_rows, plan_rows, resume_point, unpack
+from rayshard.core.packing import (
+    PackSpec,
+    count_rows,
+    count_split_rows,
+    plan_rows,
+    resume_point,
+    unpack,
+)
 from rayshard.core.state import LoaderState
 from rayshard.data.batching import iter_rows
 from rayshard.data.columns import Padding
@@ -416,3 +423,24 @@ def test_a_mix_epochs_token_lengths_are_gathered_from_each_sources_own(tmp_path,
         mixed.mix(5), epoch, [token_lengths(part, packing) for part in paths]
     )
     assert gathered.tolist() == token_lengths(mixed.for_epoch(epoch, 5), packing).tolist()
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("lengths", [[4, 0, 0], [4, 4, 0], [3, 1, 0, 0]])
+def test_empty_documents_after_the_last_token_join_its_row(fast, lengths):
+    # not a row of their own: no step without a real token, and `_padded` keeps its meaning
+    spec = Packing(column="tokens", seq_len=4).spec
+    planned = count_rows(enumerate(lengths), spec)
+    assert planned == sum(lengths) // 4 == count_split_rows(np.array(lengths), spec)
+    out = list(
+        packed_batches(
+            rows_of(table(lengths), [(0, len(lengths))]),
+            Packing(column="tokens", seq_len=4),
+            1,
+            {},
+            planned,
+            fast=fast,
+        )
+    )
+    assert len(out) == planned and all(b["mask"].all() for b in out)
+    assert sorted(i for b in out for i in b[COMPLETED_KEY].tolist()) == list(range(len(lengths)))

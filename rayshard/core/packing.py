@@ -77,6 +77,7 @@ def plan_rows(
 def _split(docs: Iterable[tuple[int, int]], spec: PackSpec, offsets: Mapping) -> Iterator[Row]:
     row: list[Span] = []
     fill = 0
+    full: Row | None = None  # the last full row, kept: empty documents after it join it
     for index, tokens in docs:
         size, at = spec.size(tokens), offsets.get(index, 0)
         if size == 0:  # an empty document: finished in the current row
@@ -87,8 +88,13 @@ def _split(docs: Iterable[tuple[int, int]], spec: PackSpec, offsets: Mapping) ->
             row.append(Span(index, at, at + take, at + take == size))
             at, fill = at + take, fill + take
             if fill == spec.seq_len:
-                yield Row(tuple(row))
-                row, fill = [], 0
+                if full is not None:
+                    yield full
+                full, row, fill = Row(tuple(row)), [], 0
+    if full is not None and row and not fill:  # only empty documents after the last token
+        full, row = Row(full.spans + tuple(row)), []
+    if full is not None:
+        yield full
     if row:
         yield Row(tuple(row), dropped=spec.drop_last)
 
@@ -133,11 +139,9 @@ def count_split_rows(remaining: np.ndarray, spec: PackSpec) -> int:
     order (separators counted), without a loop over documents."""
     total = int(remaining.sum())
     full, rest = divmod(total, spec.seq_len)
-    positive = np.flatnonzero(remaining > 0)
-    last = int(positive[-1]) if positive.size else -1
-    # empty documents after the last token make a row of their own (with no tokens)
-    trailing_empty = last < len(remaining) - 1
-    return full + int((rest > 0 or trailing_empty) and not spec.drop_last)
+    # empty documents after the last token join its row; with no token they make one
+    only_empty = total == 0 and len(remaining) > 0
+    return full + int((rest > 0 or only_empty) and not spec.drop_last)
 
 
 def resume_point(delivered: Iterable[Row]) -> tuple[set[int], dict[int, int]]:

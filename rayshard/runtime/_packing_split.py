@@ -115,11 +115,14 @@ def split_batches(
             head = buffer.take(per_batch)
             done = buffer.empties_before(per_batch)
             held = _batch(spec, pad_id, column, batch_size, head, done, buffer.dtype)
-    # The rest: rows of the remaining tokens, and of empty documents after them.
+    # The rest: rows of the remaining tokens; empty documents after the last token go in
+    # the last row (a row of their own only if the stream has no token).
     size = buffer.size
     rows = -(-size // spec.seq_len)
-    if buffer.empties:
-        rows = max(rows, max(p for p, _ in buffer.empties) // spec.seq_len + 1)
+    ends_a_row = size % spec.seq_len == 0 and (size > 0 or held is not None)
+    inside = [p for p, _ in buffer.empties if not (ends_a_row and p >= size)]
+    if inside:
+        rows = max(rows, max(inside) // spec.seq_len + 1)
     dropped: list[int] = []
     if rows and spec.drop_last and rows * spec.seq_len > size:  # a partial last row
         keep = (rows - 1) * spec.seq_len
@@ -136,6 +139,8 @@ def split_batches(
         done = buffer.empties_before(1 << 62) + dropped
         held = _batch(spec, pad_id, column, rows, head, done, buffer.dtype)
         dropped = []
+    if not rows and held is not None:  # (after the last full batch: its last row's)
+        dropped += buffer.empties_before(1 << 62)
     if held is not None and dropped:
         held[COMPLETED_KEY] = np.concatenate([held[COMPLETED_KEY], np.asarray(dropped, np.int64)])
         dropped = []
