@@ -79,7 +79,7 @@ class ChunkedFileSource(Source):
         files = self._files
         first = files[0].display + (f" and {len(files) - 1} more files" if len(files) > 1 else "")
         self._columns = check_columns(columns, self._full_schema, f"the dataset ({first})")
-        self._split_rows = split_rows
+        self._split_rows, self._filter = split_rows, None if filter is None else str(filter)
         self._cache = FileCache(cache_dir, cache_limit) if cache_dir is not None else None
         self._layout = DataLayout.of_files([f.num_rows for f in files])
         self._init_process_state()
@@ -145,9 +145,8 @@ class ChunkedFileSource(Source):
         return self._layout
 
     def schema(self) -> pa.Schema:
-        if self._columns is None:
-            return self._full_schema
-        return pa.schema([self._full_schema.field(c) for c in self._columns])
+        full, columns = self._full_schema, self._columns
+        return full if columns is None else pa.schema([full.field(c) for c in columns])
 
     @property
     def split_rows(self) -> int | None:
@@ -183,11 +182,8 @@ class ChunkedFileSource(Source):
         num = self._layout.num_samples
         if not (0 <= start <= end <= num):
             raise ValueError(f"rows [{start}, {end}) are outside the dataset's [0, {num})")
-        cols = (
-            self._columns
-            if columns is None
-            else check_columns(columns, self.schema(), self.describe())
-        )
+        checked = columns is not None
+        cols = check_columns(columns, self.schema(), self.describe()) if checked else self._columns
         offsets = self._layout.offsets
         f = bisect.bisect_right(offsets, start) - 1
         while start < end and f < len(self._files):
@@ -298,9 +294,13 @@ class ChunkedFileSource(Source):
         return dict(self._cache.stats) if self._cache is not None else None
 
     def describe(self) -> str:
-        first = self._files[0].display
+        """Its first file, file and row counts, and a filter or `split_rows` if set: what
+        the loader's id knows of it (a state of another filter is another loader's)."""
+        first, rows = self._files[0].display, self._layout.num_samples
         more = f" and {len(self._files) - 1} more" if len(self._files) > 1 else ""
-        return f"{type(self).__name__}({first}{more}; {self._layout.num_samples} rows)"
+        set_ = {"filter": self._filter, "split_rows": self._split_rows}
+        extra = "".join(f"; {k}={v}" for k, v in set_.items() if v is not None)
+        return f"{type(self).__name__}({first}{more}; {rows} rows{extra})"
 
 
 def _rows_as_made(rows: int, kept: int, selection: np.ndarray | None) -> bool:

@@ -235,3 +235,23 @@ def test_a_timestamp_column_under_torch_is_refused_at_iterator(ray_session, tmp_
         assert batch["when"].dtype.kind == "M"
     finally:
         loader.shutdown()
+
+
+def test_a_filter_or_split_rows_is_part_of_what_the_loaders_id_knows(tmp_path):
+    """A state of a loader over the same files with another filter (other rows) or
+    `split_rows` (other splits, other `dynamic` queues) is another loader's; without
+    them the description, and so the ids of loaders saved before, are unchanged."""
+    from rayshard.config.loader_config import LoaderConfig
+
+    pq.write_table(pa.table({"id": list(range(100))}), tmp_path / "a.parquet", row_group_size=10)
+    path = [str(tmp_path / "a.parquet")]
+    low = pc.field("id") < 50
+    sources = [
+        ParquetSource(path),
+        ParquetSource(path, split_rows=5),
+        ParquetSource(path, filter=low),
+        ParquetSource(path, filter=~low),
+    ]
+    assert sources[0].describe() == f"ParquetSource({path[0]}; 100 rows)"
+    ids = {LoaderConfig().fingerprint(s.describe(), s.layout().num_samples) for s in sources}
+    assert len(ids) == 4
