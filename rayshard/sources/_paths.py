@@ -188,14 +188,17 @@ def _glob(fs: pafs.FileSystem, pattern: str) -> list[pafs.FileInfo]:
 
 
 def _glob_regex(pattern: str) -> str:
-    """`**/` any folders, `*` and `?` within one name, `[...]` a character class."""
+    """`**/` any folders, `*` and `?` within one name, `[...]` a character class. Like a
+    folder's listing, `**` enters no hidden or `_` folder (Spark's `_temporary/`,
+    `.spark-staging/`: files not committed) and takes no hidden or `_` name."""
+    part = "(?![._])[^/]*"
     out, i = [], 0
     while i < len(pattern):
         if pattern.startswith("**/", i):
-            out.append("(?:.*/)?")
+            out.append(f"(?:{part}/)*")
             i += 3
         elif pattern.startswith("**", i):
-            out.append(".*")
+            out.append(f"(?:{part}/)*{part}")
             i += 2
         elif pattern[i] in "*?":  # as in a shell: not a name's leading "." (".x.crc")
             lead = "(?![.])" if i == 0 or pattern[i - 1] == "/" else ""

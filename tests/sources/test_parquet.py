@@ -116,6 +116,12 @@ def test_folder_glob_list_uri_and_filesystem(tmp_path):
         ids_of(ParquetSource(str(tmp_path / "**" / "part-00[01].parquet")).read(0, 22))
         == (everything[:22])
     )
+    # `**` skips hidden and `_` folders and names, as the folder's listing does (Spark's
+    # uncommitted part files; they were read beside the committed ones)
+    for staging in ("_temporary/0", ".spark-staging"):
+        write_dataset(tmp_path / "d" / staging, [3], row_group_size=4)
+    assert ParquetSource(str(tmp_path / "d" / "**" / "*.parquet")).layout().num_samples == 27
+    assert ParquetSource(str(tmp_path / "d" / "**")).layout().num_samples == 27
     assert ids_of(ParquetSource(list(reversed(paths))).read(0, 5)) == list(range(22, 27))
     assert ParquetSource("file://" + paths[1]).layout().num_samples == 12
     sub = pafs.SubTreeFileSystem(str(tmp_path / "d"), pafs.LocalFileSystem())
