@@ -175,7 +175,13 @@ def _filtered(
     handle = source._open(fs, file.path)
     ids, rows, selections = [], [], []
     for chunk in candidates:
-        table = conform(source._read_chunk(handle, chunk, file_used), file_schema)
+        try:
+            table = conform(source._read_chunk(handle, chunk, file_used), file_schema)
+        except (OSError, pa.ArrowException) as error:  # named, as a read names it
+            raise ConfigError(
+                f"{file.display}: {source._chunk_name} {chunk} is unreadable while filter= is "
+                f"evaluated ({error}): fix or remove the file"
+            ) from error
         for field, column in zip(parts, _select.constants(parts, values, table.num_rows)):
             table = table.append_column(field, column)
         selection = _select.select_rows(table, filter_, file.display)

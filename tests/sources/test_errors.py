@@ -178,3 +178,22 @@ def test_table_source_needs_a_pyarrow_table():
     with pytest.raises(ConfigError, match=r"got a builtins.dict; it takes a pyarrow.Table"):
         TableSource({"x": [1, 2, 3]})
     assert TableSource(pa.table({"x": [1, 2, 3]})).layout().num_samples == 3
+
+
+def test_a_row_group_a_filter_cannot_decode_is_named(tmp_path):
+    import pyarrow.compute as pc
+
+    path = tmp_path / "part-1.parquet"
+    pq.write_table(
+        pa.table({"id": list(range(1000))}), path, row_group_size=250, compression="none"
+    )
+    data = bytearray(path.read_bytes())
+    for k in range(200, len(data) // 2, 7):  # its data pages, not its footer
+        data[k] = 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(
+        ConfigError,
+        match=r"part-1\.parquet: row group 0 is unreadable while "
+        r"filter= is evaluated \((?s:.*)\): fix or remove the file",
+    ):
+        ParquetSource([str(path)], filter=pc.field("id") >= 0)
