@@ -89,14 +89,16 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
             empty.append(display)
             continue
         if schema_of is None:
-            schema_of = (display, schema)
+            schema_of, first = (display, schema), display
         elif merged_with is None or not schema.equals(merged_with, check_metadata=True):
             # Merging a schema again changes nothing: files that repeat the previous one's
             # (the usual case) skip the per-field comparison (26 ms a file at 2,000 columns).
             merged_with = schema
             merged, changed = merge_schemas(schema_of, (display, schema))
             promoted.update(changed)
-            schema_of = (schema_of[0], merged)
+            # (a later conflict names the file whose type the merged schema holds)
+            label = f"{first} (as promoted by {display})" if changed else schema_of[0]
+            schema_of = (label, merged)
         found.append((filesystems.index(fs), path, display, relative, chunk_rows, version))
     if empty:  # one warning, however many (a dataset may hold thousands)
         named = ", ".join(empty[:3]) + (f" and {len(empty) - 3} more" if len(empty) > 3 else "")
@@ -112,7 +114,7 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
     if promoted:
         log.info(
             "rayshard: files of %s differ safely; columns %s are promoted, schema: %s",
-            schema_of[0],
+            first,
             sorted(promoted),
             file_schema,
         )

@@ -197,3 +197,15 @@ def test_a_row_group_a_filter_cannot_decode_is_named(tmp_path):
         r"filter= is evaluated \((?s:.*)\): fix or remove the file",
     ):
         ParquetSource([str(path)], filter=pc.field("id") >= 0)
+
+
+def test_a_conflict_after_a_promotion_names_the_file_that_promoted(tmp_path):
+    pq.write_table(pa.table({"a": pa.array([1], pa.int32())}), tmp_path / "1.parquet")
+    pq.write_table(pa.table({"a": pa.array([1], pa.int64())}), tmp_path / "2.parquet")
+    pq.write_table(pa.table({"a": pa.array(["x"])}), tmp_path / "3.parquet")
+    with pytest.raises(
+        ConfigError,
+        match=r"int64 in \S*1\.parquet \(as promoted by \S*2\.parquet\)"
+        r" but string in \S*3\.parquet",
+    ):
+        ParquetSource(tmp_path)  # (int64 is not 1.parquet's type: it holds int32)
