@@ -89,12 +89,7 @@ class TableSource(Source):
                 "columns with pyarrow.table(data), a DataFrame with pyarrow.Table.from_pandas"
             )
         if columns is not None:
-            missing = [c for c in columns if c not in table.column_names]
-            if missing:
-                raise ConfigError(
-                    f"columns {missing} are not in the table; it has {table.column_names}"
-                )
-            table = table.select(list(columns))
+            table = _selected(table, columns)
         self._table = table
 
     def layout(self) -> DataLayout:
@@ -106,10 +101,11 @@ class TableSource(Source):
     def read(
         self, start: int, end: int, columns: Sequence[str] | None = None
     ) -> Iterator[pa.RecordBatch]:
+        num = self._table.num_rows
+        if not (0 <= start <= end <= num):  # (as file sources: not a shorter slice)
+            raise ValueError(f"rows [{start}, {end}) are outside the table's [0, {num})")
         part = self._table.slice(start, end - start)
-        if columns is not None:
-            part = part.select(list(columns))
-        yield from part.to_batches()
+        yield from (part if columns is None else _selected(part, columns)).to_batches()
 
     def splits(self) -> list[tuple[int, int]]:
         return pieces.as_tuples(self._chunk_pieces())
@@ -131,3 +127,13 @@ class TableSource(Source):
 
     def describe(self) -> str:
         return f"in-memory table ({self._table.num_rows} rows)"
+
+
+def _selected(table: pa.Table, columns: Sequence[str]) -> pa.Table:
+    """`table`'s `columns`; a `ConfigError` naming those it lacks."""
+    from rayshard.errors import ConfigError
+
+    missing = [c for c in columns if c not in table.column_names]
+    if missing:
+        raise ConfigError(f"columns {missing} are not in the table; it has {table.column_names}")
+    return table.select(list(columns))

@@ -209,3 +209,13 @@ def test_a_conflict_after_a_promotion_names_the_file_that_promoted(tmp_path):
         r" but string in \S*3\.parquet",
     ):
         ParquetSource(tmp_path)  # (int64 is not 1.parquet's type: it holds int32)
+
+
+def test_a_table_source_read_outside_its_rows_or_of_an_unknown_column_is_refused():
+    source = TableSource(pa.table({"x": list(range(9))}))
+    for start, end in ((5, 20), (7, 3), (-1, 2)):  # (a shorter slice or nothing, silently)
+        with pytest.raises(ValueError, match=r"rows \[.*\) are outside the table's \[0, 9\)"):
+            list(source.read(start, end))
+    with pytest.raises(ConfigError, match=r"columns \['y'\] are not in the table"):
+        list(source.read(0, 2, ["y"]))
+    assert [b.num_rows for b in source.read(2, 9, ["x"])] == [7]
