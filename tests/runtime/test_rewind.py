@@ -1,7 +1,7 @@
-"""A loop that goes back to the same checkpoint twice (a rewind after a loss spike, a
-group restored from its latest checkpoint a second time, `fit(ckpt_path=...)` run again)
-reads the rest of that checkpoint's epoch each time; the ranks of one restore join it
-(the peers' loads of the same state start no new generation). Real Ray, real Parquet."""
+"""A loop that goes back to the same checkpoint again through the same iterators (a rewind
+after a loss spike, `fit(ckpt_path=...)` run again in the same processes) reads the rest
+of that checkpoint's epoch each time; the ranks of one restore join it (the peers' loads
+of the same state start no new generation). Real Ray, real Parquet."""
 
 from __future__ import annotations
 
