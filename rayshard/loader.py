@@ -202,12 +202,12 @@ class Loader:
         local = None
         if reads_in_consumer(self.settings, len(dp.group), self.transform):
             local = LocalReads(reading)
-        nested, types = (), {}  # found before the reader: nothing may fail after it starts
-        if self.settings.packing is None:
-            nested = self.settings.column_rules.nested_columns(self._read_schema())
+        schema = self._read_schema()  # found before the reader: nothing may fail after it
+        nested = () if self.settings.packing else self.settings.column_rules.nested_columns(schema)
+        types: dict = {}
         if self.settings.packing is None and self.transform is None:  # (else its own columns)
-            types = arrow_types(self._read_schema()) if batch_format == "arrow" else {}
-            check_torch_columns(self._read_schema(), batch_format, collate_fn)
+            types = arrow_types(schema) if batch_format == "arrow" else {}
+            check_torch_columns(schema, batch_format, collate_fn)
         depth = self.settings.prefetch_depth
         delivery = Delivery(batch_format, nested, collate_fn, device, depth, types)
         registration["reader_name"] = registration["reader"]  # leaving names it

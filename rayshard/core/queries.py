@@ -141,17 +141,14 @@ class CoreQueries:
             return self._lengths[None]
         if epoch not in self._lengths:
             if "sources" not in self._lengths:  # (a source with count 0 is never read)
-                used = set(map(id, packing.mixed_parts(self.source)))
                 self._lengths["sources"] = [
                     packing.token_lengths(part, self.settings.packing)
-                    if id(part) in used
+                    if count
                     else np.empty(0, np.int64)
-                    for part in self.source.sources
+                    for part, count in zip(self.source.sources, self.source.counts)
                 ]
             mixed = mix(self.settings.plan.seed)
-            self._lengths[epoch] = packing.mix_token_lengths(
-                mixed, epoch, self._lengths["sources"]
-            )
+            self._lengths[epoch] = packing.mix_token_lengths(mixed, epoch, self._lengths["sources"])
             for old in sorted(k for k in self._lengths if isinstance(k, int))[:-2]:
                 del self._lengths[old]
         return self._lengths[epoch]
