@@ -138,7 +138,10 @@ class Stager:
 def _device_memory(value: Any, device: torch.device) -> tuple[torch.Tensor, ...]:
     """Plain tensors holding `value`'s memory on `device`, for `record_stream` (which older
     torch takes for plain tensors only): itself; a jagged tensor's values, offsets and
-    lengths; one part of a strided nested tensor (its parts view one buffer)."""
+    lengths; one part of a strided nested tensor (its parts view one buffer); each of a list
+    of per-row tensors."""
+    if isinstance(value, list):
+        return tuple(tensor for item in value for tensor in _device_memory(item, device))
     if not isinstance(value, torch.Tensor) or value.device != device:
         return ()
     if not value.is_nested:

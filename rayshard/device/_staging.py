@@ -66,6 +66,7 @@ class Layout:
     sequence: type | None = None  # tuple or list: the batch was one (keys "0", "1", ...)
     moves: dict[str, torch.Tensor] = field(default_factory=dict)
     jagged: tuple[_jagged.Jagged, ...] = ()
+    arrays: tuple[tuple[str, int], ...] = ()  # lists of per-row arrays: (key, length)
 
 
 def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -> Layout:
@@ -73,7 +74,8 @@ def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -
     that are not numbers are passed through; a CPU jagged tensor's parts are staged like
     columns (one copy covers them) and `views` joins them again; tensors on another device
     and strided nested tensors are left to `moved`, which moves each on its own. A tuple or
-    list of arrays (a `collate_fn`'s `(x, y)`) is staged the same way and comes back as one."""
+    list of arrays (a `collate_fn`'s `(x, y)`) is staged the same way and comes back as one;
+    so is a list of per-row arrays inside it, each staged as a column."""
     sequence = type(batch) if type(batch) in (tuple, list) else None
     if sequence is not None:
         batch = {str(i): value for i, value in enumerate(batch)}
@@ -86,6 +88,7 @@ def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -
     passthrough: dict[str, Any] = {}
     moves: dict[str, torch.Tensor] = {}
     jagged: list[_jagged.Jagged] = []
+    arrays: list[tuple[str, int]] = []
     staged_parts: dict[int, Any] = {}  # offsets and lengths staged, by identity
     offset = 0
     num_samples = None
@@ -104,6 +107,16 @@ def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -
                 "holds arrays, tensors and lists; make the collate_fn return its parts "
                 "flat, e.g. (x, labels, mask) or {'x': x, 'labels': labels, 'mask': mask}"
             )
+        if isinstance(value, list) and _array_list(value):
+            # per-row arrays (a tokenizer's ids): a list still, of tensors on the device
+            for index, item in enumerate(value):
+                dtype = (
+                    item.dtype if isinstance(item, torch.Tensor) else _torch_dtype(key, item.dtype)
+                )
+                stage((key, index), item, dtype, tuple(item.shape))
+            arrays.append((key, len(value)))
+            num_samples = max(num_samples or 0, len(value))
+            continue
         if isinstance(value, list) and not _numeric_list(value):
             # strings, bytes, lists per row (ragged or not): as the loop gets them
             passthrough[key] = value
@@ -138,6 +151,7 @@ def plan_layout(batch: Mapping[str, Any] | tuple | list, device: torch.device) -
         sequence,
         moves,
         tuple(jagged),
+        tuple(arrays),
     )
 
 
@@ -182,9 +196,11 @@ def host_views(layout: Layout) -> dict[str, Any]:
     return _assembled(staged, layout)
 
 
-def _assembled(staged: dict[str, Any], layout: Layout) -> Any:
+def _assembled(staged: dict[Any, Any], layout: Layout) -> Any:
     """The staged values in the batch's own shape: a dict in its key order, or the tuple
-    or list it was."""
+    or list it was, each list of per-row arrays a list of their tensors again."""
+    for key, length in layout.arrays:
+        staged[key] = [staged[key, index] for index in range(length)]
     if layout.sequence is not None:
         return layout.sequence(staged[key] for key in layout.keys)
     return {key: staged[key] for key in layout.keys}
@@ -236,6 +252,21 @@ def _typed_views(buffer: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
     return [
         buffer[c.offset : c.offset + c.nbytes].view(c.dtype).view(c.shape) for c in layout.columns
     ]
+
+
+def _array_list(value: list) -> bool:
+    """A list of numeric arrays or host tensors of at least one dimension, one per row,
+    which is staged item by item (a device gets tensors it can use; the list stays a list,
+    whatever the shapes)."""
+    return bool(value) and all(_row_array(item) for item in value)
+
+
+def _row_array(item: Any) -> bool:
+    if isinstance(item, np.ndarray):
+        return item.ndim > 0 and item.dtype.kind in _NUMERIC_KINDS
+    if isinstance(item, torch.Tensor):
+        return item.ndim > 0 and not item.is_nested and item.device.type == "cpu"
+    return False
 
 
 def _numeric_list(value: list) -> bool:

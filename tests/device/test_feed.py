@@ -100,7 +100,8 @@ def test_lists_per_row_stay_lists_whatever_their_shape_and_flat_numbers_are_stag
     assert all(type(b["grid"]) is list for b in batches)
     assert [b["label"].tolist() for b in batches] == [[3, 4], [5, 6]]
     assert all(isinstance(b["label"], torch.Tensor) for b in batches)
-    # Rows as arrays (a tokenizer's per-row ids): a list whether or not they share a length.
+    # Rows as arrays (a tokenizer's per-row ids): a list whether or not they share a length,
+    # of tensors (each viewing its array)
     ids = [
         {"ids": [np.arange(2, dtype=np.int32), np.arange(3, dtype=np.int32)]},
         {"ids": [np.arange(5, dtype=np.int32), np.arange(5, dtype=np.int32)]},
@@ -108,6 +109,8 @@ def test_lists_per_row_stay_lists_whatever_their_shape_and_flat_numbers_are_stag
     ]
     staged = [b["ids"] for b in DeviceFeed(ids, device="cpu")]
     assert all(type(rows) is list for rows in staged)
+    assert all(isinstance(row, torch.Tensor) for rows in staged for row in rows)
+    assert staged[0][1].data_ptr() == ids[0]["ids"][1].ctypes.data
     assert [[list(map(int, row)) for row in rows] for rows in staged] == [
         [[0, 1], [0, 1, 2]],
         [[0, 1, 2, 3, 4]] * 2,
@@ -433,6 +436,28 @@ def test_a_jagged_tensor_goes_to_another_device_in_the_batch_copy():
     assert batch["x"].device.type == "meta" and batch["x"].shape == (4,)
     assert batch["tokens"].is_nested and batch["tokens"].device.type == "meta"
     assert batch["ids"] == ["a", "b"]
+
+
+def test_a_list_of_per_row_arrays_reaches_the_device_as_a_list_of_its_tensors():
+    """A `collate_fn`'s list of per-row arrays (boxes per image) rides the batch's copy:
+    each comes as a tensor on the device, in its own shape and dtype, in a list."""
+    boxes = [np.zeros((2, 4), np.float32), np.zeros((0, 4), np.float32), np.ones((3, 4))]
+    source = [{"image": np.zeros((3, 8), np.uint8), "boxes": boxes, "ids": ["a", "b", "c"]}]
+    for device in ("meta", "cpu"):
+        (batch,) = list(DeviceFeed(source, device=device))
+        assert list(batch) == ["image", "boxes", "ids"] and type(batch["boxes"]) is list
+        assert [box.device.type for box in batch["boxes"]] == [device] * 3
+        assert [tuple(box.shape) for box in batch["boxes"]] == [(2, 4), (0, 4), (3, 4)]
+        assert [box.dtype for box in batch["boxes"]] == [torch.float32] * 2 + [torch.float64]
+        assert batch["ids"] == ["a", "b", "c"]
+    # in a tuple a collate_fn returns, too; a list of 0-d arrays is still one tensor
+    (x, rows, flat) = next(
+        iter(
+            DeviceFeed([(np.arange(2), [np.arange(3), np.arange(1)], [np.int64(4)])], device="meta")
+        )
+    )
+    assert [tuple(row.shape) for row in rows] == [(3,), (1,)]
+    assert rows[0].device.type == "meta" and flat.shape == (1,)
 
 
 @pytest.mark.parametrize("holes", [False, True])

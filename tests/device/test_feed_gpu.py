@@ -140,6 +140,15 @@ def test_a_tensor_already_on_the_device_passes_through():
     assert batch["x"].device.type == "cuda"
 
 
+def test_a_list_of_per_row_arrays_rides_the_batch_copy_ordered_before_the_consumer():
+    boxes = [np.full((rows, 4), rows, dtype=np.float32) for rows in (2, 0, 5)]
+    with DeviceFeed([{"boxes": boxes, "x": np.ones(3)}] * 3, device="cuda") as feed:
+        for batch in feed:
+            torch.cuda._sleep(1_000_000)  # the consumer's stream is busy: it waits the event
+            assert [box.device.type for box in batch["boxes"]] == ["cuda"] * 3
+            assert [int(box.sum().item()) for box in batch["boxes"]] == [16, 0, 100]
+
+
 def test_a_device_index_this_process_does_not_see_is_a_config_error():
     from rayshard.errors import ConfigError
 
