@@ -45,6 +45,8 @@ class Stager:
         self.cuda = device.type == "cuda"
         # Only CUDA targets stage through the pool: elsewhere the staging copy is the batch.
         self.pool = (pool or HostBufferPool(pinned=True)) if self.cuda else None
+        self._owns_pool = pool is None  # (a pool passed in is the caller's to keep)
+        self._ended_stats: PoolStats | None = None
         self.stream = torch.cuda.Stream(device=device) if self.cuda else None
         self._max_pending = prefetch_depth
         self._pending: deque[tuple[Any, torch.Tensor]] = deque()
@@ -110,11 +112,21 @@ class Stager:
         return staged.batch
 
     def drain(self) -> None:
-        """Wait for every pending copy and return its buffer (the thread is ending)."""
+        """Wait for every pending copy and return its buffer (the thread is ending); a pool
+        of the stager's own is emptied, so its pinned blocks go back to torch's host cache
+        for the next feed (an epoch's) rather than staying locked until this one is freed."""
+        if self.pool is None:
+            return
         self._reclaim(keep=0)
+        if self._owns_pool:
+            self._ended_stats = self.pool.stats()
+            self.pool.clear()
 
     def pool_stats(self) -> PoolStats | None:
-        return None if self.pool is None else self.pool.stats()
+        """The pool's statistics (once the feed ended, as they were then)."""
+        if self.pool is None:
+            return None
+        return self._ended_stats or self.pool.stats()
 
     def _reclaim(self, keep: int) -> None:
         """Release buffers whose copy finished; block on the oldest beyond `keep` pending."""

@@ -83,6 +83,14 @@ def test_staging_buffers_return_to_the_pool_and_stay_bounded():
     assert 1 <= stats.num_buffers <= depth + 1
 
 
+def test_a_feed_empties_its_own_pool_when_it_ends_and_keeps_its_statistics():
+    feed = DeviceFeed(batches(6), device="cuda")
+    assert len(list(feed)) == 6
+    pool = feed._stager.pool
+    assert pool.stats().num_buffers == 0  # its pinned blocks are back in torch's host cache
+    assert feed.stats().num_buffers >= 1 and feed.stats().pool_bytes >= 256 * 1024 * 4
+
+
 def test_presize_from_the_hint_means_no_reallocation():
     rows, cols = 256, 1024
     pool = HostBufferPool()
