@@ -3,6 +3,7 @@ accepts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -220,3 +221,50 @@ def test_a_state_of_unknown_world_size_resumes_its_epoch_on_any(dp_size):
     plan = epoch_plan(LoaderConfig(batch_size=4), source, dp_size, 0, state)
     read = [i for rank in plan.ranks for a, b in rank.ranges for i in range(a, b)]
     assert sorted(read) == [i for i in range(40) if not (i < 8 or 30 <= i < 33)]
+
+
+def _made_by(**plan) -> str:
+    from rayshard.config.loader_config import LoaderConfig
+
+    facts = LoaderConfig(**plan).identity_facts("TableSource(100 rows)", 100)
+    return json.dumps(facts, sort_keys=True)
+
+
+def test_retarget_refuses_a_hint_the_states_loader_cannot_plan():
+    """A resume re-plans the epoch on the hint: a hint beyond `total_shards` (or not a
+    divisor of it under a stride rotation) would fail every resume, so it is not written."""
+    state = LoaderState("x", 1, 0, ((0, 20),), 4, 100, made_by=_made_by(total_shards=4))
+    with pytest.raises(ConfigError, match=r"world_size=8 exceeds total_shards=4.*saved \(4\)"):
+        state_tools.retarget(state, 8)
+    assert state_tools.retarget(state, 2).world_size == 2
+    strided = _made_by(total_shards=4, rotation="stride")
+    with pytest.raises(ConfigError, match="total_shards=4 is not a multiple of world_size=3"):
+        state_tools.retarget(dataclasses.replace(state, made_by=strided), 3)
+    # nothing consumed (the hint is unused), a state without its loader, or `dynamic`: as asked
+    assert state_tools.retarget(dataclasses.replace(state, consumed=()), 8).world_size == 8
+    assert state_tools.retarget(dataclasses.replace(state, made_by=""), 8).world_size == 8
+    dynamic = _made_by(total_shards=4, policy="dynamic")
+    assert state_tools.retarget(dataclasses.replace(state, made_by=dynamic), 8).world_size == 8
+
+
+@pytest.mark.parametrize("policy", ["file", "data"])
+@pytest.mark.parametrize("saved_on", [1, 3, 4])
+def test_a_state_at_an_epoch_start_plans_that_epoch_fresh_on_any_world_size(
+    tmp_path, policy, saved_on
+):
+    """A state with nothing consumed (saved between epochs, or `skip-epoch`) resumed on 2
+    ranks plans the epoch as a fresh one there: the file policy's whole files and the
+    `drop` rule's batches, not a re-balance of the saving world's plan."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rayshard.config.loader_config import LoaderConfig
+    from rayshard.core.planning import epoch_plan
+    from rayshard.sources.parquet import ParquetSource
+
+    for index, rows in enumerate((30, 50, 20, 40)):
+        pq.write_table(pa.table({"x": range(rows)}), tmp_path / f"part-{index}.parquet")
+    source = ParquetSource(str(tmp_path))
+    config = LoaderConfig(policy=policy, batch_size=4, last_batch="drop", shuffle=True)
+    skipped = state_tools.skip_to_next_epoch(LoaderState("x", 2, 0, ((0, 10),), saved_on, 140))
+    assert epoch_plan(config, source, 2, 3, skipped) == epoch_plan(config, source, 2, 3)

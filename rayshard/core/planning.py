@@ -27,7 +27,10 @@ def epoch_plan(
 ) -> EpochPlan:
     """The plan of `epoch` for `dp_size` ranks, or of its rest when `resume` is that epoch.
 
-    The rest of an epoch is re-planned from the samples consumed: each rank keeps
+    A state at an epoch's start (nothing consumed: saved between epochs, or rewritten by
+    `rayshard state skip-epoch`) plans that epoch fresh on this world size, its policy's
+    files and drops included. The rest of an epoch is re-planned from the samples
+    consumed: each rank keeps
     its own remaining samples on the same world size, the remainder is re-balanced on
     another. Under `off` every rank reads everything, so resuming it mid-epoch skips, for
     every rank, what any rank consumed.
@@ -47,8 +50,8 @@ def _epoch_plan(
 ) -> EpochPlan:
     shuffled = settings.reads_shuffled
     assignment = assign(settings.policy, settings.plan, source, dp_size, epoch, shuffled=shuffled)
-    if resume is None or resume.epoch != epoch:
-        return assignment.plan
+    if resume is None or resume.epoch != epoch or not (resume.consumed or resume.partial):
+        return assignment.plan  # (an epoch's start, on any world size: a fresh epoch)
     if assignment.policy is ShardingPolicy.OFF:
         single = dataclasses.replace(settings.plan, total_shards=1, expected_world_size=None)
         rest = plan_remaining(

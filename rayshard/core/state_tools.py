@@ -8,13 +8,14 @@ the seed and the sample count, so the loader that saved the state still accepts 
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Sequence
 from typing import Any
 
 from rayshard.config.checks import check_int
 from rayshard.core.state import STATE_VERSION, LoaderState
 from rayshard.errors import ConfigError
-from rayshard.plan import DataLayout
+from rayshard.plan import DataLayout, PlanConfig, validate
 from rayshard.plan import intervals as iv
 
 
@@ -109,9 +110,28 @@ def retarget(state: LoaderState, world_size: int) -> LoaderState:
     ranks, in dataset order and without shards. So retarget to the size you resume on to
     keep regular shards, or away from it to force the even re-balance; the hint is
     irrelevant once nothing of the epoch is consumed. Exactly-once holds either way.
+
+    A resume re-plans the epoch on the hint, so a state that records its loader
+    (`made_by`) is checked first: a hint its `total_shards` and `rotation` cannot plan is
+    a `ConfigError` naming the fix (a `file` policy's file count is not recorded, so not
+    checked here).
     """
     check(state)
     world_size = check_int(world_size, "world_size", minimum=1, type_error=TypeError)
+    if state.consumed and state.made_by:
+        facts = json.loads(state.made_by)
+        if facts.get("policy") not in ("off", "dynamic"):
+            fields = {field.name for field in dataclasses.fields(PlanConfig)}
+            config = PlanConfig(**{key: facts[key] for key in fields & facts.keys()})
+            layout = DataLayout.of_samples(state.num_samples)
+            try:
+                validate(config, layout, world_size, check_expected=False)
+            except ConfigError as error:
+                raise ConfigError(
+                    f"the state's loader cannot plan its epoch on world_size={world_size}, "
+                    f"so a resume would fail ({error}): retarget to a size it can plan, or "
+                    f"to the size saved ({state.world_size})"
+                ) from None
     return _rewrite(state, world_size=world_size)
 
 
