@@ -285,3 +285,34 @@ def test_state_file_name_matches_ray_train_glue():
     from rayshard.train import STATE_FILE as TRAIN_STATE_FILE
 
     assert TRAIN_STATE_FILE == STATE_FILE
+
+
+def test_an_in_place_rewrite_through_a_link_rewrites_the_file_and_keeps_its_mode(tmp_path):
+    """The file a link names is rewritten (the link stays a link) and its `.bak` keeps the
+    file's permissions; `-o` naming the file itself is in place too (a `.bak` kept)."""
+    (tmp_path / "real").mkdir()
+    real = write(tmp_path / "real" / "s.json", STATE)
+    os.chmod(real, 0o600)
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    result = invoke("skip-epoch", str(link))
+    assert result.exit_code == 0, result.output
+    assert link.is_symlink() and read(real).epoch == 3
+    assert os.stat(real + ".bak").st_mode & 0o777 == 0o600
+    assert json.loads(Path(real + ".bak").read_text()) == STATE
+    result = invoke("skip-epoch", real, "-o", real)
+    assert result.exit_code == 0, result.output
+    assert read(real).epoch == 4 and read(real + ".bak").epoch == 3
+    result = invoke("skip-epoch", real, "-o", "")
+    assert result.exit_code == 2 and "empty path" in result.output, result.output
+
+
+def test_show_data_takes_a_glob_and_names_partitioned_files_by_their_folders(tmp_path):
+    for year in (2023, 2024):
+        (tmp_path / f"year={year}").mkdir()
+        write_parquet(tmp_path / f"year={year}" / "part-0.parquet", [50])
+    path = write(tmp_path / "s.json", {**STATE, "consumed": [[0, 50]]})
+    doc = show(path, "--data", str(tmp_path / "year=*" / "*.parquet"))
+    labels = [s["label"] for s in doc["splits"]]
+    assert labels == ["year=2023/part-0.parquet#0", "year=2024/part-0.parquet#0"]
+    assert [s["status"] for s in doc["splits"]] == ["done", "untouched"]

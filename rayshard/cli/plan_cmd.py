@@ -20,7 +20,7 @@ from rayshard.plan import DataLayout, EpochPlan, LastBatch, PlanConfig, Rotation
 _DEFAULT = {f.name: f.default for f in dataclasses.fields(PlanConfig)}
 NOT_PLANNING = (
     *("samples", "files", "rows_per_file", "data", "policy"),
-    *("world_size", "epochs", "fmt", "shuffle"),
+    *("world_size", "epochs", "fmt", "shuffle", "shuffle_blocks"),
 )
 # The policies that plan every rank's share up front (the others decide at run time).
 PLANNED_POLICIES = ("data", "file", "file_or_data")
@@ -69,9 +69,16 @@ def _choices(enum_cls) -> click.Choice:
 @click.option(
     "--shuffle",
     is_flag=True,
-    help="Plan as for a loader that shuffles (shuffle, shuffle_buffer or shuffle_blocks): "
-    "--last-batch drop then leaves out a window that moves with the epoch. The reading "
-    "order of the pieces is not shown.",
+    help="Plan as for a loader that shuffles (shuffle or shuffle_buffer): --last-batch drop "
+    "then leaves out a window that moves with the epoch. The reading order of the pieces "
+    "is not shown.",
+)
+@click.option(
+    "--shuffle-blocks",
+    type=click.IntRange(min=1),
+    help="With --data: plan as for a loader with shuffle_blocks=K (the global shuffle: each "
+    "rank reads its share of one sequence of the row groups, so its samples change with "
+    "the epoch; implies --shuffle).",
 )
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
@@ -86,6 +93,7 @@ def plan_command(
     epochs: int,
     fmt: str,
     shuffle: bool,
+    shuffle_blocks: int | None,
     **planning: Any,
 ) -> None:
     """Show which shard and sample ranges every rank reads in every epoch.
@@ -98,13 +106,23 @@ def plan_command(
     context = click.get_current_context()
     for name, flag in (("uneven", "--uneven"), ("rows_per_file", "--rows-per-file")):
         given = context.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
-        if given and not by_files and data is None:
-            raise click.UsageError(f"{flag} applies to file mode: give --files, not --samples")
+        data_files = data is not None and name == "uneven" and policy in ("file", "file_or_data")
+        if given and not by_files and not data_files:
+            raise click.UsageError(
+                f"{flag} applies to file mode: give --files"
+                + (", or --data with --policy file" if name == "uneven" else "")
+                + (" (--data has its files' own row counts)" if data is not None else "")
+            )
     if policy is not None and data is None:
         raise click.UsageError(
             "--policy applies to --data (with --samples the plan is the 'data' policy's, "
             "with --files the 'file' policy's)"
         )
+    if shuffle_blocks is not None and (data is None or (policy or "data") != "data"):
+        raise click.UsageError(
+            "--shuffle-blocks applies to --data under the 'data' policy (as for the loader)"
+        )
+    shuffle = shuffle or shuffle_blocks is not None
     try:
         config = PlanConfig.resolve(explicit=planning)
         if data is not None:
@@ -112,6 +130,8 @@ def plan_command(
             effective, plans = _assigned(
                 config, source, policy or "data", world_size, epochs, shuffle
             )
+            if shuffle_blocks is not None:  # the loader's global shuffle, as `epoch_plan`
+                plans = [_along_blocks(p, source, config.seed) for p in plans]
             by_files, layout = effective == "file", source.layout()
         else:
             layout = (
@@ -130,6 +150,7 @@ def plan_command(
         "num_samples": layout.num_samples,
         "num_files": layout.num_files if by_files or data is not None else None,
         "shuffled": shuffle,
+        **({"shuffle_blocks": shuffle_blocks} if shuffle_blocks is not None else {}),
         "epochs": [_epoch_json(p, by_files) for p in plans],
     }
     if data is not None:
@@ -158,6 +179,12 @@ def _assigned(
         for e in range(epochs)
     ]
     return assignments[0].policy.value, [a.plan for a in assignments]
+
+
+def _along_blocks(plan: EpochPlan, source: Any, seed: int) -> EpochPlan:
+    from rayshard.core.shuffle_blocks import along_sequence, global_sequence
+
+    return along_sequence(plan, global_sequence(source.splits(), seed, plan.epoch))
 
 
 def _epoch_json(plan: EpochPlan, by_files: bool) -> dict:
@@ -200,6 +227,7 @@ def _table(document: dict, by_files: bool) -> str:
         + f", rotation={cfg['rotation']}, batch_size={cfg['batch_size']}, "
         f"last_batch={cfg['last_batch']}, pad_last_batch={cfg['pad_last_batch']}"
         + (", shuffled" if document["shuffled"] else "")
+        + (f" in blocks of {document['shuffle_blocks']}" if "shuffle_blocks" in document else "")
     )
     named = [
         f"file {i}: {f['path']} ({f['rows']} rows)" for i, f in enumerate(document.get("files", []))

@@ -23,6 +23,7 @@ from rayshard.core.state_file import (
     STATE_FILE,
     WHAT_TO_PASS,
     atomic_write,
+    mode_of,
     read_state_json,
 )
 from rayshard.errors import ConfigError
@@ -47,7 +48,8 @@ _out_option = click.option(
 def state_group() -> None:
     """Inspect a saved loader state, or rewrite it (skip an epoch, re-target a world size).
 
-    PATH is the state JSON or a checkpoint folder holding rayshard_state.json.
+    PATH is the state JSON, a checkpoint folder holding rayshard_state.json, or a Hugging
+    Face checkpoint folder with one rayshard_state_<process>.json per process.
     """
 
 
@@ -55,14 +57,14 @@ def state_group() -> None:
 @_path_arg
 @click.option(
     "--data",
-    type=click.Path(exists=True, path_type=Path),
-    help="The Parquet file or folder the loader reads: adds progress per row group.",
+    help="The Parquet files the loader reads (a file, folder or glob, local or a URI, as "
+    "ParquetSource takes): adds progress per row group.",
 )
 @click.option(
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
 @_expect_option
-def show_command(path: Path, data: Path | None, fmt: str, expect_loader: str | None) -> None:
+def show_command(path: Path, data: str | None, fmt: str, expect_loader: str | None) -> None:
     """Epoch, progress, what remains and for which world size."""
     file, state = _load(path, expect_loader)
     layout = splits = labels = None
@@ -189,13 +191,16 @@ def _rewrite_file(
         new = change(state)
     except (ConfigError, TypeError) as error:
         raise click.ClickException(f"{file}: {error}") from error
+    if out is not None and out.resolve() == file.resolve():
+        out = None  # (`-o` naming the file itself: in place, the old one kept)
+    file = file.resolve()  # (through a link: the file it names is rewritten, not the link)
     target = file if out is None else out
     payload = new.to_json() + "\n"
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         if out is None:
             backup = file.with_name(file.name + ".bak")
-            atomic_write(backup, file.read_bytes())
+            atomic_write(backup, file.read_bytes(), mode=mode_of(file))
         atomic_write(target, payload.encode("utf-8"))
     except OSError as error:
         raise click.ClickException(f"cannot write {target}: {error}") from error
@@ -211,6 +216,8 @@ def _out_file(out: str, name: str | None = None) -> Path:
     """Where `-o out` writes: `out` itself if it names a .json file, else the state file
     in the folder `out` (`new/`, `ckpt-retargeted`); one of several files (`name`, a
     process's) always in the folder `out`, by its own name."""
+    if not out.strip():
+        raise click.BadParameter("an empty path: name a .json file or a folder", param_hint="-o")
     path = Path(out)
     folder = out.endswith(("/", os.sep)) or path.is_dir() or path.suffix.lower() != ".json"
     if name is not None:
@@ -226,8 +233,9 @@ def _count(state: LoaderState) -> int:
     return sum(end - start for start, end in state.consumed)
 
 
-def _parquet_splits(data: Path) -> tuple[DataLayout, list[tuple[int, int]], list[str]]:
-    """The layout, row groups as sample ranges, and `file#group` labels of the Parquet data."""
+def _parquet_splits(data: str) -> tuple[DataLayout, list[tuple[int, int]], list[str]]:
+    """The layout, row groups as sample ranges, and `file#group` labels of the Parquet data
+    (each file named from the files' common folder: `year=2024/part-0.parquet`)."""
     from rayshard.sources.parquet import ParquetSource  # pyarrow: only when asked for
 
     try:
@@ -235,10 +243,12 @@ def _parquet_splits(data: Path) -> tuple[DataLayout, list[tuple[int, int]], list
     except ConfigError as error:
         raise click.ClickException(f"--data {data}: {error}") from error
     groups = [(f, g, a, b) for f, g, a, b in source.row_groups() if b > a]
+    common = os.path.commonprefix(list(source.files))
+    folder = len(common[: common.rfind("/") + 1])
     return (
         source.layout(),
         [(a, b) for _, _, a, b in groups],
-        [f"{os.path.basename(f)}#{g}" for f, g, _, _ in groups],
+        [f"{f[folder:]}#{g}" for f, g, _, _ in groups],
     )
 
 

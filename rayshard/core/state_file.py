@@ -37,12 +37,13 @@ def read_state_json(path: str | os.PathLike, fix: str = WHAT_TO_PASS) -> dict:
     return data
 
 
-def atomic_write(target: str | os.PathLike, payload: bytes) -> None:
-    """Write a temp file beside `target`, fsync it, then rename it over `target`."""
+def atomic_write(target: str | os.PathLike, payload: bytes, mode: int | None = None) -> None:
+    """Write a temp file beside `target`, fsync it, then rename it over `target`; with
+    `target`'s permissions, else `mode`, else a new file's."""
     target = Path(target)
     handle, temp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     try:
-        os.chmod(temp, _mode_for(target))
+        os.chmod(temp, mode_of(target) if mode is None else mode)
         with os.fdopen(handle, "wb") as stream:
             stream.write(payload)
             stream.flush()
@@ -54,7 +55,7 @@ def atomic_write(target: str | os.PathLike, payload: bytes) -> None:
         raise
 
 
-def _mode_for(target: Path) -> int:
+def mode_of(target: Path) -> int:
     """The permissions `target` has, or a new file's (mkstemp's 0o600 would hide it)."""
     try:
         return stat.S_IMODE(os.stat(target).st_mode)
@@ -64,4 +65,4 @@ def _mode_for(target: Path) -> int:
         return 0o666 & ~umask
 
 
-__all__ = ["PROCESS_STATE_FILE", "STATE_FILE", "atomic_write", "read_state_json"]
+__all__ = ["PROCESS_STATE_FILE", "STATE_FILE", "atomic_write", "mode_of", "read_state_json"]

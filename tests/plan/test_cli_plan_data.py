@@ -120,3 +120,42 @@ def test_the_readmes_data_example_is_the_output(dataset, tmp_path, monkeypatch):
     result = invoke(*command.split()[3:])
     assert result.exit_code == 0, result.output
     assert result.output.rstrip("\n") == shown
+
+
+def test_shuffle_blocks_plans_the_row_groups_each_rank_reads_under_the_global_shuffle(dataset):
+    """Each rank's samples under `shuffle_blocks` change with the epoch: the plan shown is
+    the coordinator's own (`epoch_plan`), not the plain shuffle's contiguous shares."""
+    from rayshard.config.loader_config import LoaderConfig
+    from rayshard.core.planning import epoch_plan
+
+    doc = plan_json(
+        *("--data", dataset, "--world-size", "2", "--batch-size", "4"),
+        *("--shuffle-blocks", "8", "--epochs", "3", "--seed", "5"),
+    )
+    config = LoaderConfig(policy="data", batch_size=4, shuffle_blocks=8, seed=5)
+    for epoch in doc["epochs"]:
+        served = epoch_plan(config, ParquetSource(dataset), 2, epoch["epoch"])
+        assert [[list(r) for r in rank.ranges] for rank in served.ranks] == [
+            rank["ranges"] for rank in epoch["ranks"]
+        ]
+    assert doc["epochs"][0]["ranks"][0]["ranges"] != [[0, 50]]  # not the plain shares
+    assert doc["shuffled"] and doc["shuffle_blocks"] == 8
+
+
+def test_flags_the_data_plan_does_not_use_are_usage_errors(dataset):
+    cases = [
+        (("--rows-per-file", "5"), "--rows-per-file applies to file mode"),
+        (("--uneven", "replicate"), "--uneven applies to file mode"),
+        (("--shuffle-blocks", "4", "--policy", "file"), "--shuffle-blocks applies to --data"),
+    ]
+    for extra, named in cases:
+        result = invoke("--data", dataset, "--world-size", "2", *extra)
+        assert result.exit_code == 2, (extra, result.output)
+        assert named in result.output, (extra, result.output)
+    result = invoke("--samples", "10", "--world-size", "2", "--shuffle-blocks", "4")
+    assert result.exit_code == 2 and "--shuffle-blocks applies to --data" in result.output
+    # --uneven with the file policy is the file plan's option
+    result = invoke(
+        "--data", dataset, "--world-size", "2", "--policy", "file", "--uneven", "replicate"
+    )
+    assert result.exit_code == 0, result.output
