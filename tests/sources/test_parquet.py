@@ -164,6 +164,24 @@ def test_arrow_ipc_files(tmp_path):
     assert ids_of(pickle.loads(pickle.dumps(source)).read(0, 40)) == list(range(40))
 
 
+def test_compressed_arrow_files_decode_only_the_columns_asked_for(tmp_path):
+    """Two writers, zstd and lz4: a read of two columns (asked in another order than the
+    file's) gets exactly them, through a reader that decodes only those two."""
+    import polars as pl
+
+    wide = {"id": np.arange(30), **{f"c{i}": np.full(30, float(i)) for i in range(6)}}
+    feather.write_feather(pa.table(wide).slice(0, 20), tmp_path / "a.arrow", "zstd", chunksize=8)
+    pl.DataFrame(pa.table(wide).slice(20)).write_ipc(tmp_path / "b.arrow", compression="lz4")
+    source = ArrowFileSource(tmp_path, columns=["c4", "id"])
+    batches = list(source.read(5, 30))
+    assert all(b.schema.names == ["c4", "id"] for b in batches)
+    assert ids_of(batches) == list(range(5, 30))
+    assert {x for b in batches for x in b.column("c4").to_pylist()} == {4.0}
+    handle = source._handle(0)
+    assert handle.reader(["c4", "id"]).get_batch(0).schema.names == ["id", "c4"]
+    assert handle.reader(None).get_batch(0).num_columns == 7
+
+
 @pytest.mark.parametrize("kind", ["parquet", "arrow"])
 def test_files_ordering_their_columns_differently_read_in_one_order(tmp_path, kind):
     """Writers order columns as they please: every chunk comes in the dataset's order (the
