@@ -9,6 +9,7 @@ decompressed: 8x less work for one column of ten, zstd).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pyarrow as pa
@@ -41,7 +42,7 @@ class ArrowFileSource(ChunkedFileSource):
 
     def _open(self, fs: pafs.FileSystem, path: str) -> Any:
         if isinstance(fs, pafs.LocalFileSystem):
-            return _IpcFile(pa.memory_map(path, "r"))
+            return _IpcFile(pa.memory_map(path, "r"), mapped=path)
         return _IpcFile(fs.open_input_file(path))
 
     def _read_chunk(self, handle: Any, chunk: int, columns: list[str] | None) -> pa.Table:
@@ -51,10 +52,16 @@ class ArrowFileSource(ChunkedFileSource):
 
 class _IpcFile:
     """One opened IPC file: its reader of every column, and a reader per column selection
-    (`IpcReadOptions(included_fields=...)`), which decodes only those columns."""
+    (`IpcReadOptions(included_fields=...)`), which decodes only those columns.
 
-    def __init__(self, stream: Any) -> None:
-        self._stream = stream
+    A memory-mapped file cut shorter in place (`cp` over it) would kill the process with
+    SIGBUS at the first page past its new end, so each read first checks that the file is
+    still as long as when it was mapped (an `OSError` naming the sizes, which the source
+    raises as a `DataError` naming the file); a file replaced by a rename keeps its mapping.
+    """
+
+    def __init__(self, stream: Any, mapped: str | None = None) -> None:
+        self._stream, self._mapped = stream, mapped
         self.all = pa.ipc.open_file(stream)
         self.schema = self.all.schema
         self.num_record_batches = self.all.num_record_batches
@@ -64,6 +71,11 @@ class _IpcFile:
         return self.all.get_batch(index)
 
     def reader(self, columns: list[str] | None) -> Any:
+        if self._mapped is not None and os.stat(self._mapped).st_size < self._stream.size():
+            raise OSError(
+                f"the file is {os.stat(self._mapped).st_size} bytes now, "
+                f"{self._stream.size()} when it was opened: it was cut shorter in place"
+            )
         if columns is None or len(columns) == len(self.schema):
             return self.all
         key = tuple(columns)

@@ -330,3 +330,27 @@ def test_reads_find_their_first_row_group_among_many(tmp_path_factory, data):
     file = source._files[0]
     assert file.chunk_starts is file.chunk_starts
     assert "chunk_starts" not in pickle.loads(pickle.dumps(file)).__dict__
+
+
+def test_a_mapped_arrow_file_cut_shorter_in_place_is_a_data_error_not_a_crash(tmp_path):
+    """`cp` over a memory-mapped file truncates it in place: a read past its new end would
+    kill the process with SIGBUS. Run in a child process, so a crash fails the test only."""
+    script = f"""
+import shutil, numpy as np, pyarrow as pa, pyarrow.feather as feather
+from rayshard.errors import DataError
+from rayshard.sources.arrow_files import ArrowFileSource
+big, small = {str(tmp_path / "big.arrow")!r}, {str(tmp_path / "small.arrow")!r}
+feather.write_feather(pa.table({{"id": np.arange(100_000)}}), big, chunksize=10_000)
+feather.write_feather(pa.table({{"id": np.arange(10)}}), small)
+source = ArrowFileSource(big)
+delivered = sum(batch.num_rows for batch in source.read(0, 20_000))
+shutil.copyfile(small, big)
+try:
+    list(source.read(20_000, 100_000))
+except DataError as error:
+    print(delivered, error)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
+    assert done.stdout.startswith("20000 ") and "big.arrow: record batch 2" in done.stdout
+    assert "cut shorter in place" in done.stdout
