@@ -275,9 +275,9 @@ class ChunkedFileSource(Source):
             if self._cache is not None and is_remote(fs):
                 local = self._cache.local_path(fs, file.path, file.version)
                 handle = self._open(pafs.LocalFileSystem(), local)
-                if f + 1 < len(self._files):  # the next file, while this one is read
-                    nxt = self._files[f + 1]
-                    self._cache.prefetch(self._filesystems[nxt.fs_index], nxt.path, nxt.version)
+                nxt = self._files[f + 1] if f + 1 < len(self._files) else None
+                if nxt is not None and is_remote(nxt_fs := self._filesystems[nxt.fs_index]):
+                    self._cache.prefetch(nxt_fs, nxt.path, nxt.version)  # (local: not copied)
             else:  # a remote store's brief outage while opening rides through, as reads do
                 remote = is_remote(fs)
                 handle = with_retries(lambda: self._open(fs, file.path), remote=remote)

@@ -423,3 +423,21 @@ def test_read_denied_error_pickles_and_is_a_data_error():
 
     error = pickle.loads(pickle.dumps(ReadDeniedError("bucket/key: the store denied it")))
     assert isinstance(error, DataError) and str(error) == "bucket/key: the store denied it"
+
+
+def test_a_list_of_remote_and_local_files_caches_only_the_remote_ones(s3, tmp_path, monkeypatch):
+    """Reading a remote file prefetches the next file into the cache only if it is remote
+    too: a local file is read where it is, never copied."""
+    for key, value in KEYS.items():
+        monkeypatch.setenv(key, value)
+    local = tmp_path / "local.parquet"
+    pq.write_table(pa.table({"id": pa.array(range(100, 110), pa.int64())}), local)
+    remote = f"s3://{BUCKET}/train/part-0.parquet?endpoint_override={s3.endpoint}&scheme=http"
+    cache = tmp_path / "cache"
+    source = ParquetSource([remote, str(local)], cache_dir=cache)
+    rows = source.layout().file_rows
+    ids = [i for b in source.read(0, sum(rows)) for i in b.column("id").to_pylist()]
+    assert ids == list(range(SIZES[0])) + list(range(100, 110))
+    cached = [p for p in os.listdir(cache) if not p.startswith(".")]
+    assert len(cached) == 1 and cached[0].endswith("part-0.parquet"), cached
+    assert source.cache_stats()["downloads"] == 1
