@@ -81,11 +81,13 @@ def check_coverage(shard_ranges: Sequence[Sequence[tuple[int, int]]], num_sample
     )
     for (_, a_end, a_shard), (b_start, b_end, b_shard) in zip(flat, flat[1:]):
         if b_start < a_end:
-            raise ConfigError(
-                f"shards {a_shard} and {b_shard} overlap at samples "
-                f"[{b_start}, {min(a_end, b_end)}): "
-                "every sample must belong to exactly one shard"
+            span = f"[{b_start}, {min(a_end, b_end)})"
+            where = (
+                f"shard {a_shard} lists samples {span} twice"
+                if a_shard == b_shard
+                else f"shards {a_shard} and {b_shard} overlap at samples {span}"
             )
+            raise ConfigError(f"{where}: every sample must belong to exactly one shard")
     if sum(sizes) != num_samples or any(s < 0 or e > num_samples for s, e, _ in flat):
         covered = iv.normalize((s, e) for s, e, _ in flat)
         missing = iv.subtract(((0, num_samples),), covered)

@@ -72,7 +72,7 @@ def shard_ranges(dataset: ShardedDataset) -> list[iv.Intervals]:
     out = [
         _as_ranges(dataset.shard(i), f"{type(dataset).__name__}.shard({i})") for i in range(shards)
     ]
-    check_coverage([iv.normalize(r) for r in out], len(dataset))
+    check_coverage(out, len(dataset))  # (as listed: a sample a shard repeats is refused)
     return out
 
 

@@ -128,8 +128,14 @@ def test_coverage_check_catches_overlap_and_gaps():
         def shard(self, shard_idx):
             return range(shard_idx * 5, shard_idx * 5 + 4)
 
+    class Repeating(Sharded):  # a sample twice within one shard: read twice every epoch
+        def shard(self, shard_idx):
+            return [0, 1, 2, 3, 1] if shard_idx == 0 else list(range(4, 10))
+
     with pytest.raises(ConfigError, match="shards 0 and 1 overlap"):
         TorchMapSource(Overlapping(10, total_shards=2))
+    with pytest.raises(ConfigError, match=r"shard 0 lists samples \[1, 2\) twice"):
+        TorchMapSource(Repeating(10, total_shards=2))
     with pytest.raises(ConfigError, match="add up to 8, not to the 10 samples"):
         TorchMapSource(Gappy(10, total_shards=2))
 
