@@ -42,12 +42,8 @@ def along_sequence(plan: EpochPlan, sequence: iv.Intervals) -> EpochPlan:
     partition them)."""
     # the delivered samples, in sequence order
     ordered = iv.intersect(sequence, plan.delivered())
-    ranks, position = [], 0
-    for rank in plan.ranks:
-        count = iv.total(rank.ranges)
-        ranges = iv.take(ordered, position, position + count)
-        ranks.append(dataclasses.replace(rank, ranges=ranges))
-        position += count
+    stretches = iv.split(ordered, (iv.total(rank.ranges) for rank in plan.ranks))
+    ranks = (dataclasses.replace(r, ranges=s) for r, s in zip(plan.ranks, stretches))
     return dataclasses.replace(plan, ranks=tuple(ranks))
 
 

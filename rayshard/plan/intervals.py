@@ -86,6 +86,25 @@ def take(intervals: Intervals, begin: int, stop: int) -> Intervals:
     return concat(out)
 
 
+def split(intervals: Intervals, sizes: Iterable[int]) -> list[Intervals]:
+    """Consecutive stretches of the concatenation of `intervals`, `sizes` positions each
+    (what is left after them is left out): `take` of every stretch, in one pass, so
+    cutting R pairs into W stretches costs O(R + W), not O(R * W)."""
+    out: list[Intervals] = []
+    pairs, index, at = list(intervals), 0, 0  # the pair being cut, and where in it
+    for size in sizes:
+        part: list[Interval] = []
+        while size > 0 and index < len(pairs):
+            start, end = pairs[index]
+            cut = min(size, end - start - at)
+            part.append((start + at, start + at + cut))
+            size, at = size - cut, at + cut
+            if start + at >= end:
+                index, at = index + 1, 0
+        out.append(concat(part))
+    return out
+
+
 def indices(intervals: Iterable[Interval]) -> Iterator[int]:
     """Every index, in order. For tests and small shards only."""
     for start, end in intervals:

@@ -181,10 +181,10 @@ def plan_remaining(
         validate(config, layout, world_size, by_files=False, check_expected=False)
         remaining = iv.subtract(full.delivered(), consumed_set)
         left = iv.total(remaining)
-        kept = []
-        for rank in range(world_size):
-            lo, hi = balanced_range(rank, world_size, left)
-            kept.append((None, iv.take(remaining, lo, hi), None, None))
+        sizes = (
+            hi - lo for lo, hi in (balanced_range(r, world_size, left) for r in range(world_size))
+        )
+        kept = [(None, ranges, None, None) for ranges in iv.split(remaining, sizes)]
     layouts = batch_layouts(
         [iv.total(ranges) for _, ranges, _, _ in kept],
         config.batch_size,

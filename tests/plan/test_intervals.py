@@ -116,3 +116,17 @@ def test_big_coordinates_split_and_rejoin_without_enumerating(cuts, data):
     assert iv.total(part) == stop - begin
     if stop > begin:
         assert part == ((cuts[0] + begin, cuts[0] + stop),)
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 60), st.integers(0, 8)), max_size=12),
+    st.lists(st.integers(0, 25), max_size=8),
+)
+def test_split_is_take_of_every_consecutive_stretch(pairs, sizes):
+    intervals = iv.concat((a, a + n) for a, n in pairs)  # in reading order, not sorted
+    stretches = iv.split(intervals, sizes)
+    position = 0
+    assert len(stretches) == len(sizes)
+    for size, stretch in zip(sizes, stretches):
+        assert stretch == iv.take(intervals, position, position + size)
+        position += size
