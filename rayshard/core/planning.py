@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from rayshard.core.sharding import ShardingPolicy, assign
 from rayshard.core.shuffle_blocks import along_sequence, global_sequence
 from rayshard.core.state import LoaderState
 from rayshard.data.batching import reading_pieces
-from rayshard.plan import EpochPlan, RankPlan, plan_remaining
+from rayshard.plan import EpochPlan, RankPlan, Uneven, plan_remaining
 from rayshard.sources.base import Source
 
 
@@ -30,15 +31,19 @@ def epoch_plan(
     A state at an epoch's start (nothing consumed: saved between epochs, or rewritten by
     `rayshard state skip-epoch`) plans that epoch fresh on this world size, its policy's
     files and drops included. The rest of an epoch is re-planned from the samples
-    consumed: each rank keeps
-    its own remaining samples on the same world size, the remainder is re-balanced on
-    another. Under `off` every rank reads everything, so resuming it mid-epoch skips, for
-    every rank, what any rank consumed.
+    consumed, under the policy the saving world size had (`file_or_data` may resolve
+    otherwise on another): each rank keeps its own remaining samples on the same world
+    size (under `shuffle_blocks`, of its own stretch of the sequence), the remainder is
+    re-balanced on another. Where every rank reads everything (`off`, and the `file`
+    policy's `uneven="replicate"`), resuming mid-epoch gives every rank the rest: what no
+    rank consumed.
     """
-    plan = _epoch_plan(settings, source, dp_size, epoch, resume)
+    arrange = None
     if settings.shuffle_blocks:  # the global shuffle: ranks read along one split sequence
-        return along_sequence(plan, global_sequence(source.splits(), settings.plan.seed, epoch))
-    return plan
+        sequence = global_sequence(source.splits(), settings.plan.seed, epoch)
+        arrange = functools.partial(along_sequence, sequence=sequence)
+    plan = _epoch_plan(settings, source, dp_size, epoch, resume, arrange)
+    return plan if arrange is None else arrange(plan)
 
 
 def _epoch_plan(
@@ -47,12 +52,20 @@ def _epoch_plan(
     dp_size: int,
     epoch: int,
     resume: LoaderState | None,
+    arrange: Callable[[EpochPlan], EpochPlan] | None,
 ) -> EpochPlan:
     shuffled = settings.reads_shuffled
     assignment = assign(settings.policy, settings.plan, source, dp_size, epoch, shuffled=shuffled)
     if resume is None or resume.epoch != epoch or not (resume.consumed or resume.partial):
         return assignment.plan  # (an epoch's start, on any world size: a fresh epoch)
-    if assignment.policy is ShardingPolicy.OFF:
+    saved_world = resume.world_size or dp_size  # (0: unknown, as `state` allows)
+    policy = assignment.policy
+    if assignment.requested is ShardingPolicy.FILE_OR_DATA and saved_world != dp_size:
+        unchecked = dataclasses.replace(settings.plan, expected_world_size=None)
+        requested = ShardingPolicy.FILE_OR_DATA
+        policy = assign(requested, unchecked, source.layout(), saved_world, epoch).policy
+    replicated = policy is ShardingPolicy.FILE and settings.plan.uneven is Uneven.REPLICATE
+    if policy is ShardingPolicy.OFF or replicated:
         single = dataclasses.replace(settings.plan, total_shards=1, expected_world_size=None)
         rest = plan_remaining(
             single, source.layout(), 1, epoch, resume.consumed, previous_world_size=1
@@ -65,9 +78,10 @@ def _epoch_plan(
         dp_size,
         epoch,
         resume.consumed,
-        previous_world_size=resume.world_size or dp_size,  # (0: unknown, as `state` allows)
-        by_files=assignment.policy is ShardingPolicy.FILE,
+        previous_world_size=saved_world,
+        by_files=policy is ShardingPolicy.FILE,
         shuffled=shuffled,
+        arrange=arrange,
     )
 
 

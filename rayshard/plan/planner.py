@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rayshard.config.checks import check_int
@@ -154,6 +154,7 @@ def plan_remaining(
     previous_world_size: int | None = None,
     by_files: bool = False,
     shuffled: bool = False,
+    arrange: Callable[[EpochPlan], EpochPlan] | None = None,
 ) -> EpochPlan:
     """Plan the rest of `epoch` after the real samples in `consumed` were delivered.
 
@@ -163,7 +164,9 @@ def plan_remaining(
     (balanced slices of what is left, in dataset order). Either way every sample of the
     epoch not yet consumed is read exactly once; the rest of an epoch never drops a real
     sample (a `drop` policy behaves like `partial` for it). `shuffled` as for `plan_epoch`:
-    the samples the uninterrupted epoch drops are not read.
+    the samples the uninterrupted epoch drops are not read. `arrange` is what the caller
+    does to a fresh plan after `plan_epoch` (the global shuffle's stretches), done to the
+    uninterrupted plan first, so a rank keeps its own arranged samples.
     """
     consumed_set = iv.normalize(consumed)
     if previous_world_size is None:
@@ -172,6 +175,7 @@ def plan_remaining(
     full = plan_epoch(
         saved, layout, previous_world_size, epoch, by_files=by_files, shuffled=shuffled
     )
+    full = full if arrange is None else arrange(full)
     if world_size == previous_world_size:
         kept = [
             (r.shard, iv.subtract(r.ranges, consumed_set), r.files, r.file_order)
