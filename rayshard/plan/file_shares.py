@@ -29,8 +29,10 @@ def file_assignments(
         # The files that sit out move on once per cycle of the rotation that reads every
         # shard once: an epoch, or a block of S/W epochs under the stride rotations. Moving
         # them every epoch under `stride` can stay in step with it and skip files forever
-        # (e.g. F=9, S=6, W=2 never reads files 3, 4, 7, 8).
-        cycle = num_shards // world_size if config.rotation in _BLOCK_ROTATIONS else 1
+        # (e.g. F=9, S=6, W=2 never reads files 3, 4, 7, 8). One rank's `shift` is
+        # `stride` (F=9, S=6, W=1 under `shift` never read files 1, 5, 6).
+        blocks = config.rotation in _BLOCK_ROTATIONS or world_size == 1
+        cycle = num_shards // world_size if blocks else 1
         start = epoch // cycle * sitting_out % num_files if num_files else 0
         kept = num_files - sitting_out
     else:

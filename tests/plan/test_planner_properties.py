@@ -271,7 +271,7 @@ def small_drop_cases(draw):
     rotation = draw(st.sampled_from(list(Rotation)))
     s = w if rotation is Rotation.NONE else w * draw(st.integers(1, 3))
     if rotation is Rotation.SHIFT:
-        s = draw(st.integers(w, 3 * w))
+        s = draw(st.integers(w, 3 * w if w > 1 else 12))  # (one rank: up to 12 shards)
     f = draw(st.integers(s, s + 20))
     config = PlanConfig(uneven="drop", total_shards=s, rotation=rotation)
     return config, w, DataLayout.of_files([1] * f)
@@ -283,6 +283,8 @@ def small_drop_cases(draw):
     (PlanConfig(uneven="drop", total_shards=6, rotation="stride"), 2, DataLayout.of_files([1] * 9)),
     0,
 )
+@example((PlanConfig(uneven="drop", total_shards=6), 1, DataLayout.of_files([1] * 9)), 0)
+@example((PlanConfig(uneven="drop", total_shards=12), 1, DataLayout.of_files([1] * 16)), 0)
 def test_drop_never_skips_a_file_forever(case, first):
     """The plan is periodic in the epoch: every file is read within one full period."""
     config, w, layout = case
