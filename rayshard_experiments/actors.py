@@ -16,10 +16,10 @@ class Recorder:
 
     def __init__(self, num_samples: int) -> None:
         self._start = time.time()
-        self._rows: dict[tuple[int, int], list[float]] = collections.defaultdict(
-            lambda: [0, 0, 0, 0.0]  # samples, batches, bytes, stall seconds
-        )
-        self._events: list[dict] = []
+        # (time, rank, samples, bytes, stall seconds) per batch, and (time, event): put in
+        # seconds of the schedule's clock by `summary`, whenever `mark_start` came
+        self._records: list[tuple[float, int, int, int, float]] = []
+        self._events: list[tuple[float, dict]] = []
         self._counts: dict[int, np.ndarray] = {}
         self._num_samples = num_samples
         self._finished: set[int] = set()
@@ -33,11 +33,7 @@ class Recorder:
         """(time, samples, bytes, stall seconds) of batches a rank consumed."""
         for when, samples, nbytes, stall in records:
             self._delivered.add(rank)
-            row = self._rows[(max(int(when - self._start), 0), rank)]
-            row[0] += samples
-            row[1] += 1
-            row[2] += nbytes
-            row[3] += stall
+            self._records.append((when, rank, samples, nbytes, stall))
 
     def batch(self, rank: int, epoch: int, ids: Any, record: tuple) -> None:
         """One batch a rank received: its sample ids and (time, samples, bytes, stall)."""
@@ -49,7 +45,11 @@ class Recorder:
         np.add.at(counts, np.asarray(ids, dtype=np.int64), 1)
 
     def event(self, kind: str, **details: Any) -> None:
-        self._events.append({"t": round(time.time() - self._start, 3), "event": kind, **details})
+        self._events.append((time.time(), {"event": kind, **details}))
+
+    def failures(self) -> list[dict]:
+        """The `rank_failed` events: a rank whose loop raised (its error named)."""
+        return [event for _, event in self._events if event["event"] == "rank_failed"]
 
     def delivered(self) -> list[int]:
         """The ranks that have consumed at least one batch."""
@@ -67,20 +67,26 @@ class Recorder:
             }
             for epoch, c in sorted(self._counts.items())
         }
+        seconds: dict[tuple[int, int], np.ndarray] = collections.defaultdict(
+            lambda: np.zeros(4)  # samples, batches, bytes, stall seconds
+        )
+        for when, rank, samples, nbytes, stall in self._records:
+            seconds[(max(int(when - self._start), 0), rank)] += (samples, 1, nbytes, stall)
         rows = [
             {
                 "second": s,
                 "rank": r,
-                "samples": v[0],
-                "batches": v[1],
-                "bytes": v[2],
-                "stall_s": round(v[3], 4),
+                "samples": int(v[0]),
+                "batches": int(v[1]),
+                "bytes": int(v[2]),
+                "stall_s": round(float(v[3]), 4),
             }
-            for (s, r), v in sorted(self._rows.items())
+            for (s, r), v in sorted(seconds.items())
         ]
+        events = [{"t": round(when - self._start, 3), **e} for when, e in self._events]
         return {
             "throughput": rows,
-            "events": self._events,
+            "events": events,
             "audit": audit,
             "finished": sorted(self._finished),
             "delivered": sorted(self._delivered),
@@ -141,5 +147,7 @@ class Consumer:
                     time.sleep(self._step)  # the model's step
                     self._asked = time.perf_counter()
             self._recorder.finished.remote(self._rank)
+        except Exception as error:  # noqa: BLE001 - the thread's end would hide it
+            self._recorder.event.remote("rank_failed", rank=self._rank, error=repr(error)[:2000])
         finally:
             self._done.set()

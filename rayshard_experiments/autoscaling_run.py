@@ -201,6 +201,8 @@ def run_autoscaling_experiment(
             idle_nodes_left = run.leaving or run.awaiting_scale_down()
             if not pending and not run.pending and not idle_nodes_left and run.finished():
                 break
+            if ray.get(run.recorder.failures.remote()):
+                break  # (a rank that failed never finishes: the run stops, its error shown)
             time.sleep(0.25)
             bar.update(int(run.clock()) - bar.n)
         bar.close()

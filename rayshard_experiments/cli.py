@@ -31,10 +31,18 @@ def experiment_command(schedule: str, out: str, address: str | None) -> None:
         parsed = load_schedule(schedule)
     except ConfigError as error:
         raise click.BadParameter(str(error), param_hint="SCHEDULE") from error
+    if parsed.autoscaler and address is not None:
+        raise click.BadParameter(
+            "autoscaler: true starts its own local cluster; drop --address", param_hint="--address"
+        )
     result = run_experiment(parsed, out, address=address)
     paths = write_report(result, out)
     click.echo(summary_table(result))
     click.echo("wrote " + ", ".join(paths.values()))
+    failed = [e for e in result["events"] if e["event"] == "rank_failed"]
+    if failed:
+        errors = "; ".join(f"rank {e['rank']}: {e['error']}" for e in failed)
+        raise click.ClickException(f"experiment stopped: {errors}")
     lost = sum(a["lost"] for a in result["audit"].values())
     if lost or not result["completed"]:
         raise click.ClickException(f"experiment incomplete or lost {lost} samples")

@@ -178,8 +178,8 @@ def run_experiment(
             now = time.time() - start
             while pending and run.due(pending[0], now):
                 run.apply(pending.pop(0))
-            if not pending and run.finished():
-                break
+            if (not pending and run.finished()) or ray.get(run.recorder.failures.remote()):
+                break  # (a rank that failed never finishes: the run stops, its error shown)
             time.sleep(0.25)
             bar.update(int(time.time() - start) - bar.n)
         bar.close()

@@ -11,9 +11,11 @@ duration_s: 120        # give up after this long
 events:
   - {at: 5, action: add_node}
   - {at: 12, action: kill_node}               # hard loss: the node's processes die
-  - {at: 20, action: remove_node, node: 0}    # graceful: the rank leaves, then the node goes
+  - {at: 20, action: remove_node, node: 1}    # graceful: the rank leaves, then the node goes
 ```
 `node` is the index of a worker node in order of creation (default: the oldest alive).
+The events are checked in time order before anything starts: each takes a node that is
+alive then, at least one node stays, and each comes before `duration_s`.
 `at` is the earliest time: a `kill_node` or `remove_node` waits, past it, until that node's
 rank has delivered a batch, so a loss always takes a rank that holds work; later events
 wait behind it.
@@ -30,6 +32,7 @@ holds its other ranks until that node is gone (or `duration_s` ran out, reported
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -79,7 +82,7 @@ def parse_schedule(document: Any, source: str = "schedule") -> Schedule:
     if not isinstance(document, Mapping):
         raise ConfigError(f"{source}: a schedule is a mapping of settings, got {document!r}")
     known = {f.name for f in dataclasses.fields(Schedule)}
-    unknown = sorted(set(document) - known)
+    unknown = sorted(map(str, set(document) - known))
     if unknown:
         raise ConfigError(
             f"{source}: unknown keys {unknown}; known keys are {', '.join(sorted(known))}"
@@ -88,19 +91,70 @@ def parse_schedule(document: Any, source: str = "schedule") -> Schedule:
     for key, minimum in (("rows", 1), ("batch_size", 1), ("epochs", 1), ("node_cpus", 1)):
         if key in values:
             _int(values[key], key, minimum, source)
-    if "initial_nodes" in values:
-        _int(values["initial_nodes"], "initial_nodes", 1, source)
-    for key in ("step_time_s", "duration_s"):
+    for key, minimum in (("initial_nodes", 1), ("seed", 0)):
         if key in values:
-            _number(values[key], key, source)
-    events = values.pop("events", None) or []
-    if not isinstance(events, list):
+            _int(values[key], key, minimum, source)
+    if "step_time_s" in values:
+        _number(values["step_time_s"], "step_time_s", source)
+    if "duration_s" in values:
+        _located(source, check_number, values["duration_s"], "duration_s", fix="seconds")
+    if "data" in values:
+        _check_data(values, source)
+    events = values.pop("events", None)
+    if not isinstance(events, list | None):
         raise ConfigError(f"{source}: events must be a list of {{at, action}} entries")
-    values["events"] = tuple(
-        sorted((_event(e, i, source) for i, e in enumerate(events)), key=lambda e: e.at)
-    )
+    parsed = [(i, _event(entry, i, source)) for i, entry in enumerate(events or [])]
+    indexed = sorted(parsed, key=lambda pair: pair[1].at)  # (stable: equal times keep order)
+    values["events"] = tuple(event for _, event in indexed)
     _check_autoscaler(values, source)
+    _check_nodes(Schedule(**values), [i for i, _ in indexed], source)
     return Schedule(**values)
+
+
+def _check_data(values: dict, source: str) -> None:
+    data = values["data"]
+    if not isinstance(data, str) or not data:
+        raise ConfigError(f"{source}: data={data!r} must be a Parquet file or folder path")
+    if "://" not in data and not os.path.exists(data):
+        raise ConfigError(f"{source}: data={data!r}: no such file or folder")
+    if "rows" in values:
+        raise ConfigError(f"{source}: rows and data: rows sizes generated data; give one")
+
+
+def _check_nodes(schedule: Schedule, indices: list[int], source: str) -> None:
+    """Walk the events in time order: each removal takes a node (with the autoscaler, a
+    rank) alive then, one stays alive throughout, the autoscaler is never asked for more
+    than `max_workers` at once, and every event comes before `duration_s`."""
+    what = "rank" if schedule.autoscaler else "node"
+    alive, created = list(range(schedule.initial_nodes)), schedule.initial_nodes
+    limit = schedule.max_workers if schedule.autoscaler else None
+    if limit is not None and created > limit:
+        raise ConfigError(f"{source}: initial_nodes={created} is over max_workers={limit}")
+    for index, event in zip(indices, schedule.events):
+        where = f"{source}: events[{index}] ({event.action} at {event.at:g} s)"
+        if event.at >= schedule.duration_s:
+            raise ConfigError(
+                f"{where} comes after duration_s={schedule.duration_s:g}, so it would never "
+                "run: raise duration_s or drop the event"
+            )
+        if event.action == "add_node":
+            alive, created = [*alive, created], created + 1
+            if limit is not None and len(alive) > limit:
+                raise ConfigError(f"{where}: {len(alive)} ranks at once, over max_workers={limit}")
+            continue
+        node = alive[0] if event.node is None else event.node
+        if node not in alive:
+            gone = "was removed before" if node < created else "does not exist yet"
+            raise ConfigError(
+                f"{where}: {what} {node} {gone} (alive then: {alive}; {what}s are numbered "
+                "from 0 in order of creation)"
+            )
+        if len(alive) == 1:
+            raise ConfigError(
+                f"{where} takes the last {what} ({node}): no rank would be left to finish; "
+                "add a node before it"
+            )
+        alive.remove(node)
 
 
 def _check_autoscaler(values: dict, source: str) -> None:

@@ -35,6 +35,41 @@ def test_valid_schedule_is_sorted_and_typed(tmp_path):
         ),
         ({"events": [{"at": 1, "action": "add_node", "when": 3}]}, r"unknown keys \['when'\]"),
         (["add_node"], r"a schedule is a mapping"),
+        ({1: 2, "foo": 3}, r"unknown keys \['1', 'foo'\]"),
+        ({"seed": -1}, r"seed=-1 is not in the range seed>=0"),
+        ({"duration_s": 0}, r"duration_s=0 is not in the range duration_s>0"),
+        ({"events": ""}, r"events must be a list"),
+        ({"data": 123}, r"data=123 must be a Parquet file or folder path"),
+        ({"data": "/nowhere/x.parquet"}, r"data='/nowhere/x.parquet': no such file"),
+        ({"data": "s3://b/x", "rows": 5}, r"rows and data"),
+        # each removal takes a node alive then; one stays; all before duration_s
+        (
+            {"events": [{"at": 1, "action": "kill_node", "node": 7}]},
+            r"events\[0\] \(kill_node at 1 s\): node 7 does not exist yet \(alive then: \[0, 1\]",
+        ),
+        (
+            {
+                "events": [
+                    {"at": 9, "action": "remove_node", "node": 0},
+                    {"at": 2, "action": "add_node"},
+                    {"at": 4, "action": "kill_node"},  # the oldest: node 0
+                ]
+            },
+            r"events\[0\] \(remove_node at 9 s\): node 0 was removed before \(alive then: \[1, 2\]",
+        ),
+        (
+            {"initial_nodes": 1, "events": [{"at": 1, "action": "kill_node"}]},
+            r"takes the last node \(0\): no rank would be left",
+        ),
+        (
+            {"duration_s": 10, "events": [{"at": 500, "action": "add_node"}]},
+            r"events\[0\] \(add_node at 500 s\) comes after duration_s=10",
+        ),
+        (
+            {"autoscaler": True, "max_workers": 2, "events": [{"at": 1, "action": "add_node"}]},
+            r"3 ranks at once, over max_workers=2",
+        ),
+        ({"autoscaler": True, "max_workers": 1}, r"initial_nodes=2 is over max_workers=1"),
     ],
 )
 def test_bad_schedules_name_the_problem(document, message):
