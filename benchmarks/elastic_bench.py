@@ -167,9 +167,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         ("--callers", args.callers),
         ("--inflight", args.inflight),
         ("--ack-ranks", args.ack_ranks),
+        ("--ranks", args.ranks),
+        ("--splits", args.splits),
+        ("--ray-cpus", args.ray_cpus),
     ):
         if value is not None and value < 1:
             parser.error(f"Invalid value for '{option}': {value} is not in the range x>=1.")
+    for option, value in (("--ack-seconds", args.ack_seconds), ("--step-s", args.step_s)):
+        if value is not None and not value > 0:
+            parser.error(f"Invalid value for '{option}': {value} is not in the range x>0.")
     if args.recovery_ranks < 2:  # rank 1 dies, another rank takes over its rows
         parser.error(
             f"Invalid value for '--recovery-ranks': {args.recovery_ranks} is not in the range x>=2."

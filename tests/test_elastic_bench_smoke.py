@@ -127,3 +127,22 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert "relet" in done.stdout and "LeaseBook.lease" in done.stdout  # the printed tables
     assert "offered acks/s" in done.stdout and "us/ack" in done.stdout
     assert "calls queued" in done.stdout
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "range_"),
+    [
+        ("--ranks", "0", "x>=1"),
+        ("--splits", "-5", "x>=1"),
+        ("--ray-cpus", "0", "x>=1"),
+        ("--ack-seconds", "-1.0", "x>0"),
+        ("--step-s", "0.0", "x>0"),
+    ],
+)
+def test_bad_numbers_are_usage_errors_naming_the_flag(flag, value, range_, capsys):
+    from benchmarks import elastic_bench
+
+    with pytest.raises(SystemExit) as exited:
+        elastic_bench.parse_args([flag, value])
+    assert exited.value.code == 2
+    assert f"'{flag}': {value} is not in the range {range_}" in capsys.readouterr().err
