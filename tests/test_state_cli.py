@@ -175,6 +175,16 @@ def test_refuses_another_version(tmp_path):
     assert f"{path} holds loader state version 2" in result.output
     assert "reads version 1" in result.output
     assert not os.path.exists(path + ".bak")
+    path = write(tmp_path / "t.json", {**STATE, "version": "1"})
+    result = invoke("show", path)
+    assert result.exit_code == 1 and "version='1' must be the integer 1" in result.output
+
+
+def test_an_out_path_under_a_file_says_what_to_give(state_file, tmp_path):
+    (tmp_path / "existing.txt").write_text("x")
+    result = invoke("skip-epoch", state_file, "-o", str(tmp_path / "existing.txt"))
+    assert result.exit_code == 1
+    assert "existing.txt is a file: give -o a .json file name or a folder" in result.output
 
 
 @pytest.mark.parametrize("text", ["not json {", "", "\x00\x01"])

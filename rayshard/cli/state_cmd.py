@@ -149,9 +149,14 @@ def _load_file(file: Path, expect_loader: str | None) -> tuple[Path, LoaderState
         data = read_state_json(file)
     except ConfigError as error:
         raise click.ClickException(str(error)) from error
-    if "loader" in data and data.get("version", STATE_VERSION) != STATE_VERSION:
+    version = data.get("version", STATE_VERSION) if "loader" in data else STATE_VERSION
+    if type(version) is not int:  # ("1" would read as "version '1', but ... version 1")
         raise click.ClickException(
-            f"{file} holds loader state version {data['version']!r}, but this rayshard reads "
+            f"{file}: version={version!r} must be the integer {STATE_VERSION}; {WHAT_TO_PASS}"
+        )
+    if version != STATE_VERSION:
+        raise click.ClickException(
+            f"{file} holds loader state version {version!r}, but this rayshard reads "
             f"version {STATE_VERSION}: use the rayshard release that saved it, or start fresh"
         )
     try:
@@ -203,7 +208,10 @@ def _rewrite_file(
             atomic_write(backup, file.read_bytes(), mode=mode_of(file))
         atomic_write(target, payload.encode("utf-8"))
     except OSError as error:
-        raise click.ClickException(f"cannot write {target}: {error}") from error
+        hint = ""
+        if isinstance(error, FileExistsError) or target.parent.is_file():
+            hint = f" ({target.parent} is a file: give -o a .json file name or a folder)"
+        raise click.ClickException(f"cannot write {target}: {error}{hint}") from error
     kept = f" (the old one is in {backup})" if out is None else ""
     click.echo(
         f"wrote {target}{kept}: epoch {state.epoch} -> {new.epoch}, consumed "
