@@ -86,8 +86,8 @@ class Loader:
         self.transform = transform
         self.source = source
         self.layout = source.layout()
-        if settings.expected_world_size is not None:
-            self.check_world(settings.expected_world_size * settings.model_parallel_size)
+        if settings.expected_world_size is not None:  # (data-parallel ranks: times a group)
+            self.check_world(settings.expected_world_size * settings.runtime.group_size)
         if not ray.is_initialized():
             apply_ray_env_defaults()
             ray.init()

@@ -253,6 +253,11 @@ class RuntimeConfig:
         self._check_straggler_timeout()
         self._check_consumer_reads()
 
+    @property
+    def group_size(self) -> int:
+        """Ranks per model-parallel group (`dp_groups`' size, else `model_parallel_size`)."""
+        return len(self.dp_groups[0]) if self.dp_groups else self.model_parallel_size
+
     def _check_consumer_reads(self) -> None:
         wanted = self.consumer_reads
         if wanted is not None and not isinstance(wanted, bool):

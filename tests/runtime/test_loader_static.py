@@ -168,6 +168,17 @@ def test_a_state_of_a_job_that_set_expected_world_size_resumes_on_another(ray_se
     fresh.shutdown()
 
 
+def test_expected_world_size_counts_data_parallel_ranks_of_dp_groups(ray_session, dataset):
+    """`dp_groups` given alone (groups of 2): `expected_world_size=2` data-parallel ranks
+    is a world of 4 (it was checked as a world of 2, refused whatever the value)."""
+    groups = [[0, 1], [2, 3]]
+    loader = make_loader(dataset, dp_groups=groups, expected_world_size=2)
+    assert loader.settings.runtime.group_size == 2
+    loader.shutdown()
+    with pytest.raises(ConfigError, match=r"do not partition range\(world_size=6\)"):
+        make_loader(dataset, dp_groups=groups, expected_world_size=3)
+
+
 def test_resume_mid_epoch_nothing_missing_nothing_repeated(ray_session, dataset):
     loader = make_loader(dataset, shuffle=True, seed=1)
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
