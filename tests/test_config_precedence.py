@@ -244,3 +244,26 @@ def test_a_bad_environment_value_names_its_variable(variable, value, message):
         with pytest.raises(ConfigError, match=expected) as info:
             resolve({variable: value})
         assert str(info.value).endswith(f"; fix it, or unset {variable}")
+
+
+def test_ray_resource_amounts_ray_would_refuse_are_config_errors():
+    """Ray holds resources to 0.0001 and takes CPUs and GPUs by keyword: an amount finer
+    than that, or an int too large for a float, is refused at the configuration (Ray
+    refused it at the first batch, inside the reader); a GPU goes to `num_gpus`."""
+    from rayshard.runtime.reader_workers import actor_resources
+
+    with pytest.raises(ConfigError, match=r"reader_num_cpus=1e-05: Ray counts CPUs in steps"):
+        LoaderConfig(reader_num_cpus=1e-5)
+    with pytest.raises(ConfigError, match=r"in steps of 0.0001.*bad: \[\('CPU', 1e-05\)\]"):
+        LoaderConfig(reader_workers=2, transform_resources={"CPU": 1e-5})
+    with pytest.raises(ConfigError, match=r"state_timeout_s=1000+ is not in the range"):
+        LoaderConfig(state_timeout_s=10**400)
+    with pytest.raises(ConfigError, match="must map Ray resource names to amounts"):
+        LoaderConfig(reader_workers=2, transform_resources={"CPU": 10**400})
+    assert LoaderConfig(reader_num_cpus=0.25).reader_num_cpus == 0.25
+    config = LoaderConfig(reader_workers=2, transform_resources={"GPU": 0.5, "CPU": 2, "n1": 1})
+    assert actor_resources(config.transform_resources) == {
+        "num_cpus": 2.0,
+        "num_gpus": 0.5,
+        "resources": {"n1": 1.0},
+    }

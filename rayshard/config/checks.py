@@ -50,7 +50,7 @@ def check_number(value: Any, name: str, *, positive: bool = True, fix: str = "")
     suffix = f" ({fix})" if fix else ""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(f"{name}={value!r} must be a number in the range {rule}{suffix}")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+    if not _finite(value) or value < 0 or (positive and value == 0):
         raise ConfigError(f"{name}={value!r} is not in the range {rule}{suffix}")
     return float(value)
 
@@ -60,7 +60,7 @@ def check_resources(resources: Any) -> tuple[tuple[str, float], ...]:
     pairs = resources.items() if isinstance(resources, Mapping) else resources
     try:
         checked = tuple(sorted((str(name), float(amount)) for name, amount in pairs))
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, OverflowError) as error:
         raise ConfigError(
             f"transform_resources={resources!r} must map Ray resource names to amounts, "
             f"e.g. {{'CPU': 1, 'preprocess': 1}}"
@@ -68,15 +68,35 @@ def check_resources(resources: Any) -> tuple[tuple[str, float], ...]:
     bad = [
         (name, amount)
         for name, amount in checked
-        if not (amount > 0 and math.isfinite(amount)) or not name
+        if not (amount > 0 and math.isfinite(amount) and _ray_precise(amount)) or not name
     ]
     if bad or not checked:
         raise ConfigError(
             f"transform_resources={resources!r}: every resource needs a name and a finite "
-            f"amount > 0 (bad: {bad or 'none given'}); leave it unset to run the workers on the "
-            f"reader's node"
+            f"amount > 0 in steps of 0.0001, as Ray counts them (bad: {bad or 'none given'}); "
+            "leave it unset to run the workers on the reader's node"
         )
     return checked
+
+
+def check_cpus(value: Any, name: str) -> float:
+    """A number of CPUs for a Ray actor: >= 0, in Ray's steps of 0.0001."""
+    amount = check_number(value, name, positive=False)
+    if not _ray_precise(amount):
+        raise ConfigError(f"{name}={value!r}: Ray counts CPUs in steps of 0.0001; round it")
+    return amount
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # (an int too large for a float: 10**400)
+        return False
+
+
+def _ray_precise(amount: float) -> bool:
+    """Whether Ray accepts `amount` of a resource (it holds them to 0.0001)."""
+    return abs(amount * 10_000 - round(amount * 10_000)) < 1e-6
 
 
 def as_tuple_groups(groups: Sequence[Sequence[int]] | None) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 
 from rayshard.config.checks import (
     as_tuple_groups,
+    check_cpus,
     check_int,
     check_number,
     check_resources,
@@ -224,7 +225,7 @@ class RuntimeConfig:
                 f"ack_relay={self.ack_relay!r} must be one of {', '.join(RELAY_MODES)}: 'auto' "
                 "(the default) relays through each node once the coordinator is busy"
             )
-        check_number(self.reader_num_cpus, "reader_num_cpus", positive=False)
+        check_cpus(self.reader_num_cpus, "reader_num_cpus")
         check_int(self.model_parallel_size, "model_parallel_size", minimum=1)
         set_(self, "dp_groups", as_tuple_groups(self.dp_groups))
         if self.dp_groups and self.model_parallel_size not in (1, len(self.dp_groups[0])):

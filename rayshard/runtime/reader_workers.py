@@ -106,12 +106,22 @@ def start_workers(
             "scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False),
         }
     else:
-        wanted = dict(resources)
-        placement = {"num_cpus": wanted.pop("CPU", 0), "resources": wanted}
+        placement = actor_resources(resources)
     cls = remote_class(ReaderWorker).options(
         max_restarts=-1, max_task_retries=-1, max_concurrency=threads, **placement
     )
     return [cls.remote(source, transform, loader, seed, rank) for _ in range(count)]
+
+
+def actor_resources(resources: tuple[tuple[str, float], ...]) -> dict[str, Any]:
+    """`transform_resources` as Ray's actor options: CPUs and GPUs by their keywords (Ray
+    refuses them inside `resources`), the rest as custom resources."""
+    wanted = dict(resources)
+    return {
+        "num_cpus": wanted.pop("CPU", 0),
+        "num_gpus": wanted.pop("GPU", 0),
+        "resources": wanted,
+    }
 
 
 def worker_reads(workers: list, epoch: int, threads: int = 1) -> Reads:
