@@ -267,3 +267,27 @@ def test_ray_resource_amounts_ray_would_refuse_are_config_errors():
         "num_gpus": 0.5,
         "resources": {"n1": 1.0},
     }
+
+
+def test_yaml_off_for_ack_relay_and_straggler_timeout_and_frozen_fills(tmp_path):
+    """YAML 1.1 reads a bare `off` as false: `ack_relay: off` is 'off' (it was refused as
+    "ack_relay=False must be one of auto, node, off"), `straggler_timeout_s: off` is unset.
+    A struct's fill dict is the configuration's own copy (hashable config, not changed by
+    the caller's dict changing)."""
+    path = tmp_path / "loader.yaml"
+    path.write_text("policy: dynamic\nack_relay: off\nstraggler_timeout_s: off\n")
+    config = LoaderConfig.from_yaml(path, environ=NO_ENV)
+    assert (config.ack_relay, config.straggler_timeout_s) == ("off", None)
+    assert LoaderConfig(ack_relay=" Node").ack_relay == "node"
+    fill = {"x": 0}
+    config = LoaderConfig(fill_null={"point": fill})
+    fill["x"] = 99
+    assert config.fill_null == (("point", {"x": 0}),)
+    assert hash(config) == hash(LoaderConfig(fill_null={"point": {"x": 0}}))
+
+
+def test_a_last_batch_rule_under_dynamic_names_the_option_to_change():
+    with pytest.raises(ConfigError, match=r"use policy='data', or pad_last_batch=False"):
+        LoaderConfig(policy="dynamic", pad_last_batch=True)
+    with pytest.raises(ConfigError, match=r"use policy='data', or last_batch='partial'"):
+        LoaderConfig(policy="dynamic", last_batch="drop")

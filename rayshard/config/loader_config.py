@@ -87,7 +87,9 @@ class LoaderConfig:
             raise ConfigError(
                 f"{asked} with policy='dynamic': dynamic ranks lease rows as they go, so "
                 "their last batches are not known ahead to drop, fill or pad (equal steps "
-                "pad with marked rows as needed); use policy='data', or last_batch='partial'"
+                "pad with marked rows as needed); use policy='data', or "
+                + ("pad_last_batch=False" if asked == "pad_last_batch" else "last_batch='partial'")
+                + " (also check RAYSHARD_LAST_BATCH / RAYSHARD_PAD_LAST_BATCH and the file)"
             )
         if asked is not None and self.packing is not None:
             why = (

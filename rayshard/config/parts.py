@@ -8,6 +8,7 @@ every one of them can be set from YAML under its own name.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from typing import Any
@@ -57,7 +58,8 @@ class ReadConfig:
     split_rows: int | None = None
     columns: tuple[str, ...] | None = None
     padding: tuple[tuple[str, Padding], ...] | None = None
-    fill_null: tuple[tuple[str, Any], ...] | None = None
+    # (a struct's fill is a dict: a copy, kept out of the hash, which it cannot enter)
+    fill_null: tuple[tuple[str, Any], ...] | None = dataclasses.field(default=None, hash=False)
     shuffle: bool = False
     shuffle_buffer: int = 0
     shuffle_blocks: int = 0
@@ -86,7 +88,7 @@ class ReadConfig:
         if self.split_rows is not None:
             check_int(self.split_rows, "split_rows", minimum=1, fix="or leave it unset")
         set_(self, "padding", pairs(self.padding, "padding", padding_rule))
-        set_(self, "fill_null", pairs(self.fill_null, "fill_null", lambda _, v: v))
+        set_(self, "fill_null", pairs(self.fill_null, "fill_null", lambda _, v: copy.deepcopy(v)))
         set_(self, "shuffle", parse_bool(self.shuffle, "shuffle"))
         check_int(self.shuffle_buffer, "shuffle_buffer", minimum=0, fix="0 turns shuffling off")
         check_int(self.shuffle_blocks, "shuffle_blocks", minimum=0, fix="rows per block; 0 is off")
@@ -220,6 +222,8 @@ class RuntimeConfig:
         check_number(self.ack_interval_s, "ack_interval_s", positive=False, fix="seconds")
         check_number(self.lease_poll_s, "lease_poll_s", positive=False, fix="seconds")
         check_number(self.state_timeout_s, "state_timeout_s", fix="seconds")
+        relay = "off" if self.ack_relay is False else self.ack_relay  # (YAML 1.1's `off`)
+        set_(self, "ack_relay", relay.strip().lower() if isinstance(relay, str) else relay)
         if self.ack_relay not in RELAY_MODES:
             raise ConfigError(
                 f"ack_relay={self.ack_relay!r} must be one of {', '.join(RELAY_MODES)}: 'auto' "
@@ -284,7 +288,8 @@ class RuntimeConfig:
 
     def _check_straggler_timeout(self) -> None:
         timeout = self.straggler_timeout_s
-        if timeout is None:
+        if timeout is None or timeout is False:  # (False: YAML 1.1 reads a bare `off` so)
+            object.__setattr__(self, "straggler_timeout_s", None)
             return
         seconds = check_number(
             timeout,

@@ -86,10 +86,25 @@ def default_device() -> torch.device:
 
 def check_available(device: torch.device) -> None:
     """A CUDA `device` where CUDA is not available, or whose index this process does not
-    see, is a `ConfigError`. This check initialises the CUDA driver (`cuInit`, no
+    see, or another device type this torch build or machine lacks (`mps`, `xpu`), is a
+    `ConfigError`. This check initialises the CUDA driver (`cuInit`, no
     context; not with `PYTORCH_NVML_BASED_CUDA_CHECK=1`), so do it after forking workers,
     not before."""
-    if device.type != "cuda":
+    if device.type in ("cpu", "meta"):
+        return
+    if device.type != "cuda":  # mps, xpu, ...: its torch module says, else a tensor there
+        backend = getattr(getattr(torch, device.type, None), "is_available", None)
+        try:
+            available = (
+                backend() if callable(backend) else torch.empty(0, device=device) is not None
+            )
+        except Exception:  # noqa: BLE001 - any failure means the device cannot be used
+            available = False
+        if not available:
+            raise ConfigError(
+                f"device={str(device)!r} is not available to this torch build or process: "
+                "pass device='cpu', 'cuda', or leave device unset"
+            )
         return
     if not torch.cuda.is_available():
         raise ConfigError(
@@ -110,9 +125,9 @@ def _resolve_device(device: torch.device | str | None) -> torch.device:
     resolved = default_device() if device is None else torch.device(device)
     if resolved.type == "cpu":  # ("cpu:0" is the host too: tensors' device is "cpu")
         return torch.device("cpu")
+    check_available(resolved)
     if resolved.type != "cuda":
         return resolved
-    check_available(resolved)
     if resolved.index is None:
         return torch.device("cuda", torch.cuda.current_device())
     return resolved

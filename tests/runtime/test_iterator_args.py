@@ -63,6 +63,16 @@ def test_a_cuda_device_without_cuda_fails_at_iterator_not_at_the_first_batch(dev
         check(batch_format="torch", device=device)
 
 
+@pytest.mark.parametrize("device", ["mps", "xpu"])
+def test_a_device_this_torch_build_lacks_fails_at_iterator_not_at_the_first_batch(device):
+    backend = getattr(torch, device, None)
+    if backend is not None and backend.is_available():
+        pytest.skip(f"this machine has {device}")
+    with pytest.raises(ConfigError, match=rf"device='{device}' is not available to this torch"):
+        check(batch_format="torch", device=device)
+    check(batch_format="torch", device="meta")  # (no memory, but a real device: allowed)
+
+
 def test_a_date_column_under_torch_is_refused_at_iterator_not_at_the_first_batch():
     import pyarrow as pa
 
