@@ -21,7 +21,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from rayshard.config.checked import checked_config
-from rayshard.config.loader_config import LoaderConfig
+from rayshard.config.loader_config import LoaderConfig, loader_config
 from rayshard.core.sharding import assign
 from rayshard.data.formats import arrow_types
 from rayshard.data.transforms import TransformFn
@@ -137,9 +137,9 @@ class Loader:
     def from_config(
         cls, config: LoaderConfig, *, source: Source | None = None, **options: Any
     ) -> Loader:
-        """A loader from a `LoaderConfig` (e.g. read from YAML); `options` (any
-        `LoaderConfig` key, and `transform`) win over its values."""
-        return cls(source if source is not None else config.make_source(), config, **options)
+        """A loader from a `LoaderConfig`, mapping or YAML path; `options` win over it."""
+        source = source if source is not None else loader_config(config, {}).make_source()
+        return cls(source, config, **options)
 
     @classmethod
     def from_yaml(

@@ -7,6 +7,7 @@ import pickle
 import re
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import yaml
 
@@ -291,3 +292,23 @@ def test_a_last_batch_rule_under_dynamic_names_the_option_to_change():
         LoaderConfig(policy="dynamic", pad_last_batch=True)
     with pytest.raises(ConfigError, match=r"use policy='data', or last_batch='partial'"):
         LoaderConfig(policy="dynamic", last_batch="drop")
+
+
+def test_misused_parts_and_columns_named_twice_are_clear_errors():
+    from rayshard.config.parts import ReadConfig
+
+    with pytest.raises(TypeError, match="read= takes a ReadConfig, got PlanConfig"):
+        LoaderConfig(read=PlanConfig())
+    with pytest.raises(TypeError, match="plan= takes a PlanConfig, got dict"):
+        LoaderConfig(plan={"batch_size": 4})
+    with pytest.raises(ConfigError, match=r"columns=\['a', 'b', 'a'\] names \['a'\] twice"):
+        LoaderConfig(columns=["a", "b", "a"])
+    assert LoaderConfig(read=ReadConfig(columns=("a",))).columns == ("a",)
+
+
+def test_from_config_takes_a_mapping_of_paths_as_loader_does(tmp_path):
+    """`Loader.from_config({...})` makes its source from the mapping's `paths` (it raised
+    `AttributeError: 'dict' object has no attribute 'make_source'`); checked before Ray."""
+    pq.write_table(pa.table({"id": list(range(10))}), tmp_path / "a.parquet")
+    with pytest.raises(ConfigError, match=r"column\(s\) \['nope'\] do not exist"):
+        Loader.from_config({"paths": [str(tmp_path)], "columns": ["nope"]})

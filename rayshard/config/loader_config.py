@@ -67,6 +67,8 @@ class LoaderConfig:
         for part, cls in PARTS.items():
             values = {k: v for k, v in flat.items() if OWNER[k] == part}
             base = given[part]
+            if base is not None and not isinstance(base, cls):
+                raise TypeError(f"{part}= takes a {cls.__name__}, got {type(base).__name__}")
             value = cls(**values) if base is None else dataclasses.replace(base, **values)
             object.__setattr__(self, part, value)
         rules = ColumnRules() if column_rules is None else column_rules
@@ -104,8 +106,7 @@ class LoaderConfig:
             )
 
     def _last_batch_asked(self) -> str | None:
-        """`last_batch` or `pad_last_batch` as given when they ask for more than a partial
-        last batch (what `dynamic` and packing cannot honour), else None."""
+        """`last_batch`/`pad_last_batch` asking more than a partial last batch, else None."""
         if self.last_batch is not LastBatch.PARTIAL:
             return f"last_batch={self.last_batch.value!r}"
         return "pad_last_batch" if self.pad_last_batch else None

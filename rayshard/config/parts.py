@@ -78,6 +78,9 @@ class ReadConfig:
         set_(self, "policy", policy)
         set_(self, "paths", strings(self.paths, "paths"))
         set_(self, "columns", strings(self.columns, "columns"))
+        twice = sorted({c for c in self.columns or () if self.columns.count(c) > 1})
+        if twice:
+            raise ConfigError(f"columns={list(self.columns)} names {twice} twice: name each once")
         fmt = str(self.source_format).strip().lower()
         if fmt not in FORMATS:
             raise ConfigError(
