@@ -154,10 +154,10 @@ class CoordinatorCore(CoreQueries):
                 pieces = self._take(book, c.dp_rank, c.count, c.time)
         wait = False
         if not pieces and (c.finishing or not self.settings.plan.equal_steps):
-            # A rank that may end (no equal steps, or past its last step) stays until no
-            # other rank holds unfinished work that could come back if that rank died.
-            book.close_finished()
-            wait = any(le.rank != c.dp_rank for le in book.outstanding())
+            # A rank that may end (no equal steps, or past its last step) stays while rows
+            # are queued (in another rank's share) or another rank holds unfinished work:
+            # rows that could come back to it if that rank died.
+            wait = bool(book.unleased_rows()) or book.others_unfinished(c.dp_rank)
         held = (book.outstanding_count(), tuple(stragglers))
         counts = (book.unleased_rows(), book.member_count(), book.steps(c.dp_rank))
         return cmd.Leased(tuple(pieces), wait, *held, *counts)

@@ -1,8 +1,7 @@
 """Dynamic splitting as pure bookkeeping: the split queue, leases, acknowledgements and
-what goes back to the queue when a rank dies or leaves.
-
-The coordinator actor holds one `LeaseBook` per epoch and journals every call; replaying
-the calls rebuilds the same book, because nothing here reads a clock or a random source.
+what goes back to the queue when a rank dies or leaves. The coordinator holds one
+`LeaseBook` per epoch and journals every call; replaying them rebuilds the same book
+(nothing here reads a clock or a random source).
 Which queued piece a rank gets is `rayshard.core.stretches`' rule: taken-back rows first,
 then the rank's own stretch of the queue, stolen from the fullest one when it is empty.
 
@@ -12,13 +11,11 @@ capacity (a split is cut, its rest stays at the front of the rank's stretch). Al
 then fits and every rank yields exactly `T` batches, the last ones padded when the queue
 ran dry. Without `equal_steps` there is no cap and faster ranks read more.
 
-Stragglers: every lease granted to a rank and every acknowledgement from it restarts its
-clock (`since`, a time carried in by the caller). `stragglers(now, timeout)` names the
-ranks that hold unacknowledged rows and whose clock is older than `timeout`; `revoke`
-puts their unacknowledged rows back at the front of the queue, as `release` does, but the
-rank stays a member (its capacity stops at what it kept; the others' grow to take the
-rest). Rows acknowledged twice are counted in `duplicate_rows` (when asked for: an
-acknowledgement costs the same before and after churn; see also `SplitQueue`).
+Stragglers: a lease granted to a rank or an acknowledgement from it restarts its clock
+(`since`, a time the caller carries in). `stragglers(now, timeout)` names the ranks that
+hold unacknowledged rows and whose clock is older than `timeout`; `revoke` queues their
+unacknowledged rows again, first, as `release` does, but the rank stays a member (its
+capacity stops at what it kept). Rows acknowledged twice count in `duplicate_rows`.
 """
 
 from __future__ import annotations
@@ -105,9 +102,8 @@ class LeaseBook:
 
     @property
     def duplicate_rows(self) -> int:
-        """Rows acknowledged again, counted once rows were first requeued: the rows
-        acknowledged since then (`_acked_counted`) less the growth of the distinct consumed
-        rows since then (from `_distinct_from`), plus those counted before a load."""
+        """Rows acknowledged again since rows were first requeued (acknowledged since,
+        less the distinct consumed rows' growth since), plus those counted before a load."""
         if not self.requeued_rows:
             return self._duplicates_carried
         growth = iv.total(self.consumed()) - self._distinct_from
@@ -126,8 +122,7 @@ class LeaseBook:
 
     # -- changes (each is journaled by the coordinator) ------------------------------------
     def lease(self, rank: int, now: float = 0.0) -> Lease | None:
-        """The next piece of work for `rank`, or None if the queue is empty or its capacity
-        is used up. `now` restarts the rank's straggler clock when it gets a piece."""
+        """The next piece for `rank` (restarting its clock at `now`), or None: none left."""
         if rank not in self._capacity:
             raise KeyError(f"rank {rank} is not a member of this epoch")
         if len(self._since) < len(self._capacity):  # the first lease starts every clock
@@ -160,15 +155,23 @@ class LeaseBook:
             # a straggler delivered taken-back rows after all: they leave the queue
             self._queue.drop(iv.normalize(pairs))
 
-    def close_finished(self) -> None:
-        """Forget leases whose samples were all acknowledged (a new dict: one emptied by
-        deletions keeps its table, 288 KiB per finished epoch of 10,000 leases)."""
+    def others_unfinished(self, rank: int) -> bool:
+        """Whether a rank but `rank` holds a lease not all acknowledged; those met all
+        acknowledged are forgotten (each once: an epoch end's many asks stay cheap)."""
         done = self.consumed()
-        self._index({i: le for i, le in self._leases.items() if self._unfinished([le], done)})
+        for other in [r for r in self._by_rank if r != rank]:
+            leases = self._by_rank[other]
+            for lease_id, lease in list(leases.items()):
+                if self._unfinished([lease], done):
+                    return True
+                del leases[lease_id], self._leases[lease_id]
+                self._out_rows -= lease.end - lease.start
+            del self._by_rank[other]
+        self._index(dict(self._leases))
+        return False
 
     def _take_back(self, rank: int) -> list[tuple[int, int]]:
-        """End `rank`'s leases; their unacknowledged rest goes back to the front of the
-        queue, in order. Returns those pieces."""
+        """End `rank`'s leases; returns their unacknowledged rest, queued again first."""
         done = self.consumed()
         back: list[tuple[int, int]] = []
         for lease in self._by_rank.pop(rank, {}).values():
@@ -183,10 +186,10 @@ class LeaseBook:
         return back
 
     def release(self, rank: int) -> list[tuple[int, int]]:
-        """`rank` died or left: the unacknowledged rest of its leases goes back to the front
-        of the queue, and the survivors' capacities grow to take it. Returns those pieces."""
+        """`rank` died or left: returns its unacknowledged rows, queued again first."""
         back = self._take_back(rank)
         self._capacity.pop(rank, None)
+        self._stalled.discard(rank)  # (a new process of that rank starts afresh)
         self._spread()
         return back
 
@@ -198,9 +201,8 @@ class LeaseBook:
             self._spread()
 
     def stragglers(self, now: float, timeout: float, exclude: int | None = None) -> list[int]:
-        """Ranks (but `exclude`) whose last lease and last acknowledgement are both at
-        least `timeout` before `now` and that hold unacknowledged rows or (equal steps)
-        room for queued rows no one else may take."""
+        """Ranks (but `exclude`) silent for `timeout` before `now` holding unacknowledged
+        rows or (equal steps) room for queued rows no one else may take."""
         silent = self._since.silent(now, timeout, exclude)
         leasing = [r for r in silent if r in self._by_rank]  # the rest hold no lease
         done = self.consumed() if leasing else ()
@@ -214,9 +216,8 @@ class LeaseBook:
         self._stalled.discard(rank)
 
     def revoke(self, rank: int) -> list[tuple[int, int]]:
-        """`rank` stalls: the unacknowledged rest of its leases goes back to the front of
-        the queue for the others; it stays a member, its capacity stops at what it kept.
-        Returns those pieces."""
+        """`rank` stalls: returns its unacknowledged rows, queued again first for the
+        others; it stays a member, its capacity stops at what it kept."""
         back = self._take_back(rank)
         rows = iv.total(back)
         self._leased[rank] = self._leased.get(rank, 0) - rows
@@ -229,8 +230,6 @@ class LeaseBook:
     def held(self, rank: int) -> iv.Intervals:
         """The rows leased to `rank` and not taken back (a revoked reader drops the rest)."""
         return iv.normalize((le.start, le.end) for le in self.outstanding(rank))
-
-    # -- internals -------------------------------------------------------------------------
     def _index(self, leases: dict[int, Lease]) -> None:
         """Keep `leases` (a new dict: one emptied by deletions keeps its table), by rank too."""
         self._leases, self._by_rank = leases, {}

@@ -273,11 +273,11 @@ class CoreQueries:
         back (a Train group restarted without a checkpoint, an iterator made per epoch,
         another world size) goes on from there; an earlier epoch would be refused as stale
         or come out empty. Under `dynamic` a rank new to a running loader joins the running
-        epoch (the earliest the other ranks are in), not the epochs they finished."""
+        epoch (the earliest the other members are in; with none, the latest any rank began),
+        not the epochs they finished; so does a rank back after its epoch was forgotten."""
         epoch = self.rank_epoch.get(dp_rank)
-        if epoch is None and self.dynamic:  # (at 10k ranks: one pass, and only for a joiner)
-            members = self.members.ranks if self.members else set()
-            running = min((e for r, e in self.rank_epoch.items() if r in members), default=None)
+        if self.dynamic and (epoch is None or epoch not in self.books):
+            running = self._running_epoch(dp_rank)  # (10k ranks: one pass, only for these)
             if running is not None:
                 return running + 1 if self.epoch_complete(running) else running
         if epoch is None:  # new in this membership: from its resume point, if it has one
@@ -290,6 +290,12 @@ class CoreQueries:
         done = received >= self.total(epoch, dp_rank)
         # dynamic: an epoch whose every sample was received has nothing left for any rank
         return epoch + 1 if done or (self.dynamic and self.epoch_complete(epoch)) else epoch
+
+    def _running_epoch(self, dp_rank: int) -> int | None:
+        members = self.members.ranks if self.members else set()
+        others = [(r in members, e) for r, e in self.rank_epoch.items() if r != dp_rank]
+        running = min((e for member, e in others if member), default=None)
+        return running if running is not None else max((e for _, e in others), default=None)
 
     def total(self, epoch: int, dp_rank: int) -> int:
         """Batches `dp_rank` receives in a begun `epoch` (a huge number when unknown)."""

@@ -3,8 +3,8 @@ equal step count; with `straggler_timeout_s`, drop rows of work taken back meanw
 
 Padding goes one batch at a time with a lease request in between: if a lost rank's work
 comes back (and this rank's capacity grows) while it pads, it reads that work instead of
-losing it. After its last step it ends only once no other rank holds unfinished work that
-could come back; that wait is after the last batch, so it never holds up a collective.
+losing it. After its last step it ends once no rows are left to lease and no other rank
+holds unfinished work (either could come back); that wait is after the last batch.
 
 A reader that was held up (its consumer silent, its process stopped, a slow read) for
 half the straggler timeout asks which of its rows are still leased to it before it passes

@@ -1,13 +1,13 @@
 """How a `dynamic` rank waits at an epoch's end, on both sides of the coordinator's calls.
 
-A rank past its share is told to wait while other ranks hold unfinished leases (their
-rows could come back if they died). Rather than poll, it waits on the coordinator
-(`Coordinator.await_change`), which holds the call until something that can change the
-answer happens: the epoch's last acknowledgement, a rank lost, left or joined, a
-straggler's work offered again, a state restored (`EpochWaits.signal`, rare: not every
-acknowledgement). Tokens (the coordinator instance's id and a count of changes) make it
-free of races: a change since the token a rank last saw ends its wait at once, and a
-restarted coordinator's tokens are new.
+A rank past its share is told to wait while other ranks hold unfinished leases or rows
+are left to lease (those rows could come back to it if a rank died). Rather than poll,
+it waits on the coordinator (`Coordinator.await_change`), which holds the call until
+something that can change the answer happens: the epoch's last acknowledgement, a rank
+lost, left or joined, a straggler's work offered again, a state restored
+(`EpochWaits.signal`, rare: not every acknowledgement). Tokens (the coordinator
+instance's id and a count of changes) make it free of races: a change since the token a
+rank last saw ends its wait at once, and a restarted coordinator's tokens are new.
 """
 
 from __future__ import annotations

@@ -44,12 +44,12 @@ def _two_ranks_one_held(loader):
     waiting = Consumer(its[0])
     held.start()
     assert held.holding.wait(EVENT_TIMEOUT_S), event_timeout_message("rank 1's last-but-one batch")
-    # Rank 1's reading ends before rank 0 starts (no other rank holds a lease when it asks
-    # as finishing): only rank 0 waits then.
-    wait_until(lambda: not its[1]._local._thread.is_alive(), "rank 1's reading to end")
+    # Rank 1's reading, past its share, waits too: rank 0's share is still queued (rows
+    # that would come to it if rank 0 died). Then rank 0 reads and waits for rank 1's.
+    wait_until(lambda: loader.stats()["waits_held"] == 1, "rank 1's reading's wait held")
     waiting.start()
     wait_until(lambda: waiting.batches == lengths[0], "rank 0's whole share")
-    wait_until(lambda: loader.stats()["waits_held"] == 1, "rank 0's wait held")
+    wait_until(lambda: loader.stats()["waits_held"] == 2, "rank 0's wait held")
     assert waiting.is_alive()  # its loop waits for the epoch's end
     return waiting, held
 
