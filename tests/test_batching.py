@@ -53,3 +53,20 @@ def test_sample_runs_cover_exactly_the_ids(ids):
     covered = [i for start, end in runs for i in range(start, end)]
     assert covered == sorted(ids)
     assert all(a[1] < b[0] for a, b in zip(runs, runs[1:]))  # merged: gaps between runs
+
+
+def test_padding_a_large_sample_builds_runs_bounded_in_bytes():
+    """1,000 padding rows of a 2.2 MB sample: every row comes, marked and repeating it
+    (a run of 1,024 copies was built at once: over 2 GiB of binary offsets it split into
+    chunks, of which one was kept, and the batch's columns disagreed in length)."""
+    from rayshard.data.batching import PADDING_RUN_BYTES, pad_rows
+    from rayshard.sources import TableSource
+
+    image = b"\x01" * 2_200_000
+    source = TableSource(pa.table({"id": [0, 1], "img": pa.array([b"x", image], pa.binary())}))
+    rows = list(pad_rows(source, 1000, 1, None, {}))
+    assert sum(batch.num_rows for batch in rows) == 1000
+    assert max(batch.nbytes for batch in rows) <= PADDING_RUN_BYTES
+    assert all(batch.column("_padded").to_pylist() == [True] * batch.num_rows for batch in rows)
+    assert {i for batch in rows for i in batch.column("_index").to_pylist()} == {1}
+    assert rows[0].column("img")[0].as_py() == image

@@ -28,6 +28,7 @@ PADDED_KEY = "_padded"
 
 Batch = dict[str, np.ndarray]
 PADDING_RUN = 1024  # padding rows of one sample built at once at most (`_padding`)
+PADDING_RUN_BYTES = 64 << 20  # and at most this many bytes of them (at least one row)
 FLUSH: Any = object()  # marker in a record-batch stream: emit what `rebatch` holds
 # How a reader gets the record batches of its pieces, in piece order, with these columns:
 # its threads, its own thread, or its reader workers (`rayshard.runtime.reader_workers`).
@@ -275,15 +276,16 @@ def _padding(
     cache: dict[int, pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """Padding rows repeating samples `indices`, in order: a run of one sample goes as
-    record batches of up to `PADDING_RUN` rows, one built and tagged per run and yielded
-    again (a batch per padding row cost a tagging and a cut each; one batch of a whole
-    run, which `repeat` padding can make most of an epoch, would hold it all at once).
+    record batches of up to `PADDING_RUN` rows and `PADDING_RUN_BYTES` (a large sample's
+    run held a gigabyte, or passed 2 GiB of offsets), one built and tagged per run and
+    yielded again (a batch per padding row cost a tagging and a cut each; one batch of a
+    whole run, which `repeat` padding can make most of an epoch, would hold it at once).
     Built by concatenating the row (no `take`: it lacks kernels for some types, and given
     a numpy index makes pyarrow import pandas)."""
     for index, run in itertools.groupby(indices):
         times = sum(1 for _ in run)
         row = _row(source, index, columns, cache)
-        size = min(times, PADDING_RUN)
+        size = min(times, PADDING_RUN, max(PADDING_RUN_BYTES // max(row.nbytes, 1), 1))
         if size > 1:
             row = pa.Table.from_batches([row] * size).combine_chunks().to_batches()[0]
         tagged = _tag(row, np.full(size, index, dtype=np.int64), padded=True)

@@ -133,7 +133,7 @@ def dynamic_rows(
                 rows = drop_taken_back(rows, held, pause_s, leases=stream.taken)
             for batch in rows:
                 rows_out += batch.num_rows
-                last_index = batch.column(INDEX_KEY)[-1].as_py()
+                last_index = batch.column(INDEX_KEY)[-1].as_py() if batch.num_rows else last_index
                 yield batch
             # An answer without pieces that ended the stream came before its read-ahead
             # was delivered: a rank lost since may have raised this rank's step count.

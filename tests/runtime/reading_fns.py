@@ -41,6 +41,16 @@ class PidStampedSource(ParquetSource):
             yield batch
 
 
+class EmptyFirstSource(ParquetSource):
+    """Parquet rows, each read starting with an empty record batch (the `Source.read`
+    contract allows it; a table with an empty chunk gives one)."""
+
+    def read(self, start, end, columns=None):
+        for batch in super().read(start, end, columns):
+            yield batch.slice(0, 0)
+            yield batch
+
+
 class NodeStampedSource(ParquetSource):
     """Parquet rows plus `read_node`, the Ray node id of the process that read them."""
 

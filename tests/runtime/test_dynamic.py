@@ -97,6 +97,27 @@ def test_dynamic_equal_steps_exact_coverage_and_stats(ray_session, dataset, read
     loader.shutdown()
 
 
+@pytest.mark.parametrize("consumer_reads", [True, False])
+def test_a_source_whose_reads_yield_empty_record_batches_reads_whole(
+    ray_session, dataset, consumer_reads
+):
+    """Empty record batches from `Source.read` pass by (the dynamic reader took the last
+    sample index of each batch: an `IndexError` on an empty one, as `data` did not)."""
+    from tests.runtime.reading_fns import EmptyFirstSource
+
+    loader = Loader(
+        EmptyFirstSource(dataset),
+        name=unique_name("dyn-empty"),
+        policy="dynamic",
+        batch_size=8,
+        consumer_reads=consumer_reads,
+    )
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    ids = [i for rank in run_lockstep(its) for i in real_ids(rank)]
+    assert Counter(ids) == Counter(range(300))
+    loader.shutdown()
+
+
 def test_faster_rank_reads_more_without_equal_steps(ray_session, dataset):
     # The slow rank holds after its first batch until the fast rank has read everything
     # but what the held rank may already have leased (its read-ahead): without equal steps
