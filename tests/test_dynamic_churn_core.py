@@ -96,3 +96,21 @@ def test_a_straggler_lost_and_registered_again_takes_part(equal_steps):
     core.apply(cmd.Lost(1, "reader died", 11.0))
     core.apply(cmd.Register(1, 2, 1, 2, 12.0))
     assert core.books[0].snapshot()["stalled"] == []
+
+
+def test_the_core_keeps_the_latest_events_only():
+    """Events are kept to the latest `EVENTS_KEPT` (10,000 ranks' first registrations
+    alone were 10,000 `rank_joined` events in every snapshot), also through a snapshot."""
+    from rayshard.core.snapshots import EVENTS_KEPT
+
+    core = _core()
+    world = EVENTS_KEPT + 200
+    for rank in range(world):
+        core.apply(cmd.Register(rank, world, rank, world, float(rank)))
+    events = core.summary()["events"]
+    assert len(events) == EVENTS_KEPT and events[-1]["dp_rank"] == world - 1
+    restored = _core()
+    restored.load_dict(core.to_dict())
+    assert list(restored.events) == list(core.events)
+    restored.apply(cmd.Lost(0, "gone", 0.0))
+    assert len(restored.events) == EVENTS_KEPT and restored.events[-1]["event"] == "rank_lost"

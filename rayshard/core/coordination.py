@@ -56,7 +56,7 @@ class CoordinatorCore(CoreQueries):
         # (a cache: counted from `consumed` when first asked for, as after a restart)
         self._sample_rows: dict[tuple, int] = {}  # (generation, dp size, epoch) -> samples
         self.partial: dict[int, dict[int, int]] = {}  # epoch -> sample -> tokens delivered
-        self.events: list[dict] = []
+        self.events = snapshots.event_log()  # (the latest `snapshots.EVENTS_KEPT`)
         self.readers_named = 0
         self._plans: dict[tuple, EpochPlan] = {}  # a cache: plans are pure functions
         self._lengths: Any = None  # packing: tokens per sample (by epoch if the source changes)

@@ -4,6 +4,8 @@ the commands that followed it."""
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from rayshard.core import commands as cmd
@@ -14,6 +16,15 @@ from rayshard.plan.id_runs import RunSet
 
 if TYPE_CHECKING:
     from rayshard.core.coordination import CoordinatorCore
+
+EVENTS_KEPT = 1000
+"""The latest membership events the core keeps (stats, snapshots): at 10,000 ranks one
+registration round alone is 10,000 `rank_joined` events, carried by every snapshot."""
+
+
+def event_log(events: Iterable[dict] = ()) -> deque[dict]:
+    """The core's events: the latest `EVENTS_KEPT` of them."""
+    return deque(events, maxlen=EVENTS_KEPT)
 
 
 def core_to_dict(core: CoordinatorCore) -> dict[str, Any]:
@@ -52,7 +63,7 @@ def load_core(core: CoordinatorCore, data: dict[str, Any]) -> None:
     core.consumed = {e: RunSet(c) for e, c in data["consumed"]}
     core.acked_rows = {}  # counted again from `consumed` when asked for
     core.partial = {e: {i: t for i, t in p} for e, p in data.get("partial", [])}
-    core.events = list(data["events"])
+    core.events = event_log(data["events"])
     core.readers_named = data["readers_named"]
     core.last_lease = {
         r: (
