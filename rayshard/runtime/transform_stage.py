@@ -89,7 +89,8 @@ def apply_transform(fn: Any, batch: dict[str, Any], ctx: TransformContext) -> di
     `_index` and `_padded`. The real samples left out go under `DROPPED_KEY`."""
     try:
         out = fn(batch, ctx)
-    except Exception as error:  # noqa: BLE001 - reported with the batch it failed on
+    except (Exception, SystemExit) as error:  # noqa: BLE001 - reported with its batch (a
+        # worker process that exited instead was restarted and its call retried, forever)
         raise transform_error(ctx, f"raised {error!r}", traceback.format_exc()) from None
     return _checked(out, ctx)
 

@@ -21,7 +21,7 @@ from rayshard.errors import TransformError
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import run_lockstep, unique_name
-from tests.runtime.transform_fns import drop_below_16, drop_thirds, noisy, slow_noisy
+from tests.runtime.transform_fns import drop_below_16, drop_thirds, exit_at_42, noisy, slow_noisy
 from tests.timeouts import wait_until
 
 pytestmark = pytest.mark.ray
@@ -247,6 +247,34 @@ def test_transform_error_reaches_the_loop_as_transform_error(
     ray.get(ray.put(0))
     assert unhandled == []
     loader.shutdown()
+
+
+def test_a_transform_that_exits_is_a_transform_error_in_worker_processes(ray_session, dataset):
+    """In transform workers a `SystemExit` ended the worker process, which Ray restarted
+    and retried the call on, forever: the loop hung. It is a `TransformError` now."""
+    import threading
+
+    from tests.timeouts import EVENT_TIMEOUT_S, event_timeout_message
+
+    loader = make_loader(dataset, transform=exit_at_42, transform_workers=2)
+    its = iterators(loader, 1)
+    outcome: list = []
+
+    def consume() -> None:
+        try:
+            outcome.append(sum(1 for _ in its[0]))
+        except Exception as error:  # noqa: BLE001 - asserted below
+            outcome.append(error)
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    try:
+        thread.join(EVENT_TIMEOUT_S)
+        assert outcome, event_timeout_message("the transform's exit to reach the loop")
+        assert isinstance(outcome[0], TransformError), outcome
+        assert "SystemExit(3)" in str(outcome[0])
+    finally:
+        loader.shutdown()
 
 
 def test_bad_transforms_are_refused_at_construction(ray_session, dataset):

@@ -68,3 +68,10 @@ def text_objects(batch, ctx):
         "holes": holes,
         "listed": list(batch["blob"]),
     }
+
+
+def exit_at_42(batch, ctx):
+    """Exits on the batch holding sample 42 (a script's `sys.exit()` reached in a transform)."""
+    if 42 in ctx.indices:
+        raise SystemExit(3)
+    return {"id": batch["id"]}
