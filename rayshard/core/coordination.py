@@ -3,11 +3,10 @@ progress and events.
 
 `CoordinatorCore.apply(command)` is the only way the state changes; it reads no clock
 (times come in the commands), draws no random number and touches no metrics, so replaying
-the journal of applied commands, or loading a snapshot (`to_dict`) and replaying what
-followed it, rebuilds the same state. The queries live in `rayshard.core.queries`, the
-straggler policy in `rayshard.core.stragglers`. The Ray actor (`rayshard.runtime.coordinator`)
-checks a request, builds the command, applies it, journals it and carries out the decision.
-"""
+the journal, or loading a snapshot (`to_dict`) and replaying what followed it, rebuilds the
+same state. Queries: `rayshard.core.queries`; stragglers: `rayshard.core.stragglers`. The
+Ray actor (`rayshard.runtime.coordinator`) checks a request, builds the command, applies
+it, journals it and carries out the decision."""
 
 from __future__ import annotations
 
@@ -115,11 +114,14 @@ class CoordinatorCore(CoreQueries):
         return cmd.Noted()
 
     def _start_epoch(self, c: cmd.StartEpoch) -> RankPlan | int:
-        """Static: the rank's plan of the epoch; dynamic: its batch count (the epoch's lease
-        book is made now, with the ranks known now)."""
+        """Static: the rank's plan of the epoch; dynamic: its batch count (the lease book
+        made now, with the ranks known now; started again: unacknowledged rows again)."""
+        again = self.rank_epoch.get(c.dp_rank) == c.epoch
         self.rank_epoch[c.dp_rank] = c.epoch
         if self.dynamic:
-            self._book(c.epoch, c.time)
+            book = self._book(c.epoch, c.time)
+            if again:
+                book.restart(c.dp_rank)
             return self.length(c.dp_rank, c.epoch)
         self.started.add(c.epoch)
         return self.plan(c.epoch).ranks[c.dp_rank]
@@ -297,8 +299,7 @@ class CoordinatorCore(CoreQueries):
         splits = dynamic_pieces(plan, self.source, max(size, 1), epoch)
         if self.settings.shuffle:  # leases in a random order, the same for (seed, epoch)
             splits = lease_order(splits, plan.seed, epoch)
-        # Every declared rank gets a share from the start, registered yet or not, so equal
-        # steps hold when ranks register at slightly different times.
+        # Every declared rank has a share from the start, registered or not: equal steps
         return LeaseBook(
             splits,
             sorted(members.ranks | set(range(size))),

@@ -56,23 +56,19 @@ class LeaseBook:
         ranks = list(ranks)
         self._queue = LeaseQueue.of(pieces.rest_of(splits, done), ranks)
         self._out_rows = 0  # rows of the leases not closed
-        self._batch = batch_size
-        self._equal = equal_steps
+        self._batch, self._equal = batch_size, equal_steps
         self._consumed: list[tuple[int, int]] = list(done)
-        self._consumed_norm: iv.Intervals = done
-        self._dirty = False
+        self._consumed_norm, self._dirty = done, False
         self._leases: dict[int, Lease] = {}
         self._by_rank: dict[int, dict[int, Lease]] = {}  # the same leases, by rank
-        self._next_id = 0
+        self._next_id = self.requeued_rows = 0
         self._leased: dict[int, int] = {}  # rank -> rows leased this epoch (kept on release)
         self._capacity: dict[int, int | None] = {}
-        self.requeued_rows = 0
         self._duplicates_carried = self._acked_counted = self._distinct_from = 0  # see below
         self._since = RankClocks()  # rank -> time of its last lease or acknowledgement
         self._stalled: set[int] = set()  # ranks whose work was revoked this epoch
         self._set_capacities(ranks, initial=True)
 
-    # -- queries ---------------------------------------------------------------------------
     @property
     def ranks(self) -> list[int]:
         return sorted(self._capacity)
@@ -120,7 +116,6 @@ class LeaseBook:
         """No split is left to lease (leases may still be out)."""
         return not self._queue
 
-    # -- changes (each is journaled by the coordinator) ------------------------------------
     def lease(self, rank: int, now: float = 0.0) -> Lease | None:
         """The next piece for `rank` (restarting its clock at `now`), or None: none left."""
         if rank not in self._capacity:
@@ -215,12 +210,17 @@ class LeaseBook:
         """`rank` asks for work: it is alive, and may take a share again."""
         self._stalled.discard(rank)
 
+    def restart(self, rank: int) -> list[tuple[int, int]]:
+        """`rank` reads the epoch again (`set_epoch` in its middle): returns its rows not
+        acknowledged, queued again first; its capacity stays, so it may lease them again."""
+        back = self._take_back(rank)
+        self._leased[rank] = self._leased.get(rank, 0) - iv.total(back)
+        return back
+
     def revoke(self, rank: int) -> list[tuple[int, int]]:
         """`rank` stalls: returns its unacknowledged rows, queued again first for the
         others; it stays a member, its capacity stops at what it kept."""
-        back = self._take_back(rank)
-        rows = iv.total(back)
-        self._leased[rank] = self._leased.get(rank, 0) - rows
+        back = self.restart(rank)
         self._stalled.add(rank)
         if self._equal and rank in self._capacity:
             self._capacity[rank] = self._leased[rank]
@@ -230,6 +230,7 @@ class LeaseBook:
     def held(self, rank: int) -> iv.Intervals:
         """The rows leased to `rank` and not taken back (a revoked reader drops the rest)."""
         return iv.normalize((le.start, le.end) for le in self.outstanding(rank))
+
     def _index(self, leases: dict[int, Lease]) -> None:
         """Keep `leases` (a new dict: one emptied by deletions keeps its table), by rank too."""
         self._leases, self._by_rank = leases, {}

@@ -74,6 +74,7 @@ class ShardIterator:
         self._held: Any = None  # a batch received, not yielded yet (an interrupt came first)
         self._closed = False  # `close()` was called: iterating raises
         self._restored_at: int | None = None  # the generation its last restore answered
+        self._restarts = 0  # epochs `set_epoch` started again from the middle (for the reader)
         self.samples_received, self.stall_seconds = 0, 0.0
         self._loader_name = name = registration.get("loader", "")
         rank, interval = placement.dp_rank, ack_interval_s
@@ -93,6 +94,7 @@ class ShardIterator:
     def set_epoch(self, epoch: int) -> None:
         """Make the next iteration read `epoch` from its start."""
         check_int(epoch, "epoch", minimum=0, error=ValueError)
+        self._restarts += epoch == self._epoch and self._started and not self._ended
         self._epoch, self._received, self._started, self._failure = epoch, 0, False, None
         self._held = None
         self._iterations += 1  # a generator of an earlier iter() yields nothing more
@@ -258,12 +260,14 @@ class ShardIterator:
         an interrupt before leaves it where it was, so the next `iter()` starts it again)."""
         where = self._where()
         try:  # the coordinator plans the epoch here (under packing it reads token counts)
+            self._acks.flush(wait=True)  # (a restart takes back what is not acknowledged)
             if self._local is not None:
                 if self._reader is not None:  # not closed: its attach was answered
                     self._reader.settled()  # (see `watch_rank`)
                 started = self._local.start(self._generation, epoch, self._arrow, self._acks)
             else:
-                started = ray.get(self._reader.start.remote(self._generation, epoch))
+                call = self._reader.start.remote(self._generation, epoch, self._restarts)
+                started = ray.get(call)
         except ray.exceptions.RayTaskError as error:
             raise unwrap_task_error(error, f"{where}, epoch {epoch}") from error
         self._close_feed()  # after the reader moved on: a staging thread waiting is released

@@ -63,6 +63,7 @@ class ShardReader:
         self._taken: dict[int, int] = {}  # block index -> consumers that fetched it
         self._next_to_read = 0
         self._low_water = 0  # lowest index some consumer still needs
+        self._restarts = 0  # the most restarts of an epoch a consumer asked for
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
@@ -70,17 +71,20 @@ class ShardReader:
         # (it sends no acknowledgement groups: its consumers do; generation unused)
         self._leases = AckSender(self._coordinator, 0, self._dp_rank, 0, self._loader_name)
 
-    def start(self, generation: int, epoch: int) -> dict:
+    def start(self, generation: int, epoch: int, restarts: int = 0) -> dict:
         """Begin (or join) reading `epoch`; idempotent for the members of one group, also
-        when they call at the same moment (the second waits for the first's start).
+        when they call at the same moment (the second waits for the first's start). A
+        consumer's count of `restarts` above the last one seen reads the epoch again from
+        its start (`set_epoch` in its middle; a group's members each ask once).
 
         Returns `batches`, the batches the epoch yields, and `exact`: whether that count is
         final (static policies; `dynamic` with equal steps) or an estimate."""
         key = (generation, epoch)
         with self._cond:
             self._cond.wait_for(lambda: self._starting is None)
-            if self._key == key:
+            if self._key == key and restarts <= self._restarts:
                 return self._started_info()
+            self._restarts = max(self._restarts, restarts)
             if self._key is not None and key < self._key:
                 raise StaleClientError(
                     f"reader of rank {self._dp_rank} is at (generation, epoch) {self._key}; "

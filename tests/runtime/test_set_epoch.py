@@ -76,3 +76,39 @@ def test_set_epoch_backwards_is_refused_naming_the_way_back(ray_session, dataset
         assert sorted(first + real_ids(it)) == list(range(60))
     finally:
         loader.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("policy", "consumer_reads"), [("data", False), ("dynamic", True), ("dynamic", False)]
+)
+def test_set_epoch_in_the_middle_reads_it_again_on_every_read_path(
+    ray_session, dataset, policy, consumer_reads
+):
+    """Both ranks read two batches each, then `set_epoch(0)` and read again. Through a
+    reader actor the epoch comes again from its start (it hung: the reader took the
+    repeat for a group member's start and served blocks already taken). Under `dynamic`
+    what the ranks received and had acknowledged is not read again, and the rest of the
+    shared epoch all comes (one rank lost it: its leases stayed held; two hung)."""
+    source = ParquetSource(dataset, columns=["id"])
+    loader = Loader(
+        source,
+        batch_size=8,
+        shuffle=True,
+        seed=3,
+        policy=policy,
+        consumer_reads=consumer_reads,
+        name=unique_name("set-epoch-mid"),
+    )
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    try:
+        head = _ids(run_lockstep(its, steps=2))
+        for it in its:
+            it.set_epoch(0)
+        again = _ids(run_lockstep(its))
+        if policy == "data":
+            assert sorted(again) == list(range(60))  # the epoch from its start
+        else:
+            assert sorted(head + again) == list(range(60))  # the shared rest, once
+        assert [it.epoch for it in its] == [1, 1]
+    finally:
+        loader.shutdown()
