@@ -114,3 +114,20 @@ def test_the_core_keeps_the_latest_events_only():
     assert list(restored.events) == list(core.events)
     restored.apply(cmd.Lost(0, "gone", 0.0))
     assert len(restored.events) == EVENTS_KEPT and restored.events[-1]["event"] == "rank_lost"
+
+
+def test_an_epoch_ends_asks_forget_the_same_leases_live_and_after_a_snapshot():
+    """The acknowledged leases an ask meets (and forgets) are taken in lease order, which a
+    snapshot keeps: a book loaded from one answers and forgets exactly as the live one."""
+    from rayshard.core.leases import LeaseBook
+
+    def run(snapshot: bool) -> tuple:
+        book = LeaseBook([(0, 10), (10, 20), (20, 30), (30, 40)], [0, 1, 2], 10, equal_steps=False)
+        book.lease(0), book.lease(1), book.lease(0)
+        book.ack([(0, 10)], 0)
+        first = book.others_unfinished(2)
+        book = LeaseBook.from_dict(book.to_dict()) if snapshot else book
+        book.ack([(10, 20)], 1)
+        return first, book.others_unfinished(2), book.to_dict()
+
+    assert run(False) == run(True)

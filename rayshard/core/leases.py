@@ -151,19 +151,19 @@ class LeaseBook:
             self._queue.drop(iv.normalize(pairs))
 
     def others_unfinished(self, rank: int) -> bool:
-        """Whether a rank but `rank` holds a lease not all acknowledged; those met all
-        acknowledged are forgotten (each once: an epoch end's many asks stay cheap)."""
-        done = self.consumed()
-        for other in [r for r in self._by_rank if r != rank]:
-            leases = self._by_rank[other]
-            for lease_id, lease in list(leases.items()):
-                if self._unfinished([lease], done):
-                    return True
-                del leases[lease_id], self._leases[lease_id]
-                self._out_rows -= lease.end - lease.start
-            del self._by_rank[other]
-        self._index(dict(self._leases))
-        return False
+        """Whether another rank holds a lease not all acknowledged (those met are forgotten)."""
+        done, finished, unfinished = self.consumed(), [], False
+        for lease in self._leases.values():  # (in id order, as snapshots keep them)
+            if lease.rank != rank:
+                if unfinished := self._unfinished([lease], done):
+                    break
+                finished.append(lease)
+        for lease in finished:
+            del self._leases[lease.lease_id], self._by_rank[lease.rank][lease.lease_id]
+            self._out_rows -= lease.end - lease.start
+        if not unfinished:
+            self._index(dict(self._leases))
+        return unfinished
 
     def _take_back(self, rank: int) -> list[tuple[int, int]]:
         """End `rank`'s leases; returns their unacknowledged rest, queued again first."""

@@ -27,6 +27,7 @@ def fetch_batches(
     where: str,
     blocks_ahead: int = 1,
     arrow: bool = False,
+    restarts: int = 0,
 ) -> Iterator[Tagged]:
     """Tagged numpy batches of `epoch` from `reader`, in order; `blocks_ahead` block
     requests stay in flight beyond the block being consumed (the loader's read-ahead
@@ -40,7 +41,8 @@ def fetch_batches(
     pending: collections.deque = collections.deque()  # (index, request) in flight
     while True:
         while more and len(pending) <= blocks_ahead:
-            pending.append((requested, reader.next.remote(generation, epoch, requested)))
+            call = reader.next.remote(generation, epoch, requested, restarts)
+            pending.append((requested, call))
             requested += 1
         if not pending:
             return

@@ -84,13 +84,15 @@ class ShardReader:
             self._cond.wait_for(lambda: self._starting is None)
             if self._key == key and restarts <= self._restarts:
                 return self._started_info()
-            self._restarts = max(self._restarts, restarts)
+            again, self._restarts = self._key == key, max(self._restarts, restarts)
             if self._key is not None and key < self._key:
                 raise StaleClientError(
                     f"reader of rank {self._dp_rank} is at (generation, epoch) {self._key}; "
                     f"a client asked for {key}: take a new iterator"
                 )
             self._starting = key
+        if again:  # the old reading stops (its waiting calls end) before its rows come back
+            self._stop_thread()
         try:
             self._begin_epoch(generation, epoch)
         finally:
@@ -133,9 +135,10 @@ class ShardReader:
             self._thread.start()
             self._cond.notify_all()  # consumers still waiting on the previous epoch: it ended
 
-    def next(self, generation: int, epoch: int, index: int) -> Any:
+    def next(self, generation: int, epoch: int, index: int, restarts: int = 0) -> Any:
         """The ObjectRef of block `index` of `epoch` (a list of batches; waits until it is
-        read), or None past the end of the epoch."""
+        read), or None past the end of the epoch, or for a call of an earlier reading of
+        it (`restarts` other than the reader's: a stream `set_epoch` dropped)."""
         with self._cond:
             if self._key != (generation, epoch):
                 raise StaleClientError(
@@ -145,13 +148,14 @@ class ShardReader:
             self._cond.wait_for(
                 lambda: (
                     self._key != (generation, epoch)
+                    or restarts != self._restarts
                     or index in self._ready
                     or self._error is not None
                     or (self._final is not None and index >= self._final)
                 )
             )
-            if self._key != (generation, epoch):
-                return None  # the group moved on to another epoch: this one is over for us
+            if self._key != (generation, epoch) or restarts != self._restarts:
+                return None  # the group moved on (another epoch, or this one again): over
             if index not in self._ready:
                 if self._error is None:
                     return None

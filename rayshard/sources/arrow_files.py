@@ -71,18 +71,18 @@ class _IpcFile:
         return self.all.get_batch(index)
 
     def reader(self, columns: list[str] | None) -> Any:
-        if self._mapped is not None and os.stat(self._mapped).st_size < self._stream.size():
+        if self._mapped and (size := os.fstat(self._stream.fileno()).st_size) < self._stream.size():
             raise OSError(
-                f"the file is {os.stat(self._mapped).st_size} bytes now, "
-                f"{self._stream.size()} when it was opened: it was cut shorter in place"
+                f"the file is {size} bytes now, {self._stream.size()} when it was opened: it "
+                "was cut shorter in place"
             )
         if columns is None or len(columns) == len(self.schema):
             return self.all
         key = tuple(columns)
         if key not in self._projected:
             fields = sorted(self.schema.get_field_index(name) for name in columns)
-            if fields[0] < 0:  # a column the file lost since: the caller's check names it
-                return self.all
+            if not fields or fields[0] < 0:  # none (partition columns only), or one the file
+                return self.all  # lost since: the caller's check names it
             options = pa.ipc.IpcReadOptions(included_fields=fields)
             self._projected[key] = pa.ipc.open_file(self._stream, options=options)
         return self._projected[key]

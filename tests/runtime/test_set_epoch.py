@@ -92,7 +92,8 @@ def test_set_epoch_in_the_middle_reads_it_again_on_every_read_path(
     source = ParquetSource(dataset, columns=["id"])
     loader = Loader(
         source,
-        batch_size=8,
+        batch_size=2,  # many blocks: the old stream's block calls still wait at the restart
+        batches_per_object=1,
         shuffle=True,
         seed=3,
         policy=policy,
@@ -101,7 +102,7 @@ def test_set_epoch_in_the_middle_reads_it_again_on_every_read_path(
     )
     its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
     try:
-        head = _ids(run_lockstep(its, steps=2))
+        head = _ids(run_lockstep(its, steps=4))
         for it in its:
             it.set_epoch(0)
         again = _ids(run_lockstep(its))

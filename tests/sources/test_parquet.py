@@ -354,3 +354,18 @@ except DataError as error:
     assert done.returncode == 0, (done.returncode, done.stderr[-2000:])
     assert done.stdout.startswith("20000 ") and "big.arrow: record batch 2" in done.stdout
     assert "cut shorter in place" in done.stdout
+
+
+def test_arrow_reads_of_partition_columns_only_and_of_a_file_renamed_over(tmp_path):
+    """Only a partition column asked for: the rows, counted (it raised `IndexError`). A
+    file replaced by a rename keeps the mapping it was opened with: no false shortening."""
+    folder = tmp_path / "year=2020"
+    folder.mkdir()
+    feather.write_feather(table_of(range(6)), folder / "a.arrow", chunksize=3)
+    source = ArrowFileSource(tmp_path)
+    batches = list(source.read(0, 6, ["year"]))
+    assert sum(b.num_rows for b in batches) == 6 and batches[0].schema.names == ["year"]
+    assert ids_of(source.read(0, 3)) == [0, 1, 2]  # opened (mapped) now
+    feather.write_feather(table_of(range(2)), tmp_path / "short.arrow")
+    os.replace(tmp_path / "short.arrow", folder / "a.arrow")
+    assert ids_of(source.read(3, 6)) == [3, 4, 5]
