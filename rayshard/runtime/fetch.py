@@ -27,7 +27,7 @@ def fetch_batches(
     where: str,
     blocks_ahead: int = 1,
     arrow: bool = False,
-    restarts: int = 0,
+    run: int | None = None,
 ) -> Iterator[Tagged]:
     """Tagged numpy batches of `epoch` from `reader`, in order; `blocks_ahead` block
     requests stay in flight beyond the block being consumed (the loader's read-ahead
@@ -41,7 +41,7 @@ def fetch_batches(
     pending: collections.deque = collections.deque()  # (index, request) in flight
     while True:
         while more and len(pending) <= blocks_ahead:
-            call = reader.next.remote(generation, epoch, requested, restarts)
+            call = reader.next.remote(generation, epoch, requested, run)
             pending.append((requested, call))
             requested += 1
         if not pending:

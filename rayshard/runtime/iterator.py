@@ -286,7 +286,7 @@ class ShardIterator:
                 where=where,
                 blocks_ahead=self._blocks_ahead,
                 arrow=self._arrow,
-                restarts=self._restarts,
+                run=started.get("run"),  # (its block calls: of this reading, none older)
             )
         self._stream, self._feed = deliver(raw, self._delivery, flush)
         self._epoch, self._received = epoch, 0

@@ -64,6 +64,7 @@ class ShardReader:
         self._next_to_read = 0
         self._low_water = 0  # lowest index some consumer still needs
         self._restarts = 0  # the most restarts of an epoch a consumer asked for
+        self._run = 0  # readings begun: a consumer's block calls name the one it started
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
@@ -103,7 +104,8 @@ class ShardReader:
             return self._started_info()
 
     def _started_info(self) -> dict:
-        return {"batches": self._batches, "exact": length_is_exact(self._settings)}
+        exact = length_is_exact(self._settings)
+        return {"batches": self._batches, "exact": exact, "run": self._run}
 
     def _begin_epoch(self, generation: int, epoch: int) -> None:
         started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
@@ -121,6 +123,7 @@ class ShardReader:
         self._stop_thread()
         with self._cond:
             self._key, self._batches, self._final = (generation, epoch), batches, None
+            self._run += 1
             self._ready.clear()
             self._ready_batches.clear()
             self._taken.clear()
@@ -135,10 +138,10 @@ class ShardReader:
             self._thread.start()
             self._cond.notify_all()  # consumers still waiting on the previous epoch: it ended
 
-    def next(self, generation: int, epoch: int, index: int, restarts: int = 0) -> Any:
+    def next(self, generation: int, epoch: int, index: int, run: int | None = None) -> Any:
         """The ObjectRef of block `index` of `epoch` (a list of batches; waits until it is
         read), or None past the end of the epoch, or for a call of an earlier reading of
-        it (`restarts` other than the reader's: a stream `set_epoch` dropped)."""
+        it (`run`, as `start` answered, not the current one: a stream `set_epoch` dropped)."""
         with self._cond:
             if self._key != (generation, epoch):
                 raise StaleClientError(
@@ -148,13 +151,13 @@ class ShardReader:
             self._cond.wait_for(
                 lambda: (
                     self._key != (generation, epoch)
-                    or restarts != self._restarts
+                    or run not in (None, self._run)
                     or index in self._ready
                     or self._error is not None
                     or (self._final is not None and index >= self._final)
                 )
             )
-            if self._key != (generation, epoch) or restarts != self._restarts:
+            if self._key != (generation, epoch) or run not in (None, self._run):
                 return None  # the group moved on (another epoch, or this one again): over
             if index not in self._ready:
                 if self._error is None:

@@ -113,3 +113,29 @@ def test_set_epoch_in_the_middle_reads_it_again_on_every_read_path(
         assert [it.epoch for it in its] == [1, 1]
     finally:
         loader.shutdown()
+
+
+def test_a_new_iterator_after_a_restart_through_a_reader_actor_reads_its_epoch(
+    ray_session, dataset
+):
+    """An iterator restarted its epoch (`set_epoch` in mid-epoch) through the rank's reader
+    actor; a newer iterator of the rank, which has restarted nothing, takes the reading over
+    and gets the epoch's batches (block calls name the reading `start` answered, not a
+    count of restarts, which the newer iterator does not share)."""
+    source = ParquetSource(dataset, columns=["id"])
+    loader = Loader(
+        source,
+        batch_size=4,
+        batches_per_object=1,
+        consumer_reads=False,
+        name=unique_name("set-epoch-takeover"),
+    )
+    first = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    try:
+        run_lockstep([first], steps=2)
+        first.set_epoch(0)
+        run_lockstep([first], steps=2)
+        newer = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+        assert set(_ids([list(newer)])) >= set(range(8, 60))  # (the epoch, or its rest)
+    finally:
+        loader.shutdown()
