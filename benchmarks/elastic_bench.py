@@ -256,6 +256,7 @@ CORE_TABLE = (
     ("us/ack", "ack_us", ".0f"),
     ("ms/loss", "lost_ms", ".1f"),
     ("register+start s", "start_s", ".2f"),
+    ("group restart s", "restart_s", ".2f"),
     ("requeued rows", "requeued_rows", "d"),
     ("complete", "complete", "s"),
 )

@@ -264,3 +264,56 @@ def test_a_negative_rank_moves_no_other_ranks_clock():
     with pytest.raises(ValueError, match="rank -1 is negative"):
         clocks.touch(-1, 9.0)
     assert clocks.to_list() == [[0, 1.0], [1, 2.0]] and clocks.silent(7.0, 5.0) == [0, 1]
+
+
+class EagerBook(LeaseBook):
+    """The book as it was before capacities were spread lazily: every spread sets every
+    sharing rank's capacity at once (the reference `rayshard.core.capacities` must equal)."""
+
+    def _spread(self) -> None:
+        if not self._equal:
+            return
+        caps = self._capacity.as_dict()
+        ranks = [r for r in sorted(caps) if r not in self._stalled] or sorted(caps)
+        if not ranks:
+            return
+        share = -(-self.unleased_rows() // (len(ranks) * self._batch)) * self._batch
+        for r in ranks:
+            held = self._leased.get(r, 0)
+            spare = max(caps[r] - held, 0)
+            self._capacity.set(r, held + spare + max(share - spare, 0))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 30), min_size=1, max_size=10),
+    batch=st.integers(1, 6),
+    script=steps,
+)
+def test_capacities_spread_lazily_equal_capacities_spread_at_once(sizes, batch, script):
+    """Spreads recorded and taken by each rank when it is next read (O(log W) a spread)
+    give every rank, after every call, the capacity a pass over every rank gave."""
+    offsets = [0]
+    for size in sizes:
+        offsets.append(offsets[-1] + size)
+    splits = list(zip(offsets, offsets[1:]))
+    books = [cls(splits, range(3), batch, equal_steps=True) for cls in (LeaseBook, EagerBook)]
+    model, clock = Model(), 0.0
+    for action, rank, count, dt, compare in script:
+        clock += dt
+        if action != "join" and rank not in books[0]._capacity:
+            continue
+        pieces = model.pieces(action, rank, count) if action in ("ack", "late_ack") else []
+        results = [_apply(book, (action, rank), clock, pieces) for book in books]
+        if count == 3:  # (a rank asking for work: it may take a share again)
+            for book in books:
+                book.unstall(rank)
+        assert results[0] == results[1]
+        if compare:  # (now and then: reading every rank settles them all)
+            assert books[0].to_dict() == books[1].to_dict()
+        if action == "lease" and results[0] is not None:
+            model.held.setdefault(rank, []).append((results[0].start, results[0].end))
+        elif action in ("release", "revoke"):
+            model.requeued |= bool(results[0])
+            model.taken.setdefault(rank, []).extend(model.held.pop(rank, []))
+    assert books[0].to_dict() == books[1].to_dict()

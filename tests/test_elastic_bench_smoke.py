@@ -100,13 +100,15 @@ def test_elastic_bench_quick_run(tmp_path: Path) -> None:
     assert relayed["relay_calls"] <= relayed["leases_relayed"] + relayed["groups_relayed"]
 
     core = {run["case"]: run for run in results["core"]["runs"]}
-    assert set(core) == {"steady", "node lost", "node lost, stragglers on"}
+    assert set(core) == {"steady", "node lost", "node lost, stragglers on", "group restarted"}
     for case, run in core.items():
         assert run["ranks"] == 100 and run["complete"], (case, run)  # every row acknowledged
         assert run["acks"] > 0 and run["leases"] > 0, (case, run)
     assert core["steady"]["requeued_rows"] == 0 and core["steady"]["lost_ranks"] == 0
     for case in ("node lost", "node lost, stragglers on"):  # the lost ranks' work went back
         assert core[case]["lost_ranks"] == 8 and core[case]["requeued_rows"] > 0, core[case]
+    restarted = core["group restarted"]  # every rank's leases went back, and were read
+    assert restarted["requeued_rows"] > 0 and restarted["restart_s"] > 0, restarted
 
     busy = results["busy"]["runs"]
     assert {(r["policy"], r["inflight"]) for r in busy} == {("data", 32), ("dynamic", 32)}

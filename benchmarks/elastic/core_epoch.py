@@ -2,7 +2,9 @@
 `benchmarks/elastic_bench.py`): every rank registers, starts the epoch, leases a row
 group at a time and acknowledges it in groups of 4 batches; in the churn cases one node's
 ranks die a third of the way in; with stragglers on, every lease that finds nothing asks
-for stragglers, as the coordinator does. The CPU per command is the core's own cost,
+for stragglers, as the coordinator does; in the restart case every rank registers again
+there (a whole Ray Train group restarting: each registration ends the rank's old process
+and joins its new one) and starts the epoch again. The CPU per command is the core's own cost,
 beside Ray's ~1.3 ms per actor call on this machine: it must not grow with the ranks."""
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ CASES = (
     ("steady", 0, None),
     ("node lost", NODE_RANKS, None),
     ("node lost, stragglers on", NODE_RANKS, 30.0),
+    ("group restarted", -1, None),  # (-1: every rank registers again)
 )
 
 
@@ -56,7 +59,7 @@ def run_core_epoch(ranks: int, lose: int, timeout: float | None, splits_per_rank
         plan=PlanConfig(batch_size=BATCH), policy="dynamic", straggler_timeout_s=timeout
     )
     core = CoordinatorCore("bench", _source(ranks * splits_per_rank), settings)
-    cpu = {"start": 0.0, "lease": 0.0, "ack": 0.0, "lost": 0.0}
+    cpu = {"start": 0.0, "lease": 0.0, "ack": 0.0, "lost": 0.0, "restart": 0.0}
     calls = {"lease": 0, "ack": 0, "lost": 0}
     clock = 0.0
 
@@ -97,7 +100,14 @@ def run_core_epoch(ranks: int, lose: int, timeout: float | None, splits_per_rank
             delivered[rank] += -(-(end - ids[0][0]) // BATCH)
             apply("ack", cmd.Ack(rank, 0, delivered[rank], ids, clock))
             acked += end - ids[0][0]
-            if lose and acked >= lose_after:
+            if lose < 0 and acked >= lose_after:  # the whole group restarts
+                for again in sorted(held):
+                    apply("restart", cmd.Register(again, ranks, again, ranks, clock))
+                for again in sorted(held):
+                    apply("restart", cmd.StartEpoch(again, 0, clock))
+                    held[again], delivered[again] = [], 0
+                lose = 0
+            if lose > 0 and acked >= lose_after:
                 for victim in random.Random(0).sample(sorted(held), lose):
                     apply("lost", cmd.Lost(victim, "reader died", clock))
                     del held[victim]
@@ -112,6 +122,7 @@ def run_core_epoch(ranks: int, lose: int, timeout: float | None, splits_per_rank
         "lease_us": 1e6 * cpu["lease"] / max(calls["lease"], 1),
         "ack_us": 1e6 * cpu["ack"] / max(calls["ack"], 1),
         "lost_ms": 1e3 * cpu["lost"] / max(calls["lost"], 1),
+        "restart_s": cpu["restart"],  # CPU seconds of the whole group's registrations
         "requeued_rows": book["requeued_rows"],
         "complete": core.epoch_complete(0),
     }

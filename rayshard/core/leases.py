@@ -24,6 +24,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rayshard.core.capacities import Capacities
 from rayshard.core.rank_clocks import RankClocks
 from rayshard.core.stretches import LeaseQueue
 from rayshard.plan import intervals as iv
@@ -63,11 +64,14 @@ class LeaseBook:
         self._by_rank: dict[int, dict[int, Lease]] = {}  # the same leases, by rank
         self._next_id = self.requeued_rows = 0
         self._leased: dict[int, int] = {}  # rank -> rows leased this epoch (kept on release)
-        self._capacity: dict[int, int | None] = {}
+        self._stalled: set[int] = set()  # ranks whose work was revoked this epoch
+        self._capacity = Capacities(self._leased, self._stalled)  # (settled before either
+        # changes for a rank: `_unstall`, `lease`, `restart`, `revoke`)
         self._duplicates_carried = self._acked_counted = self._distinct_from = 0  # see below
         self._since = RankClocks()  # rank -> time of its last lease or acknowledgement
-        self._stalled: set[int] = set()  # ranks whose work was revoked this epoch
-        self._set_capacities(ranks, initial=True)
+        steps = -(-self.unleased_rows() // (max(len(ranks), 1) * batch_size))
+        for rank in ranks:
+            self._capacity.set(rank, steps * batch_size if equal_steps else None)
 
     @property
     def ranks(self) -> list[int]:
@@ -141,7 +145,7 @@ class LeaseBook:
         pairs = [(int(r[0]), int(r[1])) for r in ranges]
         if rank is not None:
             self._since.touch(rank, now)
-            self._stalled.discard(rank)  # it made progress: it may take a share again
+            self._unstall(rank)  # it made progress: it may take a share again
         self._consumed.extend(pairs)
         self._dirty = True
         if self.requeued_rows:  # after churn a row may come twice (see `duplicate_rows`)
@@ -183,7 +187,7 @@ class LeaseBook:
     def release(self, rank: int) -> list[tuple[int, int]]:
         """`rank` died or left: returns its unacknowledged rows, queued again first."""
         back = self._take_back(rank)
-        self._capacity.pop(rank, None)
+        self._capacity.pop(rank)
         self._stalled.discard(rank)  # (a new process of that rank starts afresh)
         self._spread()
         return back
@@ -191,7 +195,7 @@ class LeaseBook:
     def join(self, rank: int, now: float = 0.0) -> None:
         """A new rank takes part from `now` on (capacities of everyone are re-spread)."""
         if rank not in self._capacity:
-            self._capacity[rank] = 0
+            self._capacity.set(rank, 0 if self._equal else None)
             self._since.touch(rank, now)
             self._spread()
 
@@ -208,12 +212,14 @@ class LeaseBook:
 
     def unstall(self, rank: int) -> None:
         """`rank` asks for work: it is alive, and may take a share again."""
-        self._stalled.discard(rank)
+        self._unstall(rank)
 
     def restart(self, rank: int) -> list[tuple[int, int]]:
         """`rank` reads the epoch again (`set_epoch` in its middle): returns its rows not
         acknowledged, queued again first; its capacity stays, so it may lease them again."""
         back = self._take_back(rank)
+        if rank in self._capacity:
+            self._capacity.settle(rank)  # (before its leased rows change)
         self._leased[rank] = self._leased.get(rank, 0) - iv.total(back)
         return back
 
@@ -221,9 +227,9 @@ class LeaseBook:
         """`rank` stalls: returns its unacknowledged rows, queued again first for the
         others; it stays a member, its capacity stops at what it kept."""
         back = self.restart(rank)
-        self._stalled.add(rank)
+        self._stalled.add(rank)  # (settled by `restart`)
         if self._equal and rank in self._capacity:
-            self._capacity[rank] = self._leased[rank]
+            self._capacity.set(rank, self._leased[rank])
         self._spread()
         return back
 
@@ -246,31 +252,20 @@ class LeaseBook:
         return rank not in self._stalled and self._room(rank) > 0
 
     def _room(self, rank: int) -> int:
-        cap = self._capacity[rank]
+        cap = self._capacity.get(rank)  # (settled: its leased rows may change next)
         return 1 << 62 if cap is None else cap - self._leased.get(rank, 0)
 
-    def _spread(self) -> None:
-        """Re-spread what is not leased over the ranks that did not stall."""
-        ranks = [r for r in self.ranks if r not in self._stalled] or self.ranks
-        self._set_capacities(ranks, initial=False)
+    def _unstall(self, rank: int) -> None:
+        if rank in self._stalled and rank in self._capacity:
+            self._capacity.settle(rank)  # (takes no spread made while it stalled)
+        self._stalled.discard(rank)
 
-    def _set_capacities(self, ranks: list[int], *, initial: bool) -> None:
-        if not self._equal:
-            self._capacity.update({r: None for r in ranks})
-            return
-        if not ranks:
-            return
-        unleased = self.unleased_rows()
-        if initial:
-            steps = -(-unleased // (len(ranks) * self._batch))
-            self._capacity = {r: steps * self._batch for r in ranks}
-            return
-        # Spread what is not leased over everyone, in whole batches, on top of what each
-        # rank already leased; a rank's capacity never shrinks below what it holds.
-        share = -(-unleased // (len(ranks) * self._batch)) * self._batch
-        held = {r: self._leased.get(r, 0) for r in ranks}
-        spare = {r: max((self._capacity.get(r) or 0) - held[r], 0) for r in ranks}
-        self._capacity.update({r: held[r] + spare[r] + max(share - spare[r], 0) for r in ranks})
+    def _spread(self) -> None:
+        """Re-spread what is not leased over the ranks that did not stall: each gets at
+        least its leased rows plus its share, in whole batches, and never less than it had
+        (`rayshard.core.capacities`)."""
+        if self._equal:
+            self._capacity.spread(self.unleased_rows(), self._batch)
 
     def to_dict(self) -> dict[str, Any]:
         """The whole book, JSON-safe (the coordinator's journal snapshots hold it)."""
@@ -282,7 +277,7 @@ class LeaseBook:
             "leases": [[le.lease_id, le.rank, le.start, le.end] for le in self._leases.values()],
             "next_id": self._next_id,
             "leased": [[r, n] for r, n in sorted(self._leased.items())],
-            "capacity": [[r, c] for r, c in sorted(self._capacity.items())],
+            "capacity": [[r, c] for r, c in sorted(self._capacity.as_dict().items())],
             "requeued_rows": self.requeued_rows,
             "duplicate_rows": self.duplicate_rows,
             "since": self._since.to_list(),
@@ -298,13 +293,14 @@ class LeaseBook:
         book._consumed = list(book._consumed_norm)
         book._index({i: Lease(i, r, s, e) for i, r, s, e in data["leases"]})
         book._next_id = data["next_id"]
-        book._leased = {r: n for r, n in data["leased"]}
-        book._capacity = {r: c for r, c in data["capacity"]}
+        book._leased.update((r, n) for r, n in data["leased"])
         book.requeued_rows = data["requeued_rows"]
         book._duplicates_carried = data.get("duplicate_rows", 0)  # absent before stragglers
         book._distinct_from = iv.total(book._consumed_norm)
         book._since = RankClocks(data.get("since", []))
-        book._stalled = set(data.get("stalled", []))
+        book._stalled.update(data.get("stalled", []))
+        for rank, capacity in data["capacity"]:
+            book._capacity.set(rank, capacity)
         return book
 
     def snapshot(self) -> dict[str, Any]:
@@ -316,5 +312,5 @@ class LeaseBook:
             "duplicate_rows": self.duplicate_rows,
             "stalled": sorted(self._stalled),
             "consumed_rows": iv.total(self.consumed()),
-            "capacity": {str(r): c for r, c in self._capacity.items()},
+            "capacity": {str(r): c for r, c in self._capacity.as_dict().items()},
         }

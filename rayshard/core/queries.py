@@ -111,7 +111,8 @@ class CoreQueries:
 
     def plan(self, epoch: int) -> EpochPlan:
         """The static plan of `epoch` for the current membership (and resume point)."""
-        key = (self.members.generation, self.members.dp_size, epoch)
+        m = self.members
+        key = (m.generation, m.dp_size, epoch) if m else (-1, 0, epoch)
         if key not in self._plans:
             plan = epoch_plan(self.settings, self.source, self.members.dp_size, epoch, self.resume)
             if self.settings.packing is not None:
@@ -249,11 +250,11 @@ class CoreQueries:
 
     def epoch_may_be_complete(self, epoch: int) -> bool:
         """Whether `epoch_complete` may hold: as many rows acknowledged (repeats counted
-        again) as the epoch has samples. O(1) once the epoch's size is known, where
-        `epoch_complete` merges every consumed run: asked on every acknowledgement of a
-        `dynamic` epoch's tail (thousands of ranks' scattered pieces), the full check alone
-        made the tail quadratic in its acknowledgements."""
-        key = (self.members.generation, self.members.dp_size, epoch)
+        again) as the epoch has samples. O(1) once the epoch's size is known, where the
+        full check merges every consumed run: asked on every acknowledgement of a `dynamic`
+        epoch's tail, and at every registration, it alone made those quadratic."""
+        m = self.members
+        key = (m.generation, m.dp_size, epoch) if m else (-1, 0, epoch)
         if key not in self._sample_rows:
             self._sample_rows[key] = iv.total(self.epoch_samples(epoch))
         if epoch not in self.acked_rows:  # first asked (or since a restart): count them
@@ -261,10 +262,10 @@ class CoreQueries:
         return self.acked_rows[epoch] >= self._sample_rows[key]
 
     def epoch_complete(self, epoch: int) -> bool:
-        """Every sample of a begun `epoch` was acknowledged (a point to compact the journal)."""
-        return self.begun(epoch) and not iv.subtract(
-            self.epoch_samples(epoch), self.all_consumed(epoch)
-        )
+        """Every sample of a begun `epoch` was acknowledged (the quick count first)."""
+        if not (self.begun(epoch) and self.epoch_may_be_complete(epoch)):
+            return False
+        return not iv.subtract(self.epoch_samples(epoch), self.all_consumed(epoch))
 
     def start_of(self, dp_rank: int) -> int:
         """The epoch a new iterator of `dp_rank` starts with: the one its rank is in, or

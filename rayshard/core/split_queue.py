@@ -13,6 +13,9 @@ leaves its rest there. So a late acknowledgement is dropped from the first
 `requeued_front` pieces only, whose rows are also kept merged and sorted (`front_rows`):
 an acknowledgement of other rows (nearly all of them) is told apart by bisection, and
 costs the same with 10 pieces queued as with 100,000, and with 1 or 1,000 taken back.
+Pieces taken back, and leased from the front, change `front_rows` by bisection too: a
+whole group of 10,000 ranks giving its leases back, then leasing them again, is not
+quadratic in the pieces.
 """
 
 from __future__ import annotations
@@ -61,7 +64,7 @@ class SplitQueue:
         self._next, self._untouched_count = 0, len(self._untouched)
         self.rows = int((untouched[:, 1] - untouched[:, 0]).sum())
         self.requeued_front = front
-        self.front_rows = iv.normalize(list(self._front))
+        self._front_rows = list(iv.normalize(self._front))  # (changed in place)
 
     @classmethod
     def loaded(cls, saved: str, requeued_front: int | None = None) -> SplitQueue:
@@ -74,6 +77,11 @@ class SplitQueue:
         """The pieces, in order, as `pack_pieces` saves them (a journal snapshot)."""
         front = np.array(self._front, dtype=np.int64).reshape(-1, 2)
         return pack_pieces(np.concatenate([front, self._untouched[self._next :]]))
+
+    @property
+    def front_rows(self) -> iv.Intervals:
+        """The rows of the requeued front, normalized."""
+        return tuple(self._front_rows)
 
     def __bool__(self) -> bool:
         return bool(self._front) or self._next < self._untouched_count
@@ -96,7 +104,7 @@ class SplitQueue:
         else:
             self.requeued_front -= taken_back
         if taken_back:
-            self.front_rows = iv.subtract(self.front_rows, ((start, end),))
+            iv.remove_from(self._front_rows, start, end)
         self.rows -= end - start
         return start, end
 
@@ -104,18 +112,19 @@ class SplitQueue:
         """Taken-back pieces go to the front, in order."""
         self._front.extendleft(reversed(pieces))
         self.requeued_front += len(pieces)
-        self.front_rows = iv.normalize([*self.front_rows, *pieces])
+        for start, end in pieces:
+            iv.add_into(self._front_rows, start, end)
         self.rows += iv.total(pieces)
 
     def drop(self, received: iv.Intervals) -> None:
         """Rows a consumer received (`received` normalized) leave the queue."""
-        if not iv.intersect(received, self.front_rows):
+        if not iv.intersect(received, self._front_rows):
             return
         front = [self._front.popleft() for _ in range(self.requeued_front)]
         kept = [p for piece in front for p in iv.subtract((piece,), received)]
         self._front.extendleft(reversed(kept))
         self.requeued_front = len(kept)
-        self.front_rows = iv.subtract(self.front_rows, received)
+        self._front_rows = list(iv.subtract(self._front_rows, received))
         self.rows -= iv.total(front) - iv.total(kept)
 
 

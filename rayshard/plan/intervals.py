@@ -6,6 +6,7 @@ so a shard of ten million samples costs one pair, not ten million integers.
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
 
 Interval = tuple[int, int]
@@ -105,6 +106,37 @@ def split(intervals: Intervals, sizes: Iterable[int]) -> list[Intervals]:
     return out
 
 
+def add_into(merged: list[Interval], start: int, end: int) -> None:
+    """Add `[start, end)` to `merged` (a normalized list, kept so) by bisection: a long
+    list kept up to date piece by piece, where `normalize` would pass over all of it."""
+    if end <= start:
+        return
+    i = bisect_left(merged, (start, start))  # the first pair starting at `start` or after
+    if i > 0 and merged[i - 1][1] >= start:  # one before reaches it: they merge
+        i -= 1
+        start, end = merged[i][0], max(end, merged[i][1])
+    j = i
+    while j < len(merged) and merged[j][0] <= end:
+        end, j = max(end, merged[j][1]), j + 1
+    merged[i:j] = [(start, end)]
+
+
+def remove_from(merged: list[Interval], start: int, end: int) -> None:
+    """Take `[start, end)` out of `merged` (a normalized list, kept so), by bisection."""
+    if end <= start:
+        return
+    i = max(bisect_right(merged, (start, start)) - 1, 0)  # the last pair starting before
+    while i < len(merged) and merged[i][1] <= start:
+        i += 1
+    j, kept = i, []
+    while j < len(merged) and merged[j][0] < end:
+        first, last = merged[j]
+        kept += [(first, start)] if first < start else []
+        kept += [(end, last)] if last > end else []
+        j += 1
+    merged[i:j] = kept
+
+
 def indices(intervals: Iterable[Interval]) -> Iterator[int]:
     """Every index, in order. For tests and small shards only."""
     for start, end in intervals:
@@ -113,8 +145,6 @@ def indices(intervals: Iterable[Interval]) -> Iterator[int]:
 
 def _overlapping(normalized: Intervals, start: int, end: int) -> Iterator[Interval]:
     """Pairs of `normalized` that overlap `[start, end)`, found by bisection."""
-    from bisect import bisect_right
-
     i = max(bisect_right(normalized, (start, start)) - 1, 0)
     while i < len(normalized) and normalized[i][0] < end:
         r_start, r_end = normalized[i]

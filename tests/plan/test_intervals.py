@@ -130,3 +130,22 @@ def test_split_is_take_of_every_consecutive_stretch(pairs, sizes):
     for size, stretch in zip(sizes, stretches):
         assert stretch == iv.take(intervals, position, position + size)
         position += size
+
+
+@settings(max_examples=500)
+@given(
+    steps=st.lists(st.tuples(st.booleans(), SMALL, st.integers(0, 10)), max_size=20),
+    start=pairs,
+)
+def test_a_list_kept_normalized_piece_by_piece_equals_the_set_it_holds(steps, start):
+    """`add_into`/`remove_from` (a lease queue's taken-back rows, changed per piece by
+    bisection) keep the list normalized and holding exactly the set's indices."""
+    merged, model = list(iv.normalize(start)), as_set(iv.normalize(start))
+    for add, first, size in steps:
+        if add:
+            iv.add_into(merged, first, first + size)
+            model |= set(range(first, first + size))
+        else:
+            iv.remove_from(merged, first, first + size)
+            model -= set(range(first, first + size))
+        assert is_normalized(merged) and as_set(merged) == model
