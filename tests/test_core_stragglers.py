@@ -248,6 +248,21 @@ def test_equal_steps_give_the_stragglers_rows_to_the_others():
     assert first and book.steps(1) == 0  # it kept nothing: its capacity stopped there
 
 
+def test_a_member_that_never_leased_is_a_straggler_after_others_came_and_went():
+    """Every member's clock starts at the epoch's first lease; ranks that joined and left
+    before it keep no clock, or a member that never leases (frozen from the start) would
+    have none, never be silent, and its share would never go to the others."""
+    book = LeaseBook([(i, i + 4) for i in range(0, 40, 4)], [0, 1], 4)
+    for rank in (2, 3):
+        book.join(rank, 0.0)
+    for rank in (2, 3):
+        book.release(rank)
+    clock = 0.0
+    while book.lease(0, clock) is not None:  # rank 0 reads its share; rank 1 is frozen
+        clock += 1.0
+    assert book.unleased_rows() and book.stragglers(clock + TIMEOUT, TIMEOUT, 0) == [1]
+
+
 def test_book_round_trip_keeps_the_straggler_state():
     book = LeaseBook([(0, 10), (10, 20)], [0, 1], 4, equal_steps=False)
     book.lease(1, now=1.0)

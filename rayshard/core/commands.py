@@ -56,12 +56,15 @@ class Attach(Command):
 class StartEpoch(Command):
     """A rank begins `epoch`: a static-policy rank asks for its plan, a `dynamic` one for
     its batch count (the epoch's lease book is made then). `time`: when (0 in journals
-    older than it)."""
+    older than it). `request`: under `dynamic`, an id of the rank reading's lease calls
+    (`Lease.request`) taken now: a call of the reading's earlier streams (in flight across
+    a `set_epoch` restart, say) comes before it and is refused, not granted to no reader."""
 
     kind: ClassVar[str] = "epoch"
     dp_rank: int
     epoch: int
     time: float = 0.0
+    request: str = ""
 
 
 @dataclasses.dataclass(frozen=True)

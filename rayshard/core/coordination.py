@@ -118,10 +118,14 @@ class CoordinatorCore(CoreQueries):
         made now, with the ranks known now; started again: unacknowledged rows again)."""
         again = self.rank_epoch.get(c.dp_rank) == c.epoch
         self.rank_epoch[c.dp_rank] = c.epoch
+        if again:  # its loop counts its batches from the first again
+            self.received.get(c.epoch, {}).pop(c.dp_rank, None)
         if self.dynamic:
             book = self._book(c.epoch, c.time)
             if again:
                 book.restart(c.dp_rank)
+            if c.request:  # the floor of its lease calls (see `cmd.StartEpoch`)
+                self.last_lease[c.dp_rank] = (c.request, cmd.Leased())
             return self.length(c.dp_rank, c.epoch)
         self.started.add(c.epoch)
         return self.plan(c.epoch).ranks[c.dp_rank]
@@ -275,13 +279,9 @@ class CoordinatorCore(CoreQueries):
         return self.members
 
     def _forget_progress(self) -> None:
-        self.started.clear()
-        self.books.clear()
-        self.received.clear()
-        self.consumed.clear()
-        self.acked_rows.clear()
-        self.partial.clear()
-        self.rank_epoch.clear()
+        kept = (self.started, self.books, self.received, self.consumed, self.acked_rows)
+        for store in (*kept, self.partial, self.rank_epoch):
+            store.clear()
 
     def _book(self, epoch: int, time: float) -> LeaseBook:
         members = self.members

@@ -189,6 +189,7 @@ class LeaseBook:
         back = self._take_back(rank)
         self._capacity.pop(rank)
         self._stalled.discard(rank)  # (a new process of that rank starts afresh)
+        self._since.forget(rank)  # (the first lease starts the members' clocks: see there)
         self._spread()
         return back
 

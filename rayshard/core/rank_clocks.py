@@ -33,6 +33,11 @@ class RankClocks:
         self._count += bool(np.isnan(self._times[rank]))
         self._times[rank] = now
 
+    def forget(self, rank: int) -> None:
+        """`rank` left: it has no clock (so the count of clocks is the members')."""
+        if 0 <= rank < len(self._times) and not np.isnan(self._times[rank]):
+            self._times[rank], self._count = np.nan, self._count - 1
+
     def start(self, ranks: Iterable[int], now: float) -> None:
         """Ranks without a clock get one that starts at `now`."""
         for rank in ranks:

@@ -113,8 +113,12 @@ class AckSender:
             return
         with self._lock:
             self._send_pending()
-            sent, self._sent = self._sent, []
-        answers = [self._recorded(entry) for entry in sent]
+            sent = list(self._sent)
+        answers = []
+        for entry in sent:  # each leaves `_sent` once recorded: an interrupt keeps the rest
+            answers.append(self._recorded(entry))
+            with self._lock:
+                self._sent = [kept for kept in self._sent if kept is not entry]
         with self._lock:
             self._take_asked(answers)
 

@@ -104,11 +104,11 @@ class Coordinator:
             self._do(cmd.Lost(dp_rank, "left", time.time()))
 
     # -- plans and leases ------------------------------------------------------------------
-    async def start_epoch(self, generation: int, dp_rank: int, epoch: int) -> dict:
-        """A reader begins `epoch` for `dp_rank`: its static plan (the rest of it, when
-        resuming there) or, under `dynamic`, its batch count (the lease book is made)."""
+    async def start_epoch(self, generation: int, dp_rank: int, epoch: int, floor: str = "") -> dict:
+        """A reader begins `epoch` for `dp_rank`: its static plan (or its rest) or, under
+        `dynamic`, its batch count (lease book made; `floor`: `cmd.StartEpoch.request`)."""
         self._core.check_epoch(generation, dp_rank, epoch)
-        decision = self._do(cmd.StartEpoch(dp_rank, epoch, time.time()))
+        decision = self._do(cmd.StartEpoch(dp_rank, epoch, time.time(), floor))
         if isinstance(decision, int):  # dynamic: leases name the registration they serve
             return {"batches": decision, "plan": None, "reader": self._core.reader(dp_rank)}
         partial = dict(self._core.resumed_partial(epoch))  # packing: tokens to skip

@@ -19,8 +19,6 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import ray
-
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.data.batching import FLUSH, Tagged
 from rayshard.data.wire import for_arrow, for_user
@@ -96,9 +94,7 @@ class LocalReads:
         `leases`: the consumer's `AckSender`, whose relay `dynamic` lease calls share."""
         self.stop()
         reading = self._reading
-        started = ray.get(
-            reading.coordinator.start_epoch.remote(generation, reading.dp_rank, epoch)
-        )
+        started = reading.start_epoch(generation, epoch)
         cancel = self._cancel = threading.Event()
         stream = reading.epoch(
             started, generation, epoch, cancel=lambda: cancel, keep_text=True, leases=leases

@@ -108,7 +108,7 @@ class ShardReader:
         return {"batches": self._batches, "exact": exact, "run": self._run}
 
     def _begin_epoch(self, generation: int, epoch: int) -> None:
-        started = ray.get(self._coordinator.start_epoch.remote(generation, self._dp_rank, epoch))
+        started = self._reading.start_epoch(generation, epoch)
         batches = started["batches"]
         stream = self._reading.epoch(
             started,

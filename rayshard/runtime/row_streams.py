@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyarrow as pa
+import ray
 
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.planning import rank_pieces
@@ -182,6 +183,13 @@ class RankReading:
         """How many threads read here (decided by `pool()`, in the process that reads)."""
         self.pool()
         return self._threads
+
+    def start_epoch(self, generation: int, epoch: int) -> dict:
+        """Ask the coordinator to begin `epoch` for this rank (`Coordinator.start_epoch`),
+        with an id of this reading's lease calls taken now: a call of a stream it started
+        before (left in flight by a restart) is then refused, not granted to no reader."""
+        floor = self._lease_ids()
+        return ray.get(self.coordinator.start_epoch.remote(generation, self.dp_rank, epoch, floor))
 
     def close(self) -> None:
         if self._pool is not None:

@@ -109,6 +109,36 @@ def test_a_group_waits_while_the_last_one_is_not_recorded(ray_session):
     sender.stop()
 
 
+class InterruptedOnce(AckSender):
+    """A sender whose first wait for a group is interrupted (Ctrl-C in the epoch-end wait),
+    counting the groups waited for."""
+
+    interrupt, waited = True, 0
+
+    def _recorded(self, entry):
+        if self.interrupt:
+            self.interrupt = False
+            raise KeyboardInterrupt
+        self.waited += 1
+        return super()._recorded(entry)
+
+
+def test_an_interrupted_wait_leaves_its_group_to_be_waited_for_again(ray_session):
+    """`flush(wait=True)` interrupted (the iterator's epoch end: "an interrupt in the wait
+    leaves the epoch to end again") keeps the group it waited for: the next wait waits for
+    it, rather than returning before the coordinator recorded it."""
+    recorder = HeldRecorder.remote()
+    sender = InterruptedOnce(recorder, generation=1, dp_rank=0, interval_s=60)
+    sender.add(0, 1, [[0, 8]], 8, 64, 0.0)
+    with pytest.raises(KeyboardInterrupt):
+        sender.flush(wait=True)
+    ray.get(recorder.release.remote())
+    sender.flush(wait=True)
+    assert sender.waited == 1  # (it was forgotten: the wait returned at once)
+    assert ray.get(recorder.seen.remote())[0] == [(0, 1, [[0, 8]], 1)]
+    sender.stop()
+
+
 def test_acknowledging_every_batch_sends_each_at_once(ray_session):
     # `interval_s=0` (acknowledge on receipt): no waiting for the group before.
     recorder = HeldRecorder.remote()

@@ -208,6 +208,9 @@ class ScriptedReading:
         self.coordinator, self.script = coordinator, script
         self.dp_rank, self.settings = 0, LoaderConfig()
 
+    def start_epoch(self, generation: int, epoch: int) -> dict:
+        return ray.get(self.coordinator.start_epoch.remote(generation, self.dp_rank, epoch))
+
     def epoch(self, started, generation, epoch, *, cancel, keep_text, leases=None):
         for step in self.script:
             if isinstance(step, threading.Event):
