@@ -41,9 +41,21 @@ class EpochEnds:
             )
         if batches < core.total(epoch, dp_rank):
             return False
-        finished = self._finished.setdefault((core.members.generation, epoch), set())
+        # Read from the journaled counts when first seen and once it may be over: ranks
+        # that received it all before this coordinator restarted acknowledge no more, and
+        # a rank lost since (its new process counts from the first batch again) is out.
+        key, ranks = (core.members.generation, epoch), core.members.ranks
+        counts = core.received.get(epoch, {})
+        if key not in self._finished:
+            self._finished[key] = {r for r, n in counts.items() if n >= core.total(epoch, r)}
+        finished = self._finished[key]
         finished.add(dp_rank)
-        return len(finished) >= len(core.members.ranks)
+        if len(finished) < len(ranks):
+            return False
+        finished = self._finished[key] = {
+            r for r in ranks if counts.get(r, 0) >= core.total(epoch, r)
+        }
+        return len(finished) == len(ranks)
 
 
 __all__ = ["EpochEnds"]
