@@ -103,6 +103,11 @@ class ShardReader:
         with self._cond:
             return self._started_info()
 
+    def _gauge_depth(self) -> None:
+        """`rayshard_prefetch_depth`: batches ready here, as a block is added, taken or an
+        epoch's are dropped (under `_cond`)."""
+        set_prefetch_depth(self._loader_name, self._dp_rank, sum(self._ready_batches.values()))
+
     def _started_info(self) -> dict:
         exact = length_is_exact(self._settings)
         return {"batches": self._batches, "exact": exact, "run": self._run}
@@ -126,6 +131,7 @@ class ShardReader:
             self._run += 1
             self._ready.clear()
             self._ready_batches.clear()
+            self._gauge_depth()
             self._taken.clear()
             self._next_to_read = self._low_water = 0
             self._error = None
@@ -174,8 +180,7 @@ class ShardReader:
                 del self._ready[index], self._taken[index], self._ready_batches[index]
                 self._low_water = max(self._low_water, index + 1)
                 self._cond.notify_all()
-            ready = sum(self._ready_batches.values())
-            set_prefetch_depth(self._loader_name, self._dp_rank, ready)
+            self._gauge_depth()
             return ref
 
     def watch(self) -> None:
@@ -228,6 +233,7 @@ class ShardReader:
                     self._ready[index] = ref
                     self._ready_batches[index] = count
                     self._next_to_read += 1
+                    self._gauge_depth()
                     self._cond.notify_all()
             with self._cond:
                 self._final = self._next_to_read
