@@ -49,5 +49,17 @@ def test_a_numbered_group_is_counted_once_in_any_order_and_gaps_are_bounded():
     for number in later:
         usage.acked(0, {"batches": 1, "group": f"sender-a:{number}"})
     assert usage.summary()["consumers"][0]["batches"] == 5 + len(later)
-    numbers = usage._counted["sender-a"]
+    numbers = usage._counted[0]["sender-a"]
     assert (numbers.low, numbers.above) == (later[-1] + 1, set())
+
+
+def test_a_rank_keeps_the_numbers_of_its_latest_senders_only():
+    """An iterator per epoch is a sender per epoch: the numbers kept stay bounded, and a
+    repeat from one of the latest senders is still not counted."""
+    usage = RankUsage()
+    senders = [f"epoch-{e}" for e in range(100)]
+    for sender in senders:
+        usage.acked(3, {"batches": 1, "group": f"{sender}:0"})
+    assert list(usage._counted[3]) == senders[-rank_usage.SENDERS_HELD :]
+    usage.acked(3, {"batches": 1, "group": f"{senders[-1]}:0"})  # (sent again)
+    assert usage.summary()["consumers"][3]["batches"] == len(senders)

@@ -4,7 +4,9 @@ received (from their acknowledgements) and, under `dynamic`, how its reading lea
 Not journaled: they describe this coordinator process's service, so a restarted
 coordinator counts again from zero (its lease book, which is journaled, is exact).
 A group is counted once: one its relay forwarded, then failed to answer, is sent again
-straight (`rayshard.runtime.ack_relay`), so each sender numbers its groups.
+straight (`rayshard.runtime.ack_relay`), so each sender numbers its groups. The numbers of
+a rank's latest `SENDERS_HELD` senders are kept (an iterator per epoch is a sender per
+epoch: all of them would grow without end); a group of an older one counts again.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from rayshard.core import commands as cmd
 CONSUMER_KEYS = ("batches", "samples", "bytes", "stall_s")
 LEASE_KEYS = ("calls", "paced", "rows", "waited_s")
 GROUPS_HELD = 64  # a sender's group numbers held past a gap (`_Numbers`)
+SENDERS_HELD = 8  # senders of one rank whose group numbers are kept
 
 
 class RankUsage:
@@ -24,7 +27,8 @@ class RankUsage:
     def __init__(self) -> None:
         self._consumers: dict[int, dict[str, Any]] = {}
         self._leases: dict[int, dict[str, Any]] = {}
-        self._counted: dict[str, _Numbers] = {}  # sender -> numbers of its groups counted
+        # rank -> sender -> numbers of its groups counted (its latest senders, oldest first)
+        self._counted: dict[int, dict[str, _Numbers]] = {}
 
     def acked(self, dp_rank: int, usage: dict | None) -> None:
         """A rank's consumers acknowledged batches: `usage` holds their real samples, bytes
@@ -33,10 +37,18 @@ class RankUsage:
         totals = self._consumers.setdefault(dp_rank, _zeros(CONSUMER_KEYS))
         usage = dict(usage or {})
         sender, _, number = str(usage.pop("group", "")).rpartition(":")
-        if sender and not self._counted.setdefault(sender, _Numbers()).add(int(number)):
+        if sender and not self._numbers(dp_rank, sender).add(int(number)):
             return
         for key, value in usage.items():
             totals[key] = totals.get(key, 0) + value
+
+    def _numbers(self, dp_rank: int, sender: str) -> _Numbers:
+        senders = self._counted.setdefault(dp_rank, {})
+        if sender not in senders:
+            senders[sender] = _Numbers()
+            if len(senders) > SENDERS_HELD:  # the oldest sender's numbers go
+                del senders[next(iter(senders))]
+        return senders[sender]
 
     def leased(self, dp_rank: int, answer: Any, paced: bool, waited_s: float) -> None:
         """A lease call of `dp_rank` was answered with `answer` (a `cmd.Leased`; anything
