@@ -296,16 +296,16 @@ class Loader:
 
 
 def default_journal_path(namespace: str, name: str) -> str:
-    """Where the coordinator journals by default: a local file in a folder of this user
-    under the temp folder, named by the cluster (its GCS address), the namespace (one job)
-    and the loader, so users, clusters and jobs never share one."""
+    """The default journal: a file in this user's folder in the temp folder, named by cluster
+    (GCS address), namespace (one job), loader, and a hash of the three exactly: never shared."""
     try:
         cluster = ray.get_runtime_context().gcs_address or "local"
     except Exception:  # noqa: BLE001 - no cluster address known: one local cluster
         cluster = "local"
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{cluster}-{namespace}-{name}")
+    safe += "-" + uuid.uuid5(uuid.NAMESPACE_URL, repr((cluster, namespace, name))).hex[:16]
     folder = os.path.join(tempfile.gettempdir(), f"rayshard-{os.getuid()}", "journals")
-    return os.path.join(folder, f"{safe}.jsonl")
+    return os.path.join(folder, f"{safe[-180:]}.jsonl")
 
 
 def _train_world(world_rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -21,8 +21,19 @@ class CoverageAudit:
         self._batches: Counter = Counter()
 
     def add(self, epoch: int, ids: Any) -> None:
+        """Count the sample ids of one batch of `epoch`; ids outside 0..num_samples-1 are a
+        `ValueError` naming them, and nothing of that batch is counted (a negative id
+        would otherwise count the sample that many from the end)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        bad = ids[(ids < 0) | (ids >= self._num_samples)]
+        if bad.size:
+            raise ValueError(
+                f"sample ids {sorted(set(bad.tolist()))[:10]} of epoch {epoch} are outside "
+                f"0..{self._num_samples - 1} (num_samples={self._num_samples}): give the "
+                "audit the dataset's sample count and the batches' `_index` ids"
+            )
         counts = self._counts.setdefault(epoch, np.zeros(self._num_samples, dtype=np.int32))
-        np.add.at(counts, np.asarray(ids, dtype=np.int64), 1)
+        np.add.at(counts, ids, 1)
         self._batches[epoch] += 1
 
     def seen(self) -> dict[int, int]:

@@ -3,7 +3,7 @@ loader. A request is checked (clients of an older `generation`, of an epoch thei
 left, or (leases) of a replaced registration are refused as stale), turned into a command,
 applied to the core, journaled and answered. A restarted coordinator (Ray
 `max_restarts`) loads the journal's latest snapshot and replays the commands after it; the
-journal is compacted at each epoch's end, each restore and every `COMPACT_EVERY` commands.
+journal is compacted at each restart, epoch's end and restore, and every `COMPACT_EVERY`.
 An async actor: one event loop, no locks. It watches each rank's reader (under `dynamic`
 a dead reader's unacknowledged leases go back) and owns the nodes' relays."""
 
@@ -18,14 +18,14 @@ from rayshard.core import commands as cmd
 from rayshard.core.ack_pacing import AckAnswer, AckPacing
 from rayshard.core.coordination import CoordinatorCore
 from rayshard.core.state import LoaderState
-from rayshard.errors import RayshardError
+from rayshard.errors import RayshardError, StaleClientError
 from rayshard.plan.id_runs import as_runs
-from rayshard.runtime import journal, metrics
+from rayshard.runtime import decision_records, journal
 from rayshard.runtime.ack_relay import AckRelays, record_each
 from rayshard.runtime.epoch_ends import EpochEnds
 from rayshard.runtime.epoch_waits import EpochWaits, changes_answers
 from rayshard.runtime.rank_usage import RankUsage
-from rayshard.runtime.reader_watches import ReaderWatches
+from rayshard.runtime.reader_watches import FIND_S, ReaderWatches
 from rayshard.sources import Source
 
 COMPACT_EVERY = 20_000  # commands between two snapshots, at the latest
@@ -52,18 +52,14 @@ class Coordinator:
         self._acked = asyncio.Condition()
         self._waits = EpochWaits()  # ranks waiting at an epoch's end (`await_change`)
         self._watches = ReaderWatches(namespace, self._reader_ended)
-        self._rewatch_pending = False
         self._since_snapshot = 0
         self._ends = EpochEnds()  # epochs every rank received (their end compacted)
         self._relays = AckRelays(self._ack_pacing)  # the nodes' acknowledgement relays
         self._trace: list | None = None  # (time, kind, dp rank, pieces), when tracing
         self._journal = journal.Journal(journal_path, loader_id)
-        if journal.actor_was_restarted():
-            self._journal.restore(self._core)
-            self._core.events.append({"time": time.time(), "event": "coordinator_restarted"})
-            self._rewatch_pending = True
-        else:
-            self._journal.start_fresh(replace_any=journal_is_default)
+        self._rewatch_pending = self._journal.open_for(self._core, replace_any=journal_is_default)
+        if self._rewatch_pending:  # restarted: what it replayed is not replayed again
+            self._compact()
 
     # -- membership ------------------------------------------------------------------------
     async def register(self, world_rank: int, world_size: int, dp: dict) -> dict:
@@ -81,19 +77,25 @@ class Coordinator:
         """A worker created (or found) the reader actor `name` of `dp_rank`, or reads for
         the rank itself, watched as key `name` by `watch`: its process's watch actor, or its
         pid (a `pid_watch` token; False, nothing attached: a process neither this coordinator
-        nor its node's `NodeWatch` can see). Attached even if the generation moved on (another
-        worker of a restarted group restored the checkpoint; this worker's restore follows)."""
+        nor its node's `NodeWatch` can see). Attached even if the generation moved on (a group
+        member restored a checkpoint; this one's restore follows), not to a rank lost since."""
         if not await self._watches.can_watch(watch):
             return False
         members = self._core.members
         if members is None or members.readers.get(dp_rank) != name:
             self._core.check(generation)
+            if dp_rank not in members.ranks:  # lost since: it would serve again, unwatched
+                raise StaleClientError(
+                    f"data-parallel rank {dp_rank} was lost (its reader died or it left) "
+                    f"before reader {name!r} attached: take a new iterator"
+                )
         self._do(cmd.Attach(dp_rank, name, watch))
         self._watch(dp_rank, name)
         return True
 
     async def end_watch(self, key: str) -> None:
         """`RankWatch.end_watch` of a pid-watched rank: its loss journaled before returning."""
+        self._rewatch()  # (after a restart: its rank watched again first, so it is found)
         if (dp_rank := self._watches.end(key)) is not None:
             await self._reader_ended(dp_rank, key)
 
@@ -268,13 +270,7 @@ class Coordinator:
         decision = self._core.apply(command)
         self._journal.append(command.to_entry())
         self._since_snapshot += 1
-        if isinstance(decision, cmd.Leased):
-            metrics.set_leases_outstanding(self._loader_id, decision.outstanding)
-        elif isinstance(decision, cmd.RankLost):
-            metrics.record_reserved(self._loader_id, decision.requeued_rows)
-        if traced and self._trace is not None and isinstance(decision, cmd.Leased | cmd.RankLost):
-            pieces = decision.pieces if isinstance(decision, cmd.Leased) else decision.requeued
-            self._trace.append((time.time(), command.kind, command.dp_rank, list(pieces)))
+        decision_records.record(self._loader_id, command, decision, self._trace if traced else None)
         if self._since_snapshot >= COMPACT_EVERY:
             self._compact()
         if changes_answers(command, decision):
@@ -313,8 +309,10 @@ class Coordinator:
                 self._acked.notify_all()
 
     def _rewatch(self) -> None:
-        """After a restart, the first call watches the journal's readers again."""
+        """After a restart, the first call watches the journal's readers again (one not
+        made yet, by a worker that registered, is looked for a while: `FIND_S`)."""
         if self._rewatch_pending and self._core.members is not None:
             self._rewatch_pending = False
-            for dp_rank, name in list(self._core.members.readers.items()):
-                self._watch(dp_rank, name)
+            members = self._core.members
+            for dp_rank, name in list(members.readers.items()):
+                self._watches.watch(dp_rank, name, members.shared_watch(dp_rank, name), FIND_S)

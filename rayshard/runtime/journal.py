@@ -4,7 +4,9 @@ coordinator can replay them and go on with the same epoch, leases and progress.
 No pickle: every line is JSON. The first line names the loader; a journal of another
 loader, or one corrupt before its last line, is refused. A torn last line (a crash in the
 middle of a write) is dropped with a warning. `compact(state)` replaces the file, in one
-atomic rename, by its header and one `snapshot` line: replay starts from there.
+atomic rename, by its header and one `snapshot` line: replay starts from there. A
+coordinator holds the journal's lock (`rayshard.runtime.journal_lock`) from its start, or
+its restart, to `close()`: a second live one given the same path is refused.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import time
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -21,6 +24,7 @@ import ray
 
 from rayshard.core.commands import command_from_entry
 from rayshard.errors import ConfigError
+from rayshard.runtime.journal_lock import TAKEOVER_S, JournalLock
 
 log = logging.getLogger(__name__)
 # 2: commands of rayshard.core.commands, and snapshots; 3: flat ack ids; 4: packed queues;
@@ -41,11 +45,13 @@ class Journal:
         self._handle: Any = None
         self._batching = False  # inside `batched()`: flushed once, at its end
         self._closed = False  # `close()`d: nothing is written any more
+        self._lock = JournalLock(path)
 
     def check_reusable(self) -> None:
-        """Refuse a file at this path that is corrupt or another loader's, and a path whose
-        folder cannot be made or written (run on the driver, before the coordinator
-        starts on the same node, so the error reaches the user as is)."""
+        """Refuse a file at this path that is corrupt, another loader's or held by another
+        live coordinator, and a path whose folder cannot be made or written (run on the
+        driver, before the coordinator starts on the same node, so the error reaches the
+        user as is)."""
         if os.path.exists(self.path):
             self._read_header()
         folder = os.path.dirname(os.path.abspath(self.path))
@@ -58,16 +64,29 @@ class Journal:
             ) from None
         if not os.access(folder, os.W_OK | os.X_OK):
             raise ConfigError(f"journal_path={self.path!r}: its folder is not writable: {fix}")
+        self._lock.check_free()
 
     def start_fresh(self, *, replace_any: bool = False) -> None:
         """Begin a new journal (first start of a coordinator), replacing this loader's
         journal of an earlier run; a file of another loader is refused unless
-        `replace_any` (the default path, private to one job, may hold a stale file)."""
+        `replace_any` (the default path, private to one job, may hold a stale file), and
+        so is a path another live coordinator holds (its lock)."""
         if not replace_any:
             self.check_reusable()
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        self._lock.take()
         self._handle = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - kept open
         self._write({"op": "header", "version": JOURNAL_VERSION, "loader": self.loader_id})
+
+    def open_for(self, core: Any, *, replace_any: bool) -> bool:
+        """Restore `core` from this journal if Ray restarted the coordinator (returns True,
+        and records the restart as an event), else start it fresh (`start_fresh`)."""
+        if not actor_was_restarted():
+            self.start_fresh(replace_any=replace_any)
+            return False
+        self.restore(core)
+        core.events.append({"time": time.time(), "event": "coordinator_restarted"})
+        return True
 
     def restore(self, core: Any) -> None:
         """Load the latest snapshot into `core` (a `CoordinatorCore`) and apply the commands
@@ -81,7 +100,8 @@ class Journal:
     def close(self, *, remove: bool) -> None:
         """Write nothing more (the coordinator ends next: `Loader.shutdown`), and remove
         the file if `remove` (the default journal: it served only this loader's restarts,
-        and every job would otherwise leave one in the temp folder)."""
+        and every job would otherwise leave one in the temp folder). Its lock is let go:
+        a new loader may take the path before this coordinator's process ends."""
         if self._handle is not None:
             self._handle.close()
         self._handle, self._closed = None, True
@@ -89,11 +109,15 @@ class Journal:
             for name in (self.path, f"{self.path}.compact"):
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(name)
+        self._lock.release(remove=remove)
 
     def replay(self) -> Iterator[dict]:
         """The recorded entries after the header (restart), then reopen for appending: a
         torn last line is cut off first (the next entry would be glued onto it), and a
-        whole last line without its newline ended."""
+        whole last line without its newline ended. Takes the journal's lock first (its
+        dead predecessor's: waits `TAKEOVER_S` for it to let go)."""
+        if os.path.exists(self.path):  # (else `_entries` says it is missing)
+            self._lock.take(wait_s=TAKEOVER_S)
         entries, kept = self._entries()
         with open(self.path, "r+b") as handle:
             handle.truncate(kept)

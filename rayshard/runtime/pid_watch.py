@@ -17,6 +17,7 @@ its `RankWatch` actor instead (`rayshard.runtime.process_watch`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -151,8 +152,8 @@ async def exited(token: str) -> None:
         await _polled_exit(watched)
         return
     try:
-        # With the pidfd open: ended already (a zombie, or its pid names another now)?
-        if _ended(watched):
+        # With the pidfd open: ended already (readable, or its pid names another now)?
+        if _ended_by_fd(fd, watched):
             return
         loop = asyncio.get_running_loop()
         ended = loop.create_future()
@@ -190,13 +191,37 @@ POLL_S = 1.0  # how often `exited` looks at `/proc` when it has no pidfd
 
 def _ended(watched: Watched) -> bool:
     """Whether the process of `watched` ended: its pid names no process or another one,
-    or it is a zombie (state Z) or dead (X) its parent has not reaped yet; False when
+    or it is dead (X) or a zombie (Z) of one thread its parent has not reaped yet (a
+    process whose main thread ended shows Z too while its other threads live); False when
     `/proc` cannot be read (an error here says nothing of that process)."""
     try:
         stat = _stat(watched.pid)
+        if stat is None or int(stat[19]) != watched.start or stat[0] == b"X":
+            return True
+        return stat[0] == b"Z" and _threads(watched.pid) in (None, 1)
     except OSError:
         return False
-    return stat is None or int(stat[19]) != watched.start or stat[0] in (b"Z", b"X")
+
+
+def _threads(pid: int) -> int | None:
+    """The threads of process `pid` (`/proc/<pid>/status`); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            lines = handle.read().splitlines()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    return next((int(line.split()[1]) for line in lines if line.startswith(b"Threads:")), 1)
+
+
+def _ended_by_fd(fd: int, watched: Watched) -> bool:
+    """Whether the process of `watched`, its pidfd `fd` open, ended: the pidfd is readable
+    (every thread of it ended; a main thread's end alone does not count) or its pid names
+    another process now (the pidfd was opened on that one)."""
+    with contextlib.suppress(OSError):  # `/proc` unreadable here: the pidfd alone decides
+        stat = _stat(watched.pid)
+        if stat is None or int(stat[19]) != watched.start:
+            return True
+    return bool(select.select([fd], [], [], 0)[0])
 
 
 async def _polled_exit(watched: Watched) -> None:

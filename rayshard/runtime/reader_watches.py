@@ -6,12 +6,16 @@ coordinator when the process is on its node (`rayshard.runtime.pid_watch`), else
 that node's `NodeWatch` (`rayshard.runtime.node_watch`); where neither can see the
 process, through its key in that process's shared `RankWatch` (`rayshard.runtime.watch`).
 One asyncio task per reader waits for the end, of the actor, the process or the key, and
-reports it once.
+reports it once. A restarted coordinator watches the journal's readers again, some perhaps
+not made yet (their worker registered just before the restart): an actor Ray does not
+know is looked for `FIND_S` before it counts as ended, and an attach meanwhile arms its
+watch anew, as it does a watch that ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -19,6 +23,9 @@ import ray
 
 from rayshard.runtime import pid_watch
 from rayshard.runtime.node_watch import NodeWatches
+
+FIND_S = 10.0  # how long a restarted coordinator looks for a reader Ray does not know
+FIND_POLL_S = 0.2
 
 
 class ReaderWatches:
@@ -37,6 +44,7 @@ class ReaderWatches:
         self._shared: dict[str, str] = {}  # reader name -> the process's watch that has it
         self._ended: dict[str, asyncio.Event] = {}  # pid-watched keys: set by `end`
         self._ranks: dict[str, int] = {}  # reader name -> its rank
+        self._finding: set[str] = set()  # reader names whose watch looks for its actor
         self._nodes = NodeWatches()  # watches of other nodes' processes
 
     async def can_watch(self, watch: str) -> bool:
@@ -49,28 +57,52 @@ class ReaderWatches:
             return pid_watch.watchable(watch, self._node)
         return await self._nodes.sees(watch)
 
-    def watch(self, dp_rank: int, name: str, shared: str | None) -> None:
+    def watch(self, dp_rank: int, name: str, shared: str | None, find_s: float = 0.0) -> None:
         """Watch reader `name` of `dp_rank`, or its key in the shared watch `shared` (an
-        actor, or a process token); once per reader; call inside the event loop."""
-        if name in self._tasks:
+        actor, or a process token); once per reader while its watch runs (one that ended,
+        or still looks for its actor, is armed anew); call inside the event loop. An actor
+        Ray does not know is looked for `find_s` (a restart's), else counts as ended."""
+        task = self._tasks.get(name)
+        if task is not None and not task.done() and name not in self._finding:
             return
+        if task is not None:
+            task.cancel()  # (ended, or looking for an actor: this watch replaces it)
         self._ranks[name] = dp_rank
+        self._shared.pop(name, None)
         if shared is not None:
             self._shared[name] = shared
+        finds = find_s > 0 and not pid_watch.is_token(shared)  # (an actor looked for)
+        (self._finding.add if finds else self._finding.discard)(name)
 
         async def watch() -> None:
             try:
                 if shared is None:
-                    await ray.get_actor(name, namespace=self._namespace).watch.remote()
+                    await (await self._actor(name, name, find_s)).watch.remote()
                 elif pid_watch.is_token(shared):
                     await self._process_or_key_end(name, shared)
                 else:
-                    await ray.get_actor(shared, namespace=self._namespace).watch.remote(name)
+                    await (await self._actor(name, shared, find_s)).watch.remote(name)
             except Exception:  # noqa: BLE001 - any failure of the watch means it is gone
                 pass
             await self._on_end(dp_rank, name)
 
         self._tasks[name] = asyncio.get_event_loop().create_task(watch())
+
+    async def _actor(self, name: str, actor: str, find_s: float) -> Any:
+        """The handle of `actor`, the watch of reader `name`, looked for up to `find_s`
+        while Ray does not know it (made soon, or gone: its `ValueError` after that)."""
+        deadline = time.monotonic() + find_s
+        while True:
+            try:
+                handle = ray.get_actor(actor, namespace=self._namespace)
+            except ValueError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(FIND_POLL_S)
+                continue
+            if self._tasks.get(name) is asyncio.current_task():
+                self._finding.discard(name)  # found: a later attach leaves this watch be
+            return handle
 
     def end(self, key: str) -> int | None:
         """The rank watched by its process under `key` left it (closed or dropped): end
@@ -115,4 +147,4 @@ class ReaderWatches:
         return {"watched_by_pid": by_pid, "node_watches": len(self._nodes)}
 
 
-__all__ = ["ReaderWatches"]
+__all__ = ["FIND_S", "ReaderWatches"]

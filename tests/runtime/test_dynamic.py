@@ -357,7 +357,13 @@ def test_default_journal_is_private_to_user_cluster_and_job(ray_session):
     path = default_journal_path("rayshard-01000000", "demo")
     address = ray.get_runtime_context().gcs_address.replace(":", "_")
     assert f"rayshard-{os.getuid()}" in path  # another user's folder is never shared
-    assert os.path.basename(path) == f"{address}-rayshard-01000000-demo.jsonl"
+    assert os.path.basename(path).startswith(f"{address}-rayshard-01000000-demo-")
+    # Names alike once made safe for a file name keep files of their own.
+    alike = [("job1", "train/images"), ("job1", "train_images"), ("team-a", "x"), ("team", "a-x")]
+    assert len({default_journal_path(*pair) for pair in alike}) == len(alike)
+    assert default_journal_path("job1", "train/images") == default_journal_path(
+        "job1", "train/images"
+    )
 
 
 # The ack timer's interval is an hour: if the epoch could end only when it fires, the test
