@@ -5,6 +5,10 @@ Memory is the proportional set size (PSS, `/proc/<pid>/smaps_rollup`) summed ove
 benchmark process and every process descended from it. PSS splits each shared page
 among the processes that map it, so shared memory (Ray's object store, mmapped files,
 shared libraries) counts once in the sum instead of once per process.
+
+Steady rows/s (`summarize_epoch`) leave out each epoch's start: per rank, the rows after
+its first batch over the time from its first batch to its last, summed over the ranks
+(ranks read at once, so their rates add). No rank's rows before its own window count.
 """
 
 from __future__ import annotations
@@ -122,7 +126,9 @@ class PeakPss:
     """Samples the tree's PSS on a background thread; `peak` is the largest sum seen.
 
     with PeakPss() as memory: ...; memory.baseline, memory.peak, memory.top, memory.kinds,
-    memory.cpu_s (the sampler's own CPU-seconds)
+    memory.cpu_s (the sampler's own CPU-seconds). `sample_now()` takes a sample at once
+    (at an epoch's edge, while the ranks wait): the paced samples may be seconds apart,
+    longer than an epoch, and its times are in `edges`.
     """
 
     def __init__(self, interval_s: float = 0.1, max_duty: float = MEMORY_DUTY) -> None:
@@ -135,7 +141,11 @@ class PeakPss:
         self.kinds: dict[str, int] = {}  # PSS by kind (anon, file, shmem) at the peak
         self.samples = 0
         self.series: list[tuple[float, int]] = []  # (time.time(), total PSS) per sample
+        self.edges: list[float] = []  # times of the samples `sample_now` asked for
         self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._asked: list[threading.Event] = []
+        self._lock = threading.Lock()
         self.thread = threading.Thread(target=self._run, name="pss-sampler", daemon=True)
 
     def __enter__(self) -> PeakPss:
@@ -145,8 +155,30 @@ class PeakPss:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
+        self._wake.set()
         self.thread.join()
         self._sample()
+        self._answer(self._take_asked(), self.series[-1][0])
+
+    def sample_now(self, timeout_s: float = 60.0) -> bool:
+        """Sample now on the sampler's thread (its CPU stays the sampler's) and wait for
+        it; False if it did not come within `timeout_s`."""
+        done = threading.Event()
+        with self._lock:
+            self._asked.append(done)
+        self._wake.set()
+        return done.wait(timeout_s)
+
+    def _take_asked(self) -> list[threading.Event]:
+        with self._lock:
+            asked, self._asked = self._asked, []
+        return asked
+
+    def _answer(self, asked: list[threading.Event], stamp: float) -> None:
+        if asked:
+            self.edges.append(stamp)
+        for done in asked:
+            done.set()
 
     def _run(self) -> None:
         # Reading smaps_rollup walks page tables: 2-10 ms per process, so with dozens of
@@ -155,10 +187,13 @@ class PeakPss:
         began_cpu = time.thread_time()
         while not self._stop.is_set():
             began = time.perf_counter()
+            asked = self._take_asked()
             self._sample()
+            self._answer(asked, self.series[-1][0])
             cost = time.perf_counter() - began
             self.cpu_s = time.thread_time() - began_cpu
-            self._stop.wait(pause_after(cost, self.interval_s, self.max_duty))
+            self._wake.wait(pause_after(cost, self.interval_s, self.max_duty))
+            self._wake.clear()  # (a request arriving meanwhile is taken on the next turn)
 
     def _sample(self) -> None:
         total, by_name, by_kind = tree_pss()
@@ -255,9 +290,6 @@ def summarize_epoch(records: Sequence[EpochRecord], num_rows: int, row_bytes: in
     end = max(r.end for r in records)
     elapsed = max(end - start, 1e-9)
     rows = sum(r.rows for r in records)
-    # Steady state: the rows after each rank's first batch, from the last rank's first
-    # batch to the last rank's end (start-up and first reads left out).
-    after_first = max(end - max(r.first for r in records), 1e-9)
     return {
         "epoch": records[0].epoch,
         "start": start,
@@ -265,7 +297,7 @@ def summarize_epoch(records: Sequence[EpochRecord], num_rows: int, row_bytes: in
         "seconds": elapsed,
         "rows": rows,
         "rows_per_s": rows / elapsed,
-        "steady_rows_per_s": (rows - sum(r.first_rows for r in records)) / after_first,
+        "steady_rows_per_s": steady_rows_per_s(records),
         # Each rank timed from its own start: ranks that run unsynchronized drift apart
         # over epochs, and the span above then holds the drift; a synchronized loop (DDP)
         # goes at the slowest rank's pace, which this is.
@@ -279,6 +311,18 @@ def summarize_epoch(records: Sequence[EpochRecord], num_rows: int, row_bytes: in
     }
 
 
+def steady_rows_per_s(records: Sequence[EpochRecord]) -> float:
+    """Rows/s with each epoch's start left out: per rank, the rows after its first batch
+    over its first batch to its last, summed over ranks (a fast rank's rows before a slow
+    rank's first batch stay its own, not the slow rank's window's)."""
+    return sum((r.rows - r.first_rows) / max(r.end - r.first, 1e-9) for r in records)
+
+
+def upper_median(values: Sequence[float]) -> float:
+    """The median, the upper one of the middle two (what the benchmark calls a median)."""
+    return sorted(values)[len(values) // 2]
+
+
 def pause_after(cost_s: float, interval_s: float, max_duty: float) -> float:
     """The wait after a sample that took `cost_s`: at least `interval_s`, and long enough
     that sampling takes at most `max_duty` of the time."""
@@ -289,6 +333,28 @@ def peak_between(series: Sequence[tuple[float, int]], start: float, end: float) 
     """The largest sample of `series` taken between `start` and `end` (None if none: a
     sparse sampler may miss a short epoch)."""
     return max((total for t, total in series if start <= t <= end), default=None)
+
+
+def epoch_windows(
+    spans: Sequence[tuple[float, float]], edges: Sequence[float]
+) -> list[tuple[float, float]]:
+    """Each epoch's (start, end) widened to the edge samples taken around it: the last
+    edge between the epoch before's end and its start, the first one between its end and
+    the next epoch's start (an edge sample, taken while all ranks wait, is both one
+    epoch's end and the next one's start)."""
+    out = []
+    for index, (start, end) in enumerate(spans):
+        before = spans[index - 1][1] if index else float("-inf")
+        after = spans[index + 1][0] if index + 1 < len(spans) else float("inf")
+        lows = [t for t in edges if before <= t <= start]
+        highs = [t for t in edges if end <= t <= after]
+        out.append((lows[-1] if lows else start, highs[0] if highs else end))
+    return out
+
+
+def samples_between(series: Sequence[tuple[float, int]], start: float, end: float) -> int:
+    """How many samples of `series` were taken between `start` and `end`."""
+    return sum(1 for t, _ in series if start <= t <= end)
 
 
 def growth(peaks: Sequence[float | None]) -> float | None:

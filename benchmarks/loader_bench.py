@@ -32,10 +32,11 @@ their start-up offsets, and an epoch's span would count them.
 Each loader runs once to warm up (Ray workers, imports, page cache), then is measured
 over `--epochs` epochs (default 4) with a fresh loader. The first measured epoch gives
 the cold-loader time to first batch (iterator creation and reader start-up included);
-rows/s, MB/s, the warm time to first batch and the ratios are the median over the warm
-epochs after it (one epoch lasts about a second here, on a shared machine). Steady
-rows/s leave out each epoch's start: the rows after every rank's first batch, over the
-time from the last rank's first batch to the end (median warm epoch). `launch s` is from
+rows/s, MB/s and the ratios are those of the warm epoch of median rows/s after it, the
+warm time to first batch (`TTFB warm`) the median of the warm epochs' own (one epoch
+lasts about a second here, on a shared machine). Steady rows/s leave out each epoch's
+start: per rank, the rows after its first batch over the time from its first batch to its
+last, summed over ranks (median warm epoch; `benchmarks/_measure.py`). `launch s` is from
 the measured run's start (for the Train loaders, `fit()`) to the last rank's first batch.
 Coverage is checked on every measured epoch.
 
@@ -44,14 +45,22 @@ every 0.1 s, or less often when a sample is costly so that sampling takes at mos
 one core (`--memory-duty`, `benchmarks/_measure.py`): a sample of a Ray loader's tree
 costs 20-100 ms here (the raw scan's about 10), and at the 20% of a core allowed before,
 the sampler took about 5% of the Ray loaders' rows/s on 2 cores and little of the raw
-scan's (its tree is three processes). Sparser samples may miss a short epoch (its peak
-is then `null`) and the briefest peaks. torch and raw run before Ray starts, so their
-tree is the driver and its 2 child processes; for the Ray loaders it is the driver plus
-everything the local Ray cluster runs (gcs_server, raylet, Ray's agents, every worker
-process: idle pool workers, tasks, actors, Ray Data and Train actors). `pss_delta` is
-the peak minus the tree's PSS just before the measured run; `pss_by_epoch_mb` the peak
-within each epoch, and `PSS growth` the last sampled epoch's peak minus the first
-sampled warm one's; `pss_sampler_cpu_s` is the sampler's own CPU time.
+scan's (its tree is three processes). Paced so, samples may be seconds apart, longer than
+an epoch: so one more is taken at every epoch edge (between two epochs and after the
+last) while all ranks wait at the barrier, outside the epochs' timed spans. Each epoch's
+peak (`pss_by_epoch_mb`) is over its samples, those at its edges included;
+`pss_samples_inside_by_epoch` counts the paced ones that fell inside its span (0: its
+peak is its edges'). If an epoch has no sample at all (`pss_measured` false), the PSS
+checks say "not measured". torch and raw run before Ray starts, so their tree is the
+driver and its 2 child processes; each Ray loader runs on a freshly started local Ray, and
+its tree is the driver plus everything that Ray runs (gcs_server, raylet, Ray's agents,
+every worker process: idle pool workers, tasks, actors, Ray Data and Train actors).
+`pss_rise_mb` (`PSS rise`) is the peak minus `idle_pss_mb`, the loader's fresh tree
+before its warm-up (the driver alone for raw and torch; the driver and the just-started
+Ray, settled, for the Ray loaders): the warm-up's workers, which the measured run reuses,
+count in the rise as the raw scan's freshly spawned processes do. `PSS growth` is the
+last epoch's peak minus the first warm one's; `pss_sampler_cpu_s` is the sampler's own
+CPU time.
 """
 
 from __future__ import annotations
@@ -74,10 +83,15 @@ from benchmarks._measure import (
     MB,
     MEMORY_DUTY,
     PeakPss,
+    epoch_windows,
     format_table,
     growth,
     peak_between,
+    process_tree,
+    samples_between,
     summarize_epoch,
+    tree_pss,
+    upper_median,
     wait_for_exit,
 )
 from benchmarks._report import ROOT, start_local_ray, write_json
@@ -87,6 +101,7 @@ from benchmarks.loaders.data import (
     COLUMNS,
     ROW_BYTES,
     WORLD,
+    check_folder,
     make_dataset,
     parquet_files,
 )
@@ -150,6 +165,52 @@ def start_ray(num_cpus: int) -> None:
     start_local_ray(num_cpus, "rayshard-bench")
 
 
+_NOT_RAYS: set[int] = set()  # pids of this tree from before Ray started
+
+
+def fresh_ray(num_cpus: int) -> None:
+    """Stop the local Ray if one runs, start a new one and let its tree settle: each Ray
+    loader then starts from the same tree, without the idle workers (and their memory) an
+    earlier loader left."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray_pids = set(process_tree()) - {os.getpid()}
+        ray.shutdown()
+        wait_gone(ray_pids - _NOT_RAYS, timeout_s=30)
+    _NOT_RAYS.update(process_tree())  # (multiprocessing's resource tracker, say)
+    start_ray(num_cpus)
+    settle_tree()
+
+
+def wait_gone(pids: set[int], timeout_s: float) -> None:
+    """Wait until none of `pids` runs (exited, or a zombie)."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and any(_running(pid) for pid in pids):
+        time.sleep(0.2)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2 :][:1] != b"Z"
+
+
+def settle_tree(timeout_s: float = 20.0, step_s: float = 0.5) -> None:
+    """Wait until the tree's processes stay the same and its PSS within 2% over one step:
+    Ray starts its pool workers after `ray.init` returns."""
+    deadline = time.time() + timeout_s
+    before = (set(process_tree()), tree_pss()[0])
+    while time.time() < deadline:
+        time.sleep(step_s)
+        now = (set(process_tree()), tree_pss()[0])
+        if now[0] == before[0] and abs(now[1] - before[1]) <= 0.02 * before[1]:
+            return
+        before = now
+
+
 def measure(
     name: str,
     paths: list[str],
@@ -160,8 +221,10 @@ def measure(
     memory_duty: float = MEMORY_DUTY,
 ) -> dict:
     """Warm up once, then measure a fresh loader over `epochs` epochs, sampling memory
-    with at most `memory_duty` of one core."""
+    with at most `memory_duty` of one core (and at every epoch edge). The tree as it is on
+    the call, before the warm-up, is the loader's idle tree (its PSS rise's base)."""
     run = functools.partial(RUNNERS[name], world=world)
+    idle_pss = tree_pss()[0]
     if warmup:
         run(paths, 1)
         gc.collect()
@@ -170,7 +233,7 @@ def measure(
     begun = time.time()
     on_ray.LEASE_CALLS.clear()  # (filled by a rayshard run)
     with PeakPss(max_duty=memory_duty) as memory, TreeCpu(measuring=[memory.thread]) as cpu:
-        records, started = run(paths, epochs)
+        records, started = run(paths, epochs, on_edge=memory.sample_now)
     finished = time.time()
     warm_rows = sum(r.rows for r in records if r.epoch > 0)
     warm_cpu = cpu_between(
@@ -185,22 +248,17 @@ def measure(
     cold = epochs_out[0]
     warm_epochs = sorted(epochs_out[1:], key=lambda e: e["rows_per_s"])
     warm = warm_epochs[len(warm_epochs) // 2]  # the median warm epoch (the upper one of two)
-    steady = sorted(e["steady_rows_per_s"] for e in epochs_out[1:])
-    pss_by_epoch = [peak_between(memory.series, e["start"], e["end"]) for e in epochs_out]
-    pss_by_epoch = [None if peak is None else peak / MB for peak in pss_by_epoch]
     return {
         "loader": name,
         "rows_per_s": warm["rows_per_s"],
-        "steady_rows_per_s": steady[len(steady) // 2],
-        "slowest_rank_rows_per_s": sorted(e["slowest_rank_rows_per_s"] for e in epochs_out[1:])[
-            (len(epochs_out) - 1) // 2
-        ],
-        "pss_by_epoch_mb": [None if p is None else round(p, 1) for p in pss_by_epoch],
-        # growth of the epochs' peaks from the first sampled warm epoch to the last one
-        "pss_growth_mb": growth(pss_by_epoch[1:]),
+        "steady_rows_per_s": upper_median([e["steady_rows_per_s"] for e in epochs_out[1:]]),
+        "slowest_rank_rows_per_s": upper_median(
+            [e["slowest_rank_rows_per_s"] for e in epochs_out[1:]]
+        ),
         "mb_per_s": warm["mb_per_s"],
         "epoch_s": warm["seconds"],
-        "time_to_first_batch_s": warm["time_to_first_batch_s"],
+        # the median of the warm epochs' own, not the median-rows/s epoch's
+        "time_to_first_batch_s": upper_median([e["time_to_first_batch_s"] for e in epochs_out[1:]]),
         "cold_time_to_first_batch_s": cold["time_to_first_batch_s"],
         "setup_s": min(r.start for r in records) - begun,
         "launch_to_first_batch_s": max(r.first for r in records if r.epoch == 0) - started,
@@ -212,20 +270,59 @@ def measure(
         "cpu_s_per_mrow": warm_cpu / max(warm_rows, 1) * 1e6,
         "cpu_s": cpu.seconds,
         "cpu_by_process_s": {k: round(v, 2) for k, v in cpu.by_process().items()},
-        "peak_pss_mb": memory.peak / MB,
-        "baseline_pss_mb": memory.baseline / MB,
-        "pss_delta_mb": (memory.peak - memory.baseline) / MB,
-        "pss_by_process_mb": {
-            k: round(v / MB, 1) for k, v in sorted(memory.top.items(), key=lambda kv: -kv[1])
-        },
-        "pss_by_kind_mb": {k: round(v / MB, 1) for k, v in memory.kinds.items()},
-        "pss_samples": memory.samples,
-        "pss_sampler_cpu_s": memory.cpu_s,
+        **memory_figures(memory, epochs_out, idle_pss),
         "coverage_ok": all(e["coverage"]["ok"] for e in epochs_out),
         # `dynamic`'s lease calls (and paced ones) over all ranks and epochs, cold included
         "lease_calls": dict(on_ray.LEASE_CALLS) or None,
         "epochs": epochs_out,
     }
+
+
+def memory_figures(memory: PeakPss, epochs_out: list[dict], idle_pss: int) -> dict:
+    """The measured run's PSS figures (see the module's docstring): each epoch's peak over
+    its samples, those at its edges included; the rise over the loader's idle tree."""
+    spans = [(e["start"], e["end"]) for e in epochs_out]
+    windows = epoch_windows(spans, memory.edges)
+    by_epoch = [peak_between(memory.series, lo, hi) for lo, hi in windows]
+    by_epoch_mb = [None if peak is None else peak / MB for peak in by_epoch]
+    return {
+        "peak_pss_mb": memory.peak / MB,
+        "idle_pss_mb": idle_pss / MB,
+        "pss_before_run_mb": memory.baseline / MB,  # after the warm-up
+        "pss_rise_mb": (memory.peak - idle_pss) / MB,
+        "pss_measured": all(peak is not None for peak in by_epoch),
+        "pss_by_epoch_mb": [None if p is None else round(p, 1) for p in by_epoch_mb],
+        "pss_samples_inside_by_epoch": [samples_between(memory.series, *s) for s in spans],
+        # growth of the epochs' peaks from the first sampled warm epoch to the last one
+        "pss_growth_mb": growth(by_epoch_mb[1:]),
+        "pss_by_process_mb": {
+            k: round(v / MB, 1) for k, v in sorted(memory.top.items(), key=lambda kv: -kv[1])
+        },
+        "pss_by_kind_mb": {k: round(v / MB, 1) for k, v in memory.kinds.items()},
+        "pss_samples": memory.samples,
+        "pss_edge_samples": len(memory.edges),
+        "pss_sampler_cpu_s": memory.cpu_s,
+    }
+
+
+AT_MOST = ("time_to_first_batch_s", "pss_vs_raw", "pss_rise_vs_raw")
+NOT_MEASURED = "not measured (an epoch had no PSS sample)"
+
+
+def pss_ratio(result: dict, raw: dict, key: str) -> float | None:
+    """`result[key]` over the raw scan's, or None if either run's memory was not
+    measured in every epoch."""
+    if not (result["pss_measured"] and raw["pss_measured"]):
+        return None
+    return result[key] / max(raw[key], 1e-9)
+
+
+def check(value: float | None, target: float, at_most: bool) -> dict:
+    """One target: met or missed, or not measured (`value` None)."""
+    if value is None:
+        return {"value": None, "target": target, "met": None, "status": NOT_MEASURED}
+    met = bool(value <= target if at_most else value >= target)
+    return {"value": value, "target": target, "met": met, "status": "met" if met else "MISSED"}
 
 
 def add_ratios(results: dict[str, dict]) -> dict:
@@ -238,9 +335,9 @@ def add_ratios(results: dict[str, dict]) -> dict:
             result["slowest_rank_vs_raw"] = (
                 result["slowest_rank_rows_per_s"] / raw["slowest_rank_rows_per_s"]
             )
-            result["pss_vs_raw"] = result["peak_pss_mb"] / raw["peak_pss_mb"]
+            result["pss_vs_raw"] = pss_ratio(result, raw, "peak_pss_mb")
             result["cpu_vs_raw"] = result["cpu_s_per_mrow"] / max(raw["cpu_s_per_mrow"], 1e-9)
-            result["pss_delta_vs_raw"] = result["pss_delta_mb"] / max(raw["pss_delta_mb"], 1e-9)
+            result["pss_rise_vs_raw"] = pss_ratio(result, raw, "pss_rise_mb")
         if ray_data:
             result["rows_vs_ray_data"] = result["rows_per_s"] / ray_data["rows_per_s"]
             result["steady_vs_ray_data"] = (
@@ -250,30 +347,28 @@ def add_ratios(results: dict[str, dict]) -> dict:
             result["rows_vs_rayshard"] = result["rows_per_s"] / shard["rows_per_s"]
     checks = {}
     for name, key, target in VARIANT_TARGETS:
-        value = results.get(name, {}).get(key)
-        if value is not None:
-            ok = value <= target if key.endswith("_s") else value >= target
-            checks[f"{name} {key}"] = {"value": value, "target": target, "met": bool(ok)}
+        if key in results.get(name, {}):
+            checks[f"{name} {key}"] = check(results[name][key], target, key.endswith("_s"))
     if shard is None:
         return checks
     for key, target in TARGETS.items():
-        value = shard.get(key)
-        if value is None:
-            continue
-        ok = value <= target if key in ("time_to_first_batch_s", "pss_vs_raw") else value >= target
-        checks[key] = {"value": value, "target": target, "met": bool(ok)}
-    checks["cold_time_to_first_batch_s"] = {
-        "value": shard["cold_time_to_first_batch_s"],
-        "target": TARGETS["time_to_first_batch_s"],
-        "met": shard["cold_time_to_first_batch_s"] <= TARGETS["time_to_first_batch_s"],
-    }
-    if "pss_delta_vs_raw" in shard:
-        checks["pss_delta_vs_raw"] = {
-            "value": shard["pss_delta_vs_raw"],
-            "target": TARGETS["pss_vs_raw"],
-            "met": shard["pss_delta_vs_raw"] <= TARGETS["pss_vs_raw"],
-        }
+        if key in shard:
+            checks[key] = check(shard[key], target, key in AT_MOST)
+    checks["cold_time_to_first_batch_s"] = check(
+        shard["cold_time_to_first_batch_s"], TARGETS["time_to_first_batch_s"], True
+    )
+    if "pss_rise_vs_raw" in shard:
+        checks["pss_rise_vs_raw"] = check(shard["pss_rise_vs_raw"], TARGETS["pss_vs_raw"], True)
     return checks
+
+
+def format_check(key: str, result: dict) -> str:
+    """One printed line: `rayshard pss_vs_raw: 0.912 (target <= 1.5) met`."""
+    name = key if " " in key else f"rayshard {key}"
+    value = "-" if result["value"] is None else f"{result['value']:.3f}"
+    at_most = key.split()[-1] in AT_MOST or key.endswith("_s")
+    target = f"{'<=' if at_most else '>='} {result['target']}"
+    return f"{name}: {value} (target {target}) {result['status']}"
 
 
 TABLE = (
@@ -292,9 +387,25 @@ TABLE = (
     ("launch s", "launch_to_first_batch_s", ".2f"),
     ("setup s", "setup_s", ".2f"),
     ("peak PSS MB", "peak_pss_mb", ".0f"),
-    ("PSS delta MB", "pss_delta_mb", ".0f"),
+    ("PSS rise MB", "pss_rise_mb", ".0f"),
     ("PSS growth MB", "pss_growth_mb", ".0f"),
     ("coverage", "coverage", "s"),
+)
+DEFINITIONS = {
+    "time_to_first_batch_s": "median of the warm epochs' times to first batch (slowest rank)",
+    "steady_rows_per_s": "per rank, rows after its first batch over its first to last "
+    "batch, summed over ranks; median warm epoch",
+    "idle_pss_mb": "the loader's tree before its warm-up: the driver alone (raw, torch), "
+    "or the driver and a just-started, settled local Ray (Ray loaders)",
+    "pss_rise_mb": "peak_pss_mb minus idle_pss_mb",
+    "pss_by_epoch_mb": "each epoch's peak over its samples, those at its edges included",
+    "pss_measured": "every epoch had a PSS sample; if not, PSS checks are not measured",
+}
+LEGEND = (
+    "TTFB warm: median of the warm epochs'; steady: per rank, rows after its first batch "
+    "over its first to last batch, summed; PSS rise: peak minus the loader's tree before "
+    "its warm-up (raw, torch: the driver alone; Ray loaders: the driver and a just-started "
+    "local Ray)"
 )
 
 
@@ -373,6 +484,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     folder = args.data or Path(tempfile.gettempdir()) / f"rayshard-loader-bench-{args.rows}"
+    try:
+        check_folder(folder)
+    except FileExistsError as error:
+        print(f"loader bench: {error}", file=sys.stderr)
+        return 2
     # Generate in a child process, so the driver's memory (counted in every PSS) stays small.
     writer = mp.get_context("spawn").Process(target=make_dataset, args=(folder, args.rows))
     writer.start()
@@ -396,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in bar:
         bar.set_postfix_str(name)
         if name in RAY_LOADERS:
-            start_ray(args.ray_cpus)
+            fresh_ray(args.ray_cpus)
         results[name] = measure(
             name, paths, num_rows, args.epochs, not args.no_warmup, args.ranks, args.memory_duty
         )
@@ -405,12 +521,9 @@ def main(argv: list[str] | None = None) -> int:
     checks = add_ratios(results)
     rows = [{**r, "coverage": "ok" if r["coverage_ok"] else "FAILED"} for r in results.values()]
     print(format_table(rows, TABLE))
-    for key, check in checks.items():
-        print(
-            f"{key if ' ' in key else 'rayshard ' + key}: {check['value']:.3f} (target "
-            f"{'<=' if key.endswith('_s') or 'pss' in key else '>='} {check['target']}) "
-            f"{'met' if check['met'] else 'MISSED'}"
-        )
+    print(LEGEND)
+    for key, result in checks.items():
+        print(format_check(key, result))
     report = {
         "config": {
             "rows": num_rows,
@@ -427,6 +540,7 @@ def main(argv: list[str] | None = None) -> int:
             "split_rows": args.split_rows,  # None: whole row groups
             "data": str(folder),
         },
+        "definitions": DEFINITIONS,
         "results": results,
         "targets": checks,
     }

@@ -116,7 +116,16 @@ def fit(
     """`trainer.fit` over rayshard, wired for Ray Train as Ray's guide does (Ray's DDP
     strategy and environment; with `report`, a checkpoint reported every epoch). After a
     restart it resumes from Ray Train's latest checkpoint, Lightning's own, which carries
-    the loader's state (`RayshardCheckpoint`)."""
+    the loader's state (`RayshardCheckpoint`). Lightning's root folder is a temporary
+    one, removed at the end (nothing is kept there: no logger, no checkpoints of its own)."""
+    with tempfile.TemporaryDirectory(prefix="lightning-") as root:
+        _fit_in(root, config, model, callbacks, report)
+
+
+def _fit_in(
+    root: str, config: dict, model: pl.LightningModule, callbacks: list | None, report: bool
+) -> None:
+    """`fit` with Lightning's root folder `root`."""
     train = LightningBatches(rayshard.train.iterator(config["loader"]))
     val = rayshard.train.iterator(config["val_loader"]) if config.get("val_loader") else None
     reporting = [RayTrainReportCallback()] if report else []
@@ -132,7 +141,7 @@ def fit(
         enable_progress_bar=False,
         enable_model_summary=False,
         logger=False,
-        default_root_dir=tempfile.mkdtemp(prefix="lightning-"),
+        default_root_dir=root,
     )
     trainer = prepare_trainer(trainer)
     checkpoint = ray.train.get_checkpoint()

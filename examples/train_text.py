@@ -80,12 +80,19 @@ def make_dataset(folder: str, max_bytes: int, files: int = 4) -> str:
     return folder
 
 
-def train_tokenizer(data: str, vocab_size: int = VOCAB) -> str:
+def source_texts(source: ParquetSource) -> list[str]:
+    """Every row's `text`, read through the loader's own source (so `--data` names files
+    as the loader does: a file, a folder, a glob, a URI)."""
+    rows = source.layout().num_samples
+    return [t for batch in source.read(0, rows, ["text"]) for t in batch.column("text").to_pylist()]
+
+
+def train_tokenizer(source: ParquetSource, vocab_size: int = VOCAB) -> str:
     """A byte-level BPE trained on the dataset's text; returned as JSON (it pickles as a
     string into the transform, which builds the tokenizer once per reader)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    texts = pq.read_table(data, columns=["text"]).column("text").to_pylist()
+    texts = source_texts(source)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -183,7 +190,13 @@ def train_loop_per_worker(config: dict) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", help="Parquet with a `text` column (default: the stdlib)")
+    parser.add_argument(
+        "--data",
+        help="Parquet with an int64 `id` column (unique per row: the coverage audit counts "
+        "it) and a `text` column: a file, a folder, a glob or a URI, as `ParquetSource` "
+        "takes; on a multi-node cluster, storage every node can read (default: the "
+        "stdlib, written under ./rayshard-output, which only this machine sees)",
+    )
     parser.add_argument("--max-bytes", type=int, default=600_000, help="stdlib text to use")
     parser.add_argument("--workers", type=int, default=2, help="Ray Train workers")
     parser.add_argument("--epochs", type=int, default=2)
@@ -201,11 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     apply_ray_env_defaults()  # for the local Ray this may start (see rayshard.runtime.ray_tuning)
     ray.init(address=args.address, include_dashboard=False, log_to_driver=False)
     data = args.data or make_dataset(os.path.abspath("rayshard-output/stdlib-text"), args.max_bytes)
+    source = ParquetSource(data, columns=["id", "text"])
     started = time.perf_counter()
-    tokenizer_json = train_tokenizer(data)
+    tokenizer_json = train_tokenizer(source)
     print(f"BPE tokenizer ({VOCAB} tokens) trained in {time.perf_counter() - started:.1f} s")
     loader = Loader(
-        ParquetSource(data, columns=["id", "text"]),
+        source,
         batch_size=args.batch_size,
         name="text",
         shuffle=True,

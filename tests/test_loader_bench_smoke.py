@@ -48,6 +48,12 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
         assert not any(p.startswith(HARNESS_PROCESS) for p in result["pss_by_process_mb"])
         assert result["steady_rows_per_s"] > 0, name
         assert len(result["pss_by_epoch_mb"]) == 2, name  # a peak, or None: not sampled
+        # a sample at each epoch edge (after epoch 0, after epoch 1): every epoch sampled
+        assert result["pss_edge_samples"] == 2 and result["pss_measured"], name
+        assert None not in result["pss_by_epoch_mb"], name
+        # the rise is over the loader's tree before its runs (its fresh Ray, for Ray's)
+        assert 0 < result["idle_pss_mb"] < result["peak_pss_mb"], name
+        assert result["pss_rise_mb"] == pytest.approx(result["peak_pss_mb"] - result["idle_pss_mb"])
         assert result["pss_sampler_cpu_s"] >= 0, name
         assert result["cpu_s_per_mrow"] > 0 and result["cpu_s"] > 0, name
         assert result["cpu_vs_raw"] > 0, name
@@ -59,6 +65,8 @@ def test_loader_bench_tiny_run(tmp_path: Path) -> None:
     assert results["rayshard"]["lease_calls"] == {"calls": 0, "paced": 0}  # static: none
     assert results["raw"]["lease_calls"] is None  # (not a rayshard loader)
     assert "rows_vs_raw" in report["targets"]
+    assert report["targets"]["pss_rise_vs_raw"]["status"] in ("met", "MISSED")  # measured
+    assert "pss_rise_mb" in report["definitions"]
     assert "rayshard_dynamic rows_vs_rayshard" in report["targets"]
     assert "loader" in done.stdout and "rayshard" in done.stdout  # the printed table
 

@@ -16,14 +16,57 @@ BATCH_SIZE = 1024
 WORLD = 2
 
 
+STAMP = "_DONE"  # "rows files row_group_size" of a finished dataset
+WRITING = "_WRITING"  # the same, written before the first file: what a cut-off run wrote
+
+
+def _spec(rows: int, files: int, row_group_size: int) -> str:
+    return f"{rows} {files} {row_group_size}"
+
+
+def _file_name(index: int) -> str:
+    return f"part-{index:03d}.parquet"
+
+
+def written_here(folder: Path) -> set[Path]:
+    """The Parquet files this benchmark's stamps (finished or begun) say it wrote."""
+    out = set()
+    for name in (STAMP, WRITING):
+        try:
+            files = int((folder / name).read_text().split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        out.update(folder / _file_name(index) for index in range(files))
+    return out
+
+
+def check_folder(folder: Path) -> None:
+    """Refuse a folder holding Parquet files this benchmark did not write: it rewrites
+    its dataset there, deleting what it wrote before, and never someone else's data."""
+    if not folder.is_dir():
+        return
+    foreign = sorted(set(folder.glob("*.parquet")) - written_here(folder))
+    if foreign:
+        shown = ", ".join(p.name for p in foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise FileExistsError(
+            f"{folder} holds {len(foreign)} Parquet file(s) the benchmark did not write "
+            f"({shown}); give --data an empty or new folder, or one the benchmark wrote"
+        )
+
+
 def make_dataset(folder: Path, rows: int, files: int = 8, row_group_size: int = 32768) -> Path:
-    """Write (or reuse) `rows` rows in `files` Parquet files; ids are 0..rows-1 in order."""
-    stamp = folder / "_DONE"
-    if stamp.exists() and stamp.read_text() == f"{rows} {files} {row_group_size}":
+    """Write (or reuse) `rows` rows in `files` Parquet files; ids are 0..rows-1 in order.
+    Raises FileExistsError if `folder` holds Parquet files it did not write."""
+    spec = _spec(rows, files, row_group_size)
+    stamp = folder / STAMP
+    if stamp.exists() and stamp.read_text() == spec and not (folder / WRITING).exists():
         return folder
+    check_folder(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    for old in folder.glob("*.parquet"):
-        old.unlink()
+    for old in written_here(folder):
+        old.unlink(missing_ok=True)
+    stamp.unlink(missing_ok=True)
+    (folder / WRITING).write_text(spec)
     rng = np.random.default_rng(0)
     bounds = np.linspace(0, rows, files + 1).astype(np.int64)
     for index, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
@@ -35,8 +78,9 @@ def make_dataset(folder: Path, rows: int, files: int = 8, row_group_size: int = 
                 "id": np.arange(lo, hi, dtype=np.int64),
             }
         )
-        pq.write_table(table, folder / f"part-{index:03d}.parquet", row_group_size=row_group_size)
-    stamp.write_text(f"{rows} {files} {row_group_size}")
+        pq.write_table(table, folder / _file_name(index), row_group_size=row_group_size)
+    stamp.write_text(spec)
+    (folder / WRITING).unlink()
     return folder
 
 

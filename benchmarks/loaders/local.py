@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import multiprocessing as mp
 import pickle
+import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -26,12 +27,12 @@ from benchmarks.loaders.data import (
 
 def _raw_rank(part, rank: int, epochs: int, barriers, queue) -> None:
     """One raw-scan process: its row groups through `ParquetFile.iter_batches`."""
-    start, each_epoch = barriers
+    start, edge = barriers
     start.wait()
     records = []
     for epoch in range(epochs):
         if epoch:
-            each_epoch.wait()
+            _wait_edge(edge)
         timer = EpochTimer(rank, epoch)
 
         def batches():
@@ -43,6 +44,7 @@ def _raw_rank(part, rank: int, epochs: int, barriers, queue) -> None:
                     yield numpy_columns(batch)
 
         records.append(timer.consume(batches(), lambda b: b["id"], check_numpy))
+    _wait_edge(edge)
     queue.put(pickle.dumps(records))
 
 
@@ -125,13 +127,13 @@ def _torch_rank(paths, world: int, rank: int, epochs: int, barriers, queue) -> N
     """One torch DataLoader process (num_workers=0) over its contiguous half."""
     import torch.utils.data
 
-    start, each_epoch = barriers
+    start, edge = barriers
     start.wait()
     records = []
     dataset = None
     for epoch in range(epochs):
         if epoch:
-            each_epoch.wait()
+            _wait_edge(edge)
         timer = EpochTimer(rank, epoch)
         dataset = dataset or ParquetRowGroupDataset(paths, COLUMNS)  # footers: timed
         loader = torch.utils.data.DataLoader(
@@ -146,15 +148,51 @@ def _torch_rank(paths, world: int, rank: int, epochs: int, barriers, queue) -> N
             check_numpy({"x": batch["x"].numpy()})
 
         records.append(timer.consume(loader, lambda b: b["id"].numpy(), check))
+    _wait_edge(edge)
     queue.put(pickle.dumps(records))
 
 
-def _run_processes(target: Callable, args_of_rank: Callable[[int], tuple], epochs: int, world: int):
+EDGE_TIMEOUT_S = 1800
+
+
+def _wait_edge(edge: tuple) -> None:
+    """A rank at an epoch edge (between two epochs, or after the last): wait for every
+    rank and the driver (`arrive`), then for the driver's go (`go`)."""
+    arrive, go = edge
+    arrive.wait(timeout=EDGE_TIMEOUT_S)
+    go.wait(timeout=EDGE_TIMEOUT_S)
+
+
+def _watch_edges(edge: tuple, epochs: int, on_edge: Callable[[], object] | None) -> None:
+    """The driver at each of the `epochs` edges past the first: once every rank is there,
+    `on_edge()` (the forced memory sample) while they wait, then let them go. A broken
+    barrier (a rank died) breaks the other one too, so no rank waits forever."""
+    arrive, go = edge
+    try:
+        for _ in range(epochs):
+            arrive.wait(timeout=EDGE_TIMEOUT_S)
+            if on_edge is not None:
+                on_edge()
+            go.wait(timeout=EDGE_TIMEOUT_S)
+    except threading.BrokenBarrierError:
+        arrive.abort()
+        go.abort()
+
+
+def _run_processes(
+    target: Callable,
+    args_of_rank: Callable[[int], tuple],
+    epochs: int,
+    world: int,
+    on_edge: Callable[[], object] | None = None,
+):
     """Spawn one process per rank; they start together after their imports, and each
-    epoch together (as the Ray loaders' ranks do, `on_ray.EpochBarrier`)."""
+    epoch together (as the Ray loaders' ranks do, `on_ray.EpochBarrier`, with the driver
+    sampling memory at each edge while they wait)."""
     context = mp.get_context("spawn")
     start, queue = context.Barrier(world + 1), context.Queue()
-    barriers = (start, context.Barrier(world))
+    edge = (context.Barrier(world + 1), context.Barrier(world + 1))
+    barriers = (start, edge)
     procs = [
         context.Process(target=target, args=(*args_of_rank(r), r, epochs, barriers, queue))
         for r in range(world)
@@ -162,8 +200,17 @@ def _run_processes(target: Callable, args_of_rank: Callable[[int], tuple], epoch
     for proc in procs:
         proc.start()
     start.wait(timeout=120)
+    watcher = threading.Thread(target=_watch_edges, args=(edge, epochs, on_edge), daemon=True)
+    watcher.start()
     started = time.time()
-    records = [pickle.loads(queue.get(timeout=1800)) for _ in procs]
+    try:
+        records = [pickle.loads(queue.get(timeout=1800)) for _ in procs]
+    finally:
+        watcher.join(timeout=5)  # past the last edge already, unless a rank failed
+        if watcher.is_alive():
+            edge[0].abort()
+            edge[1].abort()
+            watcher.join()
     for proc in procs:
         proc.join()
         if proc.exitcode != 0:
@@ -171,10 +218,14 @@ def _run_processes(target: Callable, args_of_rank: Callable[[int], tuple], epoch
     return [r for rank in records for r in rank], started
 
 
-def run_raw(paths: list[str], epochs: int, world: int = WORLD) -> tuple[list[EpochRecord], float]:
+def run_raw(
+    paths: list[str], epochs: int, world: int = WORLD, on_edge: Callable[[], object] | None = None
+) -> tuple[list[EpochRecord], float]:
     parts = row_group_halves(paths, world)
-    return _run_processes(_raw_rank, lambda r: (parts[r],), epochs, world)
+    return _run_processes(_raw_rank, lambda r: (parts[r],), epochs, world, on_edge)
 
 
-def run_torch(paths: list[str], epochs: int, world: int = WORLD) -> tuple[list[EpochRecord], float]:
-    return _run_processes(_torch_rank, lambda r: (paths, world), epochs, world)
+def run_torch(
+    paths: list[str], epochs: int, world: int = WORLD, on_edge: Callable[[], object] | None = None
+) -> tuple[list[EpochRecord], float]:
+    return _run_processes(_torch_rank, lambda r: (paths, world), epochs, world, on_edge)

@@ -7,8 +7,10 @@ import asyncio
 import os
 import pickle
 import tempfile
+import threading
 import time
 import uuid
+from collections.abc import Callable
 
 import numpy as np
 
@@ -27,46 +29,106 @@ class EpochBarrier:
     their start-up offsets from one epoch to the next, and an epoch's span (the first
     rank's start to the last rank's end) would count them; the raw scan's and torch's
     processes wait at the same points. `benchmarks._measure` leaves its process out of
-    the memory figures."""
+    the memory figures.
 
-    def __init__(self, world: int) -> None:
-        self._world = world
+    Ranks call `wait(e)` before epoch e and `wait(epochs)` after the last one. If
+    `watched` (the harness's), from edge 1 on the driver's `EdgeWatcher` sees `all_in(e)`,
+    samples memory while the ranks wait, and `release(e)`s them: every epoch gets a
+    sample at its start and end, outside its timed span."""
+
+    def __init__(self, world: int, watched: bool = False) -> None:
+        self._world, self._watched = world, watched
         self._arrived: dict[int, int] = {}
         self._all_in: dict[int, asyncio.Event] = {}
+        self._released: dict[int, asyncio.Event] = {}
 
     async def wait(self, epoch: int) -> None:
-        """Return once all ranks called `wait(epoch)`."""
+        """Return once all ranks called `wait(epoch)` (and, if watched, past edge 0, the
+        watcher released it)."""
         self._arrived[epoch] = self._arrived.get(epoch, 0) + 1
         all_in = self._all_in.setdefault(epoch, asyncio.Event())
         if self._arrived[epoch] == self._world:
             all_in.set()
         await all_in.wait()
+        if self._watched and epoch:
+            await self._released.setdefault(epoch, asyncio.Event()).wait()
+
+    async def all_in(self, epoch: int) -> None:
+        """Return once all ranks are waiting at `epoch`'s edge."""
+        await self._all_in.setdefault(epoch, asyncio.Event()).wait()
+
+    async def release(self, epoch: int) -> None:
+        """Let the ranks waiting at `epoch`'s edge go."""
+        self._released.setdefault(epoch, asyncio.Event()).set()
 
 
 def epoch_barrier(world: int):
-    """A fresh `EpochBarrier` actor for `world` ranks (no CPU asked), started: its
-    process start is not in the measured run's launch time."""
+    """A fresh `EpochBarrier` actor for `world` ranks (no CPU asked), watched (an
+    `EdgeWatcher` must release its edges), started: its process start is not in the
+    measured run's launch time."""
     import ray
 
-    barrier = ray.remote(num_cpus=0)(EpochBarrier).remote(world)
+    barrier = ray.remote(num_cpus=0)(EpochBarrier).remote(world, watched=True)
     ray.get(barrier.__ray_ready__.remote())
     return barrier
+
+
+class EdgeWatcher:
+    """The driver's side of an `EpochBarrier` over `epochs` epochs: at each edge past the
+    first (between two epochs, and after the last), `on_edge()` runs while every rank
+    waits, then the ranks go. A thread; leaving the `with` stops it."""
+
+    def __init__(self, barrier, epochs: int, on_edge: Callable[[], object] | None) -> None:
+        self.barrier, self.epochs, self.on_edge = barrier, epochs, on_edge
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="epoch-edges", daemon=True)
+
+    def __enter__(self) -> EdgeWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        for edge in range(1, self.epochs + 1):
+            if not self._get(self.barrier.all_in.remote(edge)):
+                return  # the run ended (or failed) before the ranks got here
+            if self.on_edge is not None:
+                self.on_edge()
+            self._get(self.barrier.release.remote(edge))
+
+    def _get(self, ref) -> bool:
+        import ray
+
+        while not self._stop.is_set():
+            if ray.wait([ref], timeout=0.5)[0]:
+                ray.get(ref)
+                return True
+        return False
+
+
+def _edge(barrier, epoch: int) -> None:
+    """Wait at `epoch`'s edge with the other ranks (`epochs`: the edge after the last)."""
+    import ray
+
+    ray.get(barrier.wait.remote(epoch))
 
 
 def _rayshard_epochs(iterator_of, rank: int, epochs: int, barrier) -> list[EpochRecord]:
     """A rayshard rank's `epochs` epochs, each started with every rank (`barrier`); the
     iterator is made by `iterator_of()`, its making timed as part of epoch 0."""
-    import ray
-
-    ray.get(barrier.wait.remote(0))
+    _edge(barrier, 0)
     started = time.time()
     batches = iterator_of()
     records = []
     for epoch in range(epochs):
         if epoch:
-            ray.get(barrier.wait.remote(epoch))
+            _edge(barrier, epoch)
         timer = EpochTimer(rank, epoch, started if epoch == 0 else None)
         records.append(timer.consume(batches, lambda b: b["id"][~b["_padded"]], check_numpy))
+    _edge(barrier, epochs)
     return records
 
 
@@ -88,14 +150,13 @@ def _stacked(batches):
 
 
 def _ray_data_rank(split, rank: int, epochs: int, barrier) -> list[EpochRecord]:
-    import ray
-
     records = []
     for epoch in range(epochs):
-        ray.get(barrier.wait.remote(epoch))
+        _edge(barrier, epoch)
         timer = EpochTimer(rank, epoch)
         batches = _stacked(split.iter_batches(batch_size=BATCH_SIZE, batch_format="numpy"))
         records.append(timer.consume(batches, lambda b: b["id"], check_numpy))
+    _edge(barrier, epochs)
     return records
 
 
@@ -106,10 +167,11 @@ def _train_loop(config: dict) -> None:
     shard = ray.train.get_dataset_shard("train")
     records = []
     for epoch in range(config["epochs"]):
-        ray.get(config["barrier"].wait.remote(epoch))
+        _edge(config["barrier"], epoch)
         timer = EpochTimer(rank, epoch)
         batches = _stacked(shard.iter_batches(batch_size=BATCH_SIZE, batch_format="numpy"))
         records.append(timer.consume(batches, lambda b: b["id"], check_numpy))
+    _edge(config["barrier"], config["epochs"])
     with open(os.path.join(config["out"], f"rank-{rank}.pkl"), "wb") as handle:
         pickle.dump(records, handle)
 
@@ -144,8 +206,18 @@ def _rayshard_loader(paths: list[str], **options):
     )
 
 
+# What every runner takes: (paths, epochs, world, on_edge), `on_edge` called at each epoch
+# edge past the first while the ranks wait (the memory sampler's forced sample).
+OnEdge = Callable[[], object] | None
+
+
 def run_rayshard(
-    paths: list[str], epochs: int, world: int = WORLD, rank_cpus: int = 0, **options
+    paths: list[str],
+    epochs: int,
+    world: int = WORLD,
+    on_edge: OnEdge = None,
+    rank_cpus: int = 0,
+    **options,
 ) -> tuple[list[EpochRecord], float]:
     """rayshard with one Ray task per rank consuming numpy batches, each asking Ray for
     `rank_cpus` CPUs; `options` go to the `Loader` (default: the `data` policy, each rank
@@ -156,9 +228,10 @@ def run_rayshard(
     try:
         task = ray.remote(num_cpus=rank_cpus)(_rayshard_rank)
         barrier = epoch_barrier(world)
-        started = time.time()
-        refs = [task.remote(loader, rank, world, epochs, barrier) for rank in range(world)]
-        records = [r for rank in ray.get(refs) for r in rank]
+        with EdgeWatcher(barrier, epochs, on_edge):
+            started = time.time()
+            refs = [task.remote(loader, rank, world, epochs, barrier) for rank in range(world)]
+            records = [r for rank in ray.get(refs) for r in rank]
         calls = loader.stats().get("lease_calls", {}).values()
         LEASE_CALLS.update({k: sum(c[k] for c in calls) for k in ("calls", "paced")})
         return records, started
@@ -166,24 +239,24 @@ def run_rayshard(
         loader.shutdown()
 
 
-def run_rayshard_cpus(paths, epochs, world=WORLD):
+def run_rayshard_cpus(paths, epochs, world=WORLD, on_edge: OnEdge = None):
     """rayshard with each rank's task asking Ray for its share of the cores (this machine's
     or Ray's CPUs, the fewer), as a Train worker given `resources_per_worker={"CPU": n}`
     does: it reads with that many threads (the default `reader_threads`)."""
     import ray
 
     cores = min(os.cpu_count() or 1, int(ray.cluster_resources().get("CPU", 1)))
-    return run_rayshard(paths, epochs, world, rank_cpus=max(1, cores // world))
+    return run_rayshard(paths, epochs, world, on_edge, rank_cpus=max(1, cores // world))
 
 
-def run_rayshard_dynamic(paths, epochs, world=WORLD):
+def run_rayshard_dynamic(paths, epochs, world=WORLD, on_edge: OnEdge = None):
     """rayshard under `dynamic`: pieces leased from the coordinator as ranks ask."""
-    return run_rayshard(paths, epochs, world, policy="dynamic")
+    return run_rayshard(paths, epochs, world, on_edge, policy="dynamic")
 
 
-def run_rayshard_actor(paths, epochs, world=WORLD):
+def run_rayshard_actor(paths, epochs, world=WORLD, on_edge: OnEdge = None):
     """rayshard reading in its reader actors (object-store blocks), not in the consumers."""
-    return run_rayshard(paths, epochs, world, consumer_reads=False)
+    return run_rayshard(paths, epochs, world, on_edge, consumer_reads=False)
 
 
 def _rayshard_train_loop(config: dict) -> None:
@@ -202,11 +275,11 @@ def _rayshard_train_loop(config: dict) -> None:
         pickle.dump(records, handle)
 
 
-def run_rayshard_train(paths, epochs, world=WORLD):
+def run_rayshard_train(paths, epochs, world=WORLD, on_edge: OnEdge = None):
     """rayshard inside a `TorchTrainer` (one Train worker per rank)."""
     loader = _rayshard_loader(paths)
     try:
-        return _fit(_rayshard_train_loop, {"loader": loader}, epochs, world)
+        return _fit(_rayshard_train_loop, {"loader": loader}, epochs, world, on_edge)
     finally:
         loader.shutdown()
 
@@ -221,32 +294,36 @@ def _ray_dataset(paths: list[str]):
 
 
 def run_ray_data(
-    paths: list[str], epochs: int, world: int = WORLD
+    paths: list[str], epochs: int, world: int = WORLD, on_edge: OnEdge = None
 ) -> tuple[list[EpochRecord], float]:
     import ray
 
     splits = _ray_dataset(paths).streaming_split(world, equal=True)
     task = ray.remote(num_cpus=0)(_ray_data_rank)
     barrier = epoch_barrier(world)
-    started = time.time()
-    refs = [task.remote(split, rank, epochs, barrier) for rank, split in enumerate(splits)]
-    return [r for rank in ray.get(refs) for r in rank], started
+    with EdgeWatcher(barrier, epochs, on_edge):
+        started = time.time()
+        refs = [task.remote(split, rank, epochs, barrier) for rank, split in enumerate(splits)]
+        return [r for rank in ray.get(refs) for r in rank], started
 
 
 def run_ray_train(
-    paths: list[str], epochs: int, world: int = WORLD
+    paths: list[str], epochs: int, world: int = WORLD, on_edge: OnEdge = None
 ) -> tuple[list[EpochRecord], float]:
     dataset = _ray_dataset(paths)
-    return _fit(_train_loop, {}, epochs, world, datasets={"train": dataset})
+    return _fit(_train_loop, {}, epochs, world, on_edge, datasets={"train": dataset})
 
 
-def _fit(loop, config: dict, epochs: int, world: int, datasets=None):
+def _fit(loop, config: dict, epochs: int, world: int, on_edge: OnEdge, datasets=None):
     """Run `loop` in a `TorchTrainer` of `world` CPU workers; each writes its records."""
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     barrier = epoch_barrier(world)
-    with tempfile.TemporaryDirectory(prefix="rayshard-bench-train-") as out:
+    with (
+        tempfile.TemporaryDirectory(prefix="rayshard-bench-train-") as out,
+        EdgeWatcher(barrier, epochs, on_edge),
+    ):
         trainer = TorchTrainer(
             loop,
             train_loop_config={**config, "epochs": epochs, "out": out, "barrier": barrier},
