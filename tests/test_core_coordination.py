@@ -595,3 +595,17 @@ def test_a_group_regrouped_past_an_epoch_a_lost_rank_left_unfinished_reads_its_r
     assert core.start_of(0) == 0
     if policy == "data":
         assert core.plan(0).ranks[0].ranges == ((28, 40),)
+
+
+def test_a_registration_that_replaces_a_rank_says_what_it_gave_back():
+    """A rank registering again (its worker restarted) gives back its unacknowledged rows,
+    as a loss does: the decision says how many (`rayshard_reserved_samples` counts them),
+    and the reply to the worker leaves that out."""
+    core = _core("dynamic", True)
+    core.apply(cmd.Register(0, 1, 0, 1, 0.0))
+    core.apply(cmd.StartEpoch(0, 0))
+    leased = core.apply(cmd.Lease(0, 0, 2))
+    again = core.apply(cmd.Register(0, 1, 0, 1, 1.0))
+    assert again.requeued_rows == iv.total(leased.pieces) > 0
+    assert "requeued_rows" not in again.reply() and again.reply()["generation"] == 1
+    assert core.apply(cmd.Register(0, 1, 0, 1, 2.0)).requeued_rows == 0  # nothing held

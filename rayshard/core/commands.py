@@ -166,7 +166,8 @@ def command_from_entry(entry: dict[str, Any]) -> Command:
 @dataclasses.dataclass(frozen=True)
 class Registered:
     """The generation the worker registered under, the name of its rank's reader, and the
-    epoch its rank is at (where a new iterator of the rank starts)."""
+    epoch its rank is at (where a new iterator of the rank starts); `requeued_rows`: rows
+    the rank's earlier registration gave back, replaced (for the metrics, not the reply)."""
 
     generation: int
     reader: str
@@ -174,9 +175,12 @@ class Registered:
     loader: str
     dynamic: bool
     epoch: int = 0
+    requeued_rows: int = 0
 
     def reply(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        reply = dataclasses.asdict(self)
+        del reply["requeued_rows"]
+        return reply
 
 
 @dataclasses.dataclass(frozen=True)

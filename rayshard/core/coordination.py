@@ -83,8 +83,8 @@ class CoordinatorCore(CoreQueries):
             members.shrunk_to(c.dp_size) if self.dynamic else members.dp_size != c.dp_size
         ):
             members = self._new_generation(c.dp_size, c.world_size, c.time)
-        if members.registers_again(c.world_rank, c.dp_rank):
-            self._lost(cmd.Lost(c.dp_rank, "replaced", c.time))
+        replaced = members.registers_again(c.world_rank, c.dp_rank)
+        back = self._lost(cmd.Lost(c.dp_rank, "replaced", c.time)).requeued_rows if replaced else 0
         members.world[c.world_rank] = c.dp_rank
         if self.dynamic and c.dp_rank not in members.ranks:
             members.dp_size = max(members.dp_size, c.dp_rank + 1)
@@ -103,7 +103,7 @@ class CoordinatorCore(CoreQueries):
             )
         members.given[c.world_rank] = members.readers[c.dp_rank]
         given = (members.generation, members.readers[c.dp_rank], members.dp_size)
-        return cmd.Registered(*given, self.loader_id, self.dynamic, self.start_of(c.dp_rank))
+        return cmd.Registered(*given, self.loader_id, self.dynamic, self.start_of(c.dp_rank), back)
 
     def _attach(self, c: cmd.Attach) -> cmd.Noted:
         members = self.members

@@ -16,8 +16,8 @@ def record(loader_id: str, command: cmd.Command, decision: Any, trace: list | No
     `command`), and append a lease or a rank's loss to `trace` (None: not traced)."""
     if isinstance(decision, cmd.Leased):
         metrics.set_leases_outstanding(loader_id, decision.outstanding)
-    elif isinstance(decision, cmd.RankLost):
-        metrics.record_reserved(loader_id, decision.requeued_rows)
+    elif isinstance(decision, cmd.RankLost | cmd.Registered) and decision.requeued_rows:
+        metrics.record_reserved(loader_id, decision.requeued_rows)  # (lost, or replaced)
     if trace is not None and isinstance(decision, cmd.Leased | cmd.RankLost):
         pieces = decision.pieces if isinstance(decision, cmd.Leased) else decision.requeued
         trace.append((time.time(), command.kind, command.dp_rank, list(pieces)))

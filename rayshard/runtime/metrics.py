@@ -53,7 +53,7 @@ def set_prefetch_depth(loader: str, rank: int, depth: int) -> None:
 
 
 def set_leases_outstanding(loader: str, count: int) -> None:
-    _metric("Gauge", "rayshard_leases_outstanding", "dynamic leases not finished").set(
+    _metric("Gauge", "rayshard_leases_outstanding", "dynamic leases not closed").set(
         count, _tags(loader, None)
     )
 
