@@ -63,3 +63,10 @@ def test_a_rank_keeps_the_numbers_of_its_latest_senders_only():
     assert list(usage._counted[3]) == senders[-rank_usage.SENDERS_HELD :]
     usage.acked(3, {"batches": 1, "group": f"{senders[-1]}:0"})  # (sent again)
     assert usage.summary()["consumers"][3]["batches"] == len(senders)
+    # A group's members send all along: each one heard from lately keeps its numbers.
+    members = [f"member-{m}" for m in range(rank_usage.SENDERS_HELD)]
+    for number in range(3):
+        for member in members:
+            usage.acked(4, {"batches": 1, "group": f"{member}:{number}"})
+    usage.acked(4, {"batches": 1, "group": f"{members[0]}:2"})  # (sent again)
+    assert usage.summary()["consumers"][4]["batches"] == 3 * len(members)

@@ -228,9 +228,10 @@ class LeaseBook:
         """`rank` stalls: returns its unacknowledged rows, queued again first for the
         others; it stays a member, its capacity stops at what it kept."""
         back = self.restart(rank)
-        self._stalled.add(rank)  # (settled by `restart`)
-        if self._equal and rank in self._capacity:
-            self._capacity.set(rank, self._leased[rank])
+        if rank in self._capacity:  # (settled by `restart`)
+            self._stalled.add(rank)
+            if self._equal:
+                self._capacity.set(rank, self._leased[rank])
         self._spread()
         return back
 
@@ -299,9 +300,9 @@ class LeaseBook:
         book._duplicates_carried = data.get("duplicate_rows", 0)  # absent before stragglers
         book._distinct_from = iv.total(book._consumed_norm)
         book._since = RankClocks(data.get("since", []))
-        book._stalled.update(data.get("stalled", []))
         for rank, capacity in data["capacity"]:
             book._capacity.set(rank, capacity)
+        book._stalled.update(r for r in data.get("stalled", []) if r in book._capacity)
         return book
 
     def snapshot(self) -> dict[str, Any]:

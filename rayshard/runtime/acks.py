@@ -62,6 +62,8 @@ class AckSender:
         #           group, packing's split documents {sample index: tokens delivered}]
         self._pending: dict[int, list] = {}
         self._sent: list[Sent] = []  # acknowledgement calls not known to be recorded
+        self._waiting = threading.Lock()  # held by the one `flush(wait=True)` waiting
+        self._claimed: set[int] = set()  # ids of the `_sent` entries it waits for
         self._wake = threading.Event()
         self._dropped = False  # the iterator was dropped unclosed (`end_soon`)
         self._interval = interval_s
@@ -111,16 +113,21 @@ class AckSender:
                     return
                 self._send_pending()
             return
-        with self._lock:
-            self._send_pending()
-            sent = list(self._sent)
-        answers = []
-        for entry in sent:  # each leaves `_sent` once recorded: an interrupt keeps the rest
-            answers.append(self._recorded(entry))
+        with self._waiting:  # (one waiter: a second waits for the first, then the rest)
             with self._lock:
-                self._sent = [kept for kept in self._sent if kept is not entry]
-        with self._lock:
-            self._take_asked(answers)
+                self._send_pending()
+                sent = list(self._sent)
+                self._claimed = {id(entry) for entry in sent}  # `_settle` leaves them be
+            answers = []
+            try:
+                for entry in sent:  # each leaves `_sent` once recorded: an interrupt keeps
+                    answers.append(self._recorded(entry))  # the rest for the next wait
+                    with self._lock:
+                        self._sent = [kept for kept in self._sent if kept is not entry]
+            finally:
+                with self._lock:
+                    self._claimed = set()
+                    self._take_asked(answers)
 
     @property
     def asked_s(self) -> float:
@@ -212,6 +219,9 @@ class AckSender:
         done = set(ray.wait(refs, num_returns=len(refs), timeout=0)[0])
         busy, answers, now = [], [], time.monotonic()
         for entry in entries:
+            if id(entry) in self._claimed:  # a waiter's: it sends it again if need be
+                busy.append(entry)
+                continue
             if entry.ref not in done:
                 busy.append(self._link.verdict(entry, now) if entry.overdue(now) else entry)
                 continue

@@ -5,8 +5,9 @@ Not journaled: they describe this coordinator process's service, so a restarted
 coordinator counts again from zero (its lease book, which is journaled, is exact).
 A group is counted once: one its relay forwarded, then failed to answer, is sent again
 straight (`rayshard.runtime.ack_relay`), so each sender numbers its groups. The numbers of
-a rank's latest `SENDERS_HELD` senders are kept (an iterator per epoch is a sender per
-epoch: all of them would grow without end); a group of an older one counts again.
+a rank's `SENDERS_HELD` senders heard from last are kept (an iterator per epoch is a
+sender per epoch: all of them would grow without end); a group of an older one counts
+again.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from rayshard.core import commands as cmd
 CONSUMER_KEYS = ("batches", "samples", "bytes", "stall_s")
 LEASE_KEYS = ("calls", "paced", "rows", "waited_s")
 GROUPS_HELD = 64  # a sender's group numbers held past a gap (`_Numbers`)
-SENDERS_HELD = 8  # senders of one rank whose group numbers are kept
+SENDERS_HELD = 64  # senders of one rank whose group numbers are kept (a group's members)
 
 
 class RankUsage:
@@ -27,7 +28,7 @@ class RankUsage:
     def __init__(self) -> None:
         self._consumers: dict[int, dict[str, Any]] = {}
         self._leases: dict[int, dict[str, Any]] = {}
-        # rank -> sender -> numbers of its groups counted (its latest senders, oldest first)
+        # rank -> sender -> numbers of its groups counted (least recently heard from first)
         self._counted: dict[int, dict[str, _Numbers]] = {}
 
     def acked(self, dp_rank: int, usage: dict | None) -> None:
@@ -44,11 +45,11 @@ class RankUsage:
 
     def _numbers(self, dp_rank: int, sender: str) -> _Numbers:
         senders = self._counted.setdefault(dp_rank, {})
-        if sender not in senders:
-            senders[sender] = _Numbers()
-            if len(senders) > SENDERS_HELD:  # the oldest sender's numbers go
-                del senders[next(iter(senders))]
-        return senders[sender]
+        numbers = senders.pop(sender, None) or _Numbers()
+        senders[sender] = numbers  # (heard from last: at the end)
+        if len(senders) > SENDERS_HELD:  # the sender heard from least recently goes
+            del senders[next(iter(senders))]
+        return numbers
 
     def leased(self, dp_rank: int, answer: Any, paced: bool, waited_s: float) -> None:
         """A lease call of `dp_rank` was answered with `answer` (a `cmd.Leased`; anything
