@@ -24,7 +24,7 @@ import pyarrow as pa
 from rayshard.errors import ConfigError, DataError
 from rayshard.plan import DataLayout
 from rayshard.sources._files import check_columns
-from rayshard.sources.base import Source
+from rayshard.sources.base import Source, schema_text
 
 _block_info_task = None
 
@@ -145,4 +145,6 @@ class RayDataSource(Source):
     def describe(self) -> str:
         if self._refs is None:
             return "ray.data.Dataset (not materialized yet)"
-        return f"ray.data.Dataset ({self._offsets[-1]} rows in {len(self._refs)} blocks)"
+        # (not the block count: Ray picks it from the CPUs free when the dataset runs, so
+        # a state saved on one cluster would be refused on a bigger one)
+        return f"ray.data.Dataset ({self._offsets[-1]} rows; {schema_text(self.schema())})"

@@ -19,8 +19,8 @@ import numpy as np
 
 from rayshard.config.checks import check_int
 from rayshard.errors import ConfigError
-from rayshard.plan import check_coverage
-from rayshard.plan import intervals as iv
+from rayshard.sources._runs import check_runs, joined, runs_of_values
+from rayshard.sources._samples import numpy_of
 from rayshard.sources._samples import sample_of as _sample
 
 
@@ -30,9 +30,9 @@ class ShardedDataset(abc.ABC):
     Set `total_shards` (and optionally `dist_world_size`, the world size it is built for)
     and implement `__len__`, `__getitem__` and `shard(i)`. `shard(i)` returns the indices
     of shard `i`: a `range`, a sequence or array of ints, an object with `.indices`
-    (`torch.utils.data.Subset`), or `IndexRanges` of `(start, end)` pairs. `__len__` is
-    the size of the whole dataset. Shards must cover every sample exactly once (checked
-    when the dataset becomes a source).
+    (`torch.utils.data.Subset`), a torch tensor, or `IndexRanges` of `(start, end)`
+    pairs. `__len__` is the size of the whole dataset. Shards must cover every sample
+    exactly once (checked when the dataset becomes a source).
     """
 
     total_shards: int
@@ -60,20 +60,27 @@ def is_sharded(dataset: Any) -> bool:
     return isinstance(dataset, ShardedDataset)
 
 
-def shard_ranges(dataset: ShardedDataset) -> list[iv.Intervals]:
-    """Every shard as index ranges in the shard's order, after ESPnet3's start-up checks."""
+def shard_ranges(dataset: ShardedDataset) -> list[np.ndarray]:
+    """Every shard as `(start, end)` runs in the shard's order (a `(k, 2)` int64 array
+    each), after ESPnet3's start-up checks (coverage checked in numpy)."""
     shards = getattr(dataset, "total_shards", None)
     check_int(
         shards,
         f"{type(dataset).__name__}.total_shards",
         minimum=1,
         fix="a ShardedDataset must set total_shards before it is used",
+        integral=True,
     )
-    out = [
-        _as_ranges(dataset.shard(i), f"{type(dataset).__name__}.shard({i})") for i in range(shards)
-    ]
-    check_coverage(out, len(dataset))  # (as listed: a sample a shard repeats is refused)
+    out = [runs_of(dataset, i) for i in range(int(shards))]
+    check_runs(out, len(dataset))  # (as listed: a sample a shard repeats is refused)
     return out
+
+
+def runs_of(dataset: Any, shard_idx: int) -> np.ndarray:
+    """Shard `shard_idx` of a sharded dataset as runs (a combination's without tuples)."""
+    if isinstance(dataset, CombinedDataset):
+        return dataset.shard_runs(shard_idx)
+    return _as_runs(dataset.shard(shard_idx), f"{type(dataset).__name__}.shard({shard_idx})")
 
 
 class IndexRanges(tuple):
@@ -83,30 +90,27 @@ class IndexRanges(tuple):
     __slots__ = ()
 
 
-def _as_ranges(indices: Any, where: str) -> iv.Intervals:
-    if isinstance(indices, IndexRanges):
-        return iv.concat((int(a), int(b)) for a, b in indices)
-    if hasattr(indices, "indices") and not isinstance(indices, (range, np.ndarray)):
-        indices = indices.indices
-    if isinstance(indices, range):
-        if indices.step != 1:
-            indices = list(indices)
-        else:
-            return iv.concat([(indices.start, indices.stop)])
+def _as_runs(indices: Any, where: str) -> np.ndarray:
+    """What `shard()` returned as `(start, end)` runs in order: one numpy pass, no Python
+    pair per run (stride shards have one run per sample)."""
+    if not isinstance(indices, IndexRanges):
+        indices = numpy_of(indices)  # a torch tensor of indices (whose .indices is sparse's)
+        if hasattr(indices, "indices") and not isinstance(indices, (range, np.ndarray)):
+            indices = numpy_of(indices.indices)  # a torch Subset
+        if isinstance(indices, range):
+            if indices.step == 1:
+                return joined(np.array([[indices.start, indices.stop]]))
+            indices = np.arange(indices.start, indices.stop, indices.step)
     try:
-        values = np.asarray(indices, dtype=np.int64).reshape(-1)
+        values = np.asarray(indices, dtype=np.int64)
+        if isinstance(indices, IndexRanges):
+            return joined(values.reshape(-1, 2))
     except (TypeError, ValueError) as error:
         raise ConfigError(
             f"{where} returned {type(indices).__name__}: return a range, a list of sample "
-            "indices, or a torch Subset"
+            "indices, a torch Subset or IndexRanges of (start, end) pairs"
         ) from error
-    if len(values) == 0:
-        return ()
-    # (k,) positions where a run of consecutive indices breaks
-    breaks = np.flatnonzero(np.diff(values) != 1) + 1
-    starts = np.concatenate([[0], breaks])
-    ends = np.concatenate([breaks, [len(values)]])
-    return iv.concat((int(values[a]), int(values[b - 1]) + 1) for a, b in zip(starts, ends))
+    return runs_of_values(values.reshape(-1))
 
 
 class CombinedDataset:
@@ -130,7 +134,8 @@ class CombinedDataset:
             ]
             raise ConfigError(
                 "if any dataset of a combination is a ShardedDataset, all must be: "
-                f"{'; '.join(names)}. Give the others a shard() method, or use separate splits"
+                f"{'; '.join(names)}. Make the others ShardedDataset subclasses (set "
+                "total_shards, implement shard(i)), or use separate splits"
             )
         if all(sharded):
             values = {(d.total_shards, d.dist_world_size) for d in datasets}
@@ -148,7 +153,7 @@ class CombinedDataset:
         for i, d in enumerate(datasets):
             if len(d) == 0:
                 continue
-            sample_keys = sorted(_sample(d, 0, type(d).__name__).keys())
+            sample_keys = sorted(_sample(d, 0, type(d).__name__, error=ConfigError).keys())
             if keys is None:
                 keys, first = sample_keys, i
             elif sample_keys != keys:
@@ -161,7 +166,7 @@ class CombinedDataset:
         self.offsets = [0, *itertools.accumulate(len(d) for d in datasets)]
         self.sharded = all(sharded)
         if self.sharded:
-            self.total_shards = datasets[0].total_shards
+            self.total_shards = int(datasets[0].total_shards)
             self.dist_world_size = datasets[0].dist_world_size
 
     def __len__(self) -> int:
@@ -179,10 +184,11 @@ class CombinedDataset:
 
     def shard(self, shard_idx: int) -> IndexRanges:
         """Shard `shard_idx` of every part, as ranges of combined indices."""
+        return IndexRanges(tuple(pair) for pair in self.shard_runs(shard_idx).tolist())
+
+    def shard_runs(self, shard_idx: int) -> np.ndarray:
+        """`shard(shard_idx)` as a `(k, 2)` array of runs."""
         if not self.sharded:
             raise ConfigError("this CombinedDataset holds no ShardedDataset, so it has no shards")
-        out: list[tuple[int, int]] = []
-        for d, base in zip(self.datasets, self.offsets):
-            ranges = _as_ranges(d.shard(shard_idx), f"{type(d).__name__}.shard({shard_idx})")
-            out.extend((a + base, b + base) for a, b in ranges)
-        return IndexRanges(out)
+        parts = [runs_of(d, shard_idx) + base for d, base in zip(self.datasets, self.offsets)]
+        return joined(np.concatenate(parts))
