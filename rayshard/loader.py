@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import uuid
 from collections.abc import Mapping
 from typing import Any
@@ -27,7 +26,7 @@ from rayshard.data.formats import arrow_types
 from rayshard.data.transforms import TransformFn
 from rayshard.errors import ConfigError
 from rayshard.plan import data_parallel_rank
-from rayshard.runtime import generations
+from rayshard.runtime import generations, journal
 from rayshard.runtime.coordinator import Coordinator
 from rayshard.runtime.delivery import Delivery
 from rayshard.runtime.iterator import ShardIterator
@@ -97,7 +96,7 @@ class Loader:
             f"{name}:{self.settings.fingerprint(source.describe(), self.layout.num_samples)}"
         )
         journal_path = settings.journal_path
-        self.journal_path = journal_path or default_journal_path(self.namespace, name)
+        self.journal_path = journal_path or journal.default_path(self.namespace, name)
         if journal_path is not None:
             Journal(self.journal_path, self.loader_id).check_reusable()
         warn_about_actor_resources(settings)
@@ -253,7 +252,9 @@ class Loader:
             # Hard affinity: the reader must share the worker's object store (and fate).
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             num_cpus=self.settings.reader_num_cpus,
-            max_concurrency=4 + len(dp.group),
+            # every member's block calls in flight may wait for blocks (a pool they filled
+            # would starve a slower member's call, and the group with it), with room left
+            max_concurrency=4 + len(dp.group) * (self.settings.blocks_ahead + 2),
         )
         reader = reader.remote(reading, len(dp.group))
         ray.get(self._coordinator.attach_reader.remote(generation, dp.dp_rank, name))
@@ -295,19 +296,6 @@ class Loader:
         ray.kill(self._coordinator, no_restart=True)
 
 
-def default_journal_path(namespace: str, name: str) -> str:
-    """The default journal: a file in this user's folder in the temp folder, named by cluster
-    (GCS address), namespace (one job), loader, and a hash of the three exactly: never shared."""
-    try:
-        cluster = ray.get_runtime_context().gcs_address or "local"
-    except Exception:  # noqa: BLE001 - no cluster address known: one local cluster
-        cluster = "local"
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{cluster}-{namespace}-{name}")
-    safe += "-" + uuid.uuid5(uuid.NAMESPACE_URL, repr((cluster, namespace, name))).hex[:16]
-    folder = os.path.join(tempfile.gettempdir(), f"rayshard-{os.getuid()}", "journals")
-    return os.path.join(folder, f"{safe[-180:]}.jsonl")
-
-
 def _train_world(world_rank: int | None, world_size: int | None) -> tuple[int, int]:
     """Rank and size from the Ray Train context, or a single worker outside Train."""
     try:
@@ -316,5 +304,11 @@ def _train_world(world_rank: int | None, world_size: int | None) -> tuple[int, i
         context = train.get_context()
         rank, size = context.get_world_rank(), context.get_world_size()
     except Exception:  # noqa: BLE001 - not inside a Train worker
+        if (world_rank is None) != (world_size is None):  # every worker would be rank 0
+            raise ConfigError(
+                f"iterator(world_rank={world_rank}, world_size={world_size}) outside Ray "
+                "Train: give both (this worker's rank and the number of workers), or neither "
+                "for a single worker"
+            ) from None
         rank, size = 0, 1
     return (rank if world_rank is None else world_rank, size if world_size is None else world_size)

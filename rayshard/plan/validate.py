@@ -25,8 +25,9 @@ def validate(
     if check_expected and expected is not None and expected != world_size:
         raise ConfigError(
             f"the configuration expects world_size={expected} but the job runs with "
-            f"world_size={world_size}: set expected_world_size={world_size} (or remove it), "
-            f"or start the job with {expected} data-parallel workers"
+            f"world_size={world_size} data-parallel ranks (its workers over the model-parallel "
+            f"group size): set expected_world_size={world_size} (or remove it), or start the "
+            f"job with {expected} data-parallel ranks"
         )
     shards = config.shards_for(world_size)
     replicate = by_files and config.uneven is Uneven.REPLICATE

@@ -15,7 +15,9 @@ import contextlib
 import json
 import logging
 import os
+import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import Iterator
 from typing import Any
@@ -239,3 +241,16 @@ def actor_was_restarted() -> bool:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+
+
+def default_path(namespace: str, name: str) -> str:
+    """The default journal: a file in this user's folder in the temp folder, named by cluster
+    (GCS address), namespace (one job), loader, and a hash of the three exactly: never shared."""
+    try:
+        cluster = ray.get_runtime_context().gcs_address or "local"
+    except Exception:  # noqa: BLE001 - no cluster address known: one local cluster
+        cluster = "local"
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in f"{cluster}-{namespace}-{name}")
+    safe += "-" + uuid.uuid5(uuid.NAMESPACE_URL, repr((cluster, namespace, name))).hex[:16]
+    folder = os.path.join(tempfile.gettempdir(), f"rayshard-{os.getuid()}", "journals")
+    return os.path.join(folder, f"{safe[-180:]}.jsonl")

@@ -188,9 +188,19 @@ class ShardReader:
         self._stopped.wait()
 
     def stop(self) -> None:
-        """End the reader thread and release the watch (graceful leave)."""
+        """End the reader thread and release the watch (graceful leave). Consumers still
+        waiting for a block (other members of a model-parallel group, when one member
+        closed its iterator: the rank left) get a `StaleClientError` rather than waiting
+        for ever."""
         self._stop_thread()
         self._leases.stop()
+        with self._cond:
+            self._error = self._error or StaleClientError(
+                "its rank left the loader (a consumer of the rank closed its iterator, as "
+                "one member of a model-parallel group may before the others): take a new "
+                "iterator, or close every member's at the end of training"
+            )
+            self._cond.notify_all()
         self._stopped.set()
 
     def _reads(self, epoch: int) -> Reads:

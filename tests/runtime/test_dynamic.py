@@ -352,7 +352,7 @@ def test_rank_back_under_same_number_is_watched_again(ray_session, dataset):
 
 
 def test_default_journal_is_private_to_user_cluster_and_job(ray_session):
-    from rayshard.loader import default_journal_path
+    from rayshard.runtime.journal import default_path as default_journal_path
 
     path = default_journal_path("rayshard-01000000", "demo")
     address = ray.get_runtime_context().gcs_address.replace(":", "_")

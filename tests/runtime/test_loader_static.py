@@ -648,3 +648,40 @@ def test_a_bad_state_is_refused_and_leaves_the_loader_working(ray_session, datas
     rest = [int(i) for b in it for i in b["id"]]
     assert sorted(taken + rest) == list(range(100))
     loader.shutdown()
+
+
+@pytest.mark.parametrize("given", [{"world_size": 4}, {"world_rank": 2}])
+def test_outside_ray_train_an_iterator_needs_both_rank_and_size_or_neither(
+    ray_session, tmp_path, given
+):
+    """Only `world_size` given outside Ray Train made every worker rank 0 (each replacing
+    the last); only `world_rank`, a range error about a world of 1."""
+    loader = Loader(ParquetSource(write_parquet(tmp_path, [8])), batch_size=4)
+    with pytest.raises(ConfigError, match="give both"):
+        loader.iterator(**given)
+    loader.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_a_group_member_that_starts_late_is_served_beside_the_others_waiting_calls(
+    ray_session, dataset
+):
+    """The members of a model-parallel group share one reader actor; each keeps block
+    calls in flight, and a call for a block not read yet holds one of the actor's threads
+    (the reader reads ahead of the slowest member only). Two members waiting so filled a
+    pool sized by the group alone, and the third member's calls never ran: all hung."""
+    import threading
+
+    loader = make_loader(dataset, model_parallel_size=3, prefetch_depth=2, batches_per_object=1)
+    its = [loader.iterator(world_rank=r, world_size=3, batch_format="numpy") for r in range(3)]
+    read: dict[int, list] = {}
+    early = [threading.Thread(target=lambda r=r: read.update({r: list(its[r])})) for r in (0, 1)]
+    for thread in early:
+        thread.start()
+    wait_until(lambda: all(it.stats()["batches_received"] >= 2 for it in its[:2]), "a head start")
+    read[2] = list(its[2])  # the late member
+    for thread in early:
+        thread.join()
+    assert real_ids(read[0]) == real_ids(read[1]) == real_ids(read[2])
+    assert Counter(real_ids(read[2])) == Counter(range(100))
+    loader.shutdown()
