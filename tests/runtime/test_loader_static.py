@@ -685,3 +685,20 @@ def test_a_group_member_that_starts_late_is_served_beside_the_others_waiting_cal
     assert real_ids(read[0]) == real_ids(read[1]) == real_ids(read[2])
     assert Counter(real_ids(read[2])) == Counter(range(100))
     loader.shutdown()
+
+
+@pytest.mark.timeout(180)
+def test_a_group_member_closing_its_iterator_fails_the_others_reads_rather_than_hanging(
+    ray_session, dataset
+):
+    """One member's `close()` leaves the rank and stops the reader the group shares: the
+    others get what was read already, then a `StaleClientError` saying so (they waited
+    for ever for blocks no one would read)."""
+    loader = make_loader(dataset, model_parallel_size=2, prefetch_depth=1, batches_per_object=1)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    first = [next(iter(it)) for it in its]
+    assert real_ids([first[0]]) == real_ids([first[1]])
+    its[0].close()
+    with pytest.raises(StaleClientError, match="its rank left the loader"):
+        list(its[1])
+    loader.shutdown()
