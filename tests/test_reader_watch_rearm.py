@@ -23,9 +23,12 @@ def _token(child: subprocess.Popen) -> str:
     return f"pid:{NODE}:{pid_watch.pid_namespace()}:{child.pid}:{start}"
 
 
-def test_a_reader_watched_again_after_its_watch_ended_is_watched_anew():
+def _run_with_children(count: int, scenario) -> list[tuple[int, str]]:
+    """Run `scenario(watches, children, ends)` with `count` sleeping child processes;
+    returns the ends the watches reported (dp rank, reader name)."""
     children = [
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in "ab"
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+        for _ in range(count)
     ]
     ends: list[tuple[int, str]] = []
 
@@ -33,7 +36,19 @@ def test_a_reader_watched_again_after_its_watch_ended_is_watched_anew():
         async def ended(dp_rank: int, name: str) -> None:
             ends.append((dp_rank, name))
 
-        watches = ReaderWatches("ns", ended, NODE)
+        await scenario(ReaderWatches("ns", ended, NODE), children, ends)
+
+    try:
+        asyncio.run(run())
+    finally:
+        for child in children:
+            child.kill()
+            child.wait()
+    return ends
+
+
+def test_a_reader_watched_again_after_its_watch_ended_is_watched_anew():
+    async def scenario(watches, children, ends) -> None:
         first = _token(children[0])
         children[0].kill()
         watches.watch(0, "reader-1", first)
@@ -44,28 +59,14 @@ def test_a_reader_watched_again_after_its_watch_ended_is_watched_anew():
         children[1].kill()
         await asyncio.wait_for(_until(lambda: len(ends) == 2), EVENT_TIMEOUT_S)
 
-    try:
-        asyncio.run(run())
-    finally:
-        for child in children:
-            child.kill()
-            child.wait()
-    assert ends == [(0, "reader-1"), (0, "reader-1")]
+    assert _run_with_children(2, scenario) == [(0, "reader-1"), (0, "reader-1")]
 
 
 def test_an_ended_readers_watch_leaves_nothing_behind():
     """A loop that makes an iterator per epoch watches a reader per epoch: once one ended,
     nothing of it stays (shutdown stops no past reader; the watches' dicts do not grow)."""
-    children = [
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in "abc"
-    ]
-    ends: list[tuple[int, str]] = []
 
-    async def run() -> None:
-        async def ended(dp_rank: int, name: str) -> None:
-            ends.append((dp_rank, name))
-
-        watches = ReaderWatches("ns", ended, NODE)
+    async def scenario(watches, children, ends) -> None:
         for epoch, child in enumerate(children):
             watches.watch(0, f"reader-{epoch}", _token(child))
             child.kill()
@@ -74,12 +75,7 @@ def test_an_ended_readers_watch_leaves_nothing_behind():
         assert watches.actors(set()) == [] and watches.shared_keys() == []
         assert watches.counts()["watched_by_pid"] == 0 and not watches._tasks
 
-    try:
-        asyncio.run(run())
-    finally:
-        for child in children:
-            child.kill()
-            child.wait()
+    ends = _run_with_children(3, scenario)
     assert [name for _, name in ends] == ["reader-0", "reader-1", "reader-2"]
 
 
