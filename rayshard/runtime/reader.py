@@ -194,12 +194,13 @@ class ShardReader:
         for ever."""
         self._stop_thread()
         self._leases.stop()
-        with self._cond:
-            self._error = self._error or StaleClientError(
-                "its rank left the loader (a consumer of the rank closed its iterator, as "
-                "one member of a model-parallel group may before the others): take a new "
-                "iterator, or close every member's at the end of training"
-            )
+        with self._cond:  # (an epoch read to its end stays served to its end)
+            if self._final is None:
+                self._error = self._error or StaleClientError(
+                    "its rank left the loader (a consumer of the rank closed its iterator, as "
+                    "one member of a model-parallel group may before the others): take a new "
+                    "iterator, or close every member's at the end of training"
+                )
             self._cond.notify_all()
         self._stopped.set()
 

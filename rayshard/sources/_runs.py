@@ -106,7 +106,9 @@ class IndexRuns:
         return short_hash(self.starts, self.offsets)
 
     def take(self, begin: int, stop: int) -> np.ndarray:
-        """Positions `[begin, stop)` of the order as `(start, end)` runs, by bisection."""
+        """Positions `[begin, stop)` of the order as `(start, end)` runs, by bisection (a
+        range past the end is cut there, as slicing cuts it)."""
+        begin, stop = max(begin, 0), min(stop, int(self.offsets[-1]))
         if stop <= begin:
             return np.zeros((0, 2), np.int64)
         lo = int(np.searchsorted(self.offsets, begin, "right")) - 1

@@ -702,3 +702,27 @@ def test_a_group_member_closing_its_iterator_fails_the_others_reads_rather_than_
     with pytest.raises(StaleClientError, match="its rank left the loader"):
         list(its[1])
     loader.shutdown()
+
+
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_a_group_member_closing_at_the_epochs_end_leaves_the_others_their_rest(
+    ray_session, dataset, policy
+):
+    """The end of training: the member that finishes first closes (stopping the reader
+    the group shares); the others still get the rest of the epoch read already, and its
+    end, not an error."""
+    loader = make_loader(
+        dataset, model_parallel_size=2, prefetch_depth=1, batches_per_object=1, policy=policy
+    )
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    streams = [iter(it) for it in its]
+    steps = len(its[0])
+    first: list = []
+    for _ in range(steps - 1):  # in step, member 1 one batch behind at the end
+        first.append(next(streams[0]))
+        next(streams[1])
+    first.append(next(streams[0]))
+    its[0].close()
+    rest = list(streams[1])
+    assert len(rest) == 1 and real_ids(rest) == real_ids(first[-1:])
+    loader.shutdown()

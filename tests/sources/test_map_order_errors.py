@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import Subset, TensorDataset
 
 from rayshard.errors import ConfigError, DataError
+from rayshard.sources._runs import IndexRuns
 from rayshard.sources.base import TableSource
 from rayshard.sources.ray_data import RayDataSource
 from rayshard.sources.torch_map import CombinedDataset, ShardedDataset, TorchMapSource
@@ -235,3 +236,11 @@ def test_combination_message_and_numpy_total_shards():
     source = TorchMapSource(numpy_shards)
     assert source.total_shards == 2 and type(source.total_shards) is int
     assert ids(TorchMapSource(CombinedDataset([numpy_shards])).read(0, 4)) == [0, 2, 1, 3]
+
+
+def test_an_order_taken_past_its_end_is_cut_there():
+    """`TorchMapSource.indices` (public) of a range past the end gives what is there, as
+    slicing does, not an IndexError."""
+    runs = IndexRuns(np.array([[0, 3], [10, 12]], dtype=np.int64))
+    assert list(runs.indices(0, 6)) == [0, 1, 2, 10, 11]
+    assert list(runs.indices(4, 9)) == [11] and list(runs.indices(5, 7)) == []
