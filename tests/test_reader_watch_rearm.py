@@ -62,23 +62,6 @@ def test_a_reader_watched_again_after_its_watch_ended_is_watched_anew():
     assert _run_with_children(2, scenario) == [(0, "reader-1"), (0, "reader-1")]
 
 
-def test_an_ended_readers_watch_leaves_nothing_behind():
-    """A loop that makes an iterator per epoch watches a reader per epoch: once one ended,
-    nothing of it stays (shutdown stops no past reader; the watches' dicts do not grow)."""
-
-    async def scenario(watches, children, ends) -> None:
-        for epoch, child in enumerate(children):
-            watches.watch(0, f"reader-{epoch}", _token(child))
-            child.kill()
-            await asyncio.wait_for(_until(lambda n=epoch + 1: len(ends) == n), EVENT_TIMEOUT_S)
-            await asyncio.sleep(0)  # (the watch's task ends after reporting)
-        assert watches.actors(set()) == [] and watches.shared_keys() == []
-        assert watches.counts()["watched_by_pid"] == 0 and not watches._tasks
-
-    ends = _run_with_children(3, scenario)
-    assert [name for _, name in ends] == ["reader-0", "reader-1", "reader-2"]
-
-
 async def _until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.01)

@@ -85,9 +85,6 @@ class ReaderWatches:
             except Exception:  # noqa: BLE001 - any failure of the watch means it is gone
                 pass
             await self._on_end(dp_rank, name)
-            if self._tasks.get(name) is asyncio.current_task():  # (not armed anew since)
-                for store in (self._tasks, self._ranks, self._shared):
-                    store.pop(name, None)  # an ended reader's entries go: none grow
 
         self._tasks[name] = asyncio.get_event_loop().create_task(watch())
 
