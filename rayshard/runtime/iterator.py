@@ -72,6 +72,7 @@ class ShardIterator:
         self._iterations = 0  # calls of iter(): a generator of an older call yields nothing
         self._failure: BaseException | None = None  # what ended the current epoch's stream
         self._held: Any = None  # a batch received, not yielded yet (an interrupt came first)
+        self._carried: Any = None  # `_held` across a `set_epoch` restart (see `set_epoch`)
         self._closed = False  # `close()` was called: iterating raises
         self._restored_at: int | None = None  # the generation its last restore answered
         self._restarts = 0  # epochs `set_epoch` started again from the middle (for the reader)
@@ -92,9 +93,13 @@ class ShardIterator:
         return self._placement
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration read `epoch` from its start."""
+        """Make the next iteration read `epoch` from its start (under `dynamic`, in the
+        middle of that epoch: the rest, led by a batch an interrupt held back, which is
+        acknowledged and so in no one's rest)."""
         check_int(epoch, "epoch", minimum=0, error=ValueError)
-        self._restarts += epoch == self._epoch and self._started and not self._ended
+        restart = epoch == self._epoch and self._started and not self._ended
+        self._restarts += restart
+        self._carried = self._held if restart and self._dynamic else None
         self._epoch, self._received, self._started, self._failure = epoch, 0, False, None
         self._held = None
         self._iterations += 1  # a generator of an earlier iter() yields nothing more
@@ -109,7 +114,7 @@ class ShardIterator:
         key = (self._generation, self.epoch)
         if self._next_length is None or self._next_length[0] != key:
             self._next_length = (key, self._current_length(key[1]))
-        return self._next_length[1]
+        return self._next_length[1] + (self._carried is not None)
 
     def __iter__(self) -> Iterator[Any]:
         """Yield the rest of the current epoch, or the next epoch if this one is done.
@@ -217,6 +222,7 @@ class ShardIterator:
         self._acks.generation = self._restored_at = self._generation
         generations.note(*self._registered())
         self.set_epoch(epoch)
+        self._carried = None  # the state says what is read next
 
     def close(self) -> None:
         """Leave the loader: stop the device feed and the reader; under `dynamic` this
@@ -292,7 +298,8 @@ class ShardIterator:
         self._epoch, self._received = epoch, 0
         self._length, self._exact = started["batches"], started["exact"]
         self._dynamic_steps_checked = None if self._dynamic else epoch
-        self._started, self._ended, self._failure, self._held = True, False, None, None
+        self._started, self._ended, self._failure = True, False, None
+        self._held, self._carried = self._carried, None
 
     def _close_feed(self) -> None:
         if self._feed is not None:

@@ -31,6 +31,10 @@ def _ids(batch) -> list[int]:
     return np.asarray(batch["_index"]).tolist()
 
 
+def _real_ids(batch) -> list[int]:
+    return np.asarray(batch["_index"])[~np.asarray(batch["_padded"])].tolist()
+
+
 def _interrupt_once(target, name: str, at_call: int, monkeypatch) -> None:
     """`target.name(...)` raises `KeyboardInterrupt` at its `at_call`-th call, else runs."""
     real, calls = getattr(target, name), []
@@ -154,6 +158,42 @@ def test_a_loop_interrupted_while_its_last_batch_is_recorded_gets_it_next(
         got.extend(_ids(batch) for batch in it)  # the held last batch, then the end
         assert len(got) == total and sorted(i for ids in got for i in ids) == ALL
         assert it.epoch == 1
+        assert sorted(i for b in it for i in _ids(b)) == ALL  # epoch 1, whole
+    finally:
+        loader.shutdown()
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(
+    "policy, where", [("data", "flush"), ("dynamic", "flush"), ("dynamic", "length")]
+)
+def test_a_restart_of_the_epoch_after_an_interrupt_held_its_last_batch_loses_it_not(
+    ray_session, tmp_path, monkeypatch, policy, where
+):
+    """As above, then the loop calls `set_epoch` with the same epoch (a notebook cell run
+    again). A static policy reads the epoch again from its start; under `dynamic` the held
+    batch is acknowledged (in no one's rest): the restarted loop yields it, then the rest."""
+    loader = _loader(tmp_path, policy=policy)
+    it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
+    try:
+        total, got = len(it), []
+        with pytest.raises(KeyboardInterrupt):
+            for batch in it:
+                got.append(_ids(batch))
+                if len(got) == total - 1 and where == "length":
+                    _interrupt_once(it, "_current_length", 1, monkeypatch)
+                if len(got) == total - 1 and where == "flush":
+                    _interrupt_first_wait(it._acks, monkeypatch)
+        assert len(got) == total - 1
+        it.set_epoch(0)
+        expected = len(it)
+        again = [_real_ids(batch) for batch in it]
+        assert len(again) == expected and it.epoch == 1
+        if policy == "dynamic":  # (then padding to the epoch's steps, marked)
+            got.extend(again)
+            assert sorted(i for ids in got for i in ids) == ALL  # every row once
+        else:
+            assert sorted(i for ids in again for i in ids) == ALL
         assert sorted(i for b in it for i in _ids(b)) == ALL  # epoch 1, whole
     finally:
         loader.shutdown()
