@@ -33,12 +33,7 @@ class EpochEnds:
     def _over(self, core: CoordinatorCore, epoch: int, dp_rank: int, batches: int) -> bool:
         if core.dynamic:
             book = core.books.get(epoch)
-            return (
-                book is not None
-                and book.exhausted()
-                and core.epoch_may_be_complete(epoch)
-                and core.epoch_complete(epoch)
-            )
+            return book is not None and book.exhausted() and core.epoch_complete(epoch)
         if batches < core.total(epoch, dp_rank):
             return False
         # Read from the journaled counts when first seen and once it may be over: ranks
