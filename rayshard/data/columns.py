@@ -82,19 +82,32 @@ def is_ragged(type_: pa.DataType) -> bool:
 
 
 def is_list_type(type_: pa.DataType) -> bool:
-    """A list of any kind: `list`, `large_list` or `fixed_size_list`."""
-    return (
-        pa.types.is_list(type_)
-        or pa.types.is_large_list(type_)
-        or pa.types.is_fixed_size_list(type_)
-    )
+    """A list of any kind: `list`, `large_list`, `fixed_size_list`, their views, or a
+    `map` (a list of key-value pairs: its elements are its values)."""
+    return any(test(type_) for test in _LIST_TESTS)
+
+
+_LIST_TESTS = (
+    pa.types.is_list,
+    pa.types.is_large_list,
+    pa.types.is_fixed_size_list,
+    pa.types.is_list_view,
+    pa.types.is_large_list_view,
+    pa.types.is_map,
+)
+
+
+def element_type(type_: pa.DataType) -> pa.DataType:
+    """The type of the elements of a list type; of a map, its values (its keys are never
+    null: Arrow refuses null keys)."""
+    return type_.item_type if pa.types.is_map(type_) else type_.value_type
 
 
 def fill_type(type_: pa.DataType) -> pa.DataType:
     """The type of a `fill_null` value for a column of `type_`: the innermost values of
-    (nested) lists, whose null elements it fills, else `type_` itself."""
+    (nested) lists and maps, whose null elements it fills, else `type_` itself."""
     while is_list_type(type_):
-        type_ = type_.value_type
+        type_ = element_type(type_)
     return type_
 
 
@@ -130,14 +143,12 @@ class ColumnRules:
                     f"padding[{name!r}]: column {name!r} of {where} is {field.type}; padding "
                     "applies to variable-length lists of numbers (list or large_list)"
                 )
-            try:
-                pa.array([options.pad_value]).cast(field.type.value_type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError) as error:
+            if not _pad_fits(options.pad_value, field.type.value_type):
                 raise ConfigError(
                     f"padding[{name!r}]: pad_value={options.pad_value!r} does not fit the "
                     f"{field.type.value_type} values of column {name!r}: pick a value of "
-                    "that type"
-                ) from error
+                    "that type and range"
+                )
         for name, value in fill_null.items():
             field = _field(schema, name, "fill_null", where)
             target = fill_type(field.type)
@@ -232,6 +243,18 @@ def _same_kind(value: Any, target: pa.DataType) -> bool:
     return True  # other types: Arrow's cast decides
 
 
+def _pad_fits(value: int | float | bool, target: pa.DataType) -> bool:
+    """Whether `value` becomes itself as a `target` value: in range (no 2 -> True in a bool
+    column, no 1e40 -> inf in a float32 one), no fraction cut off in an int column."""
+    try:
+        cast = pa.array([value]).cast(target).to_pylist()[0]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OverflowError):
+        return False
+    if pa.types.is_floating(target):  # (rounded to the nearest float32 value: fine)
+        return math.isinf(cast) == math.isinf(value)
+    return bool(cast == value)
+
+
 def _casts(value: Any, target: pa.DataType) -> bool:
     """Whether Arrow casts `value` to `target` (range and precision checked; an int
     beyond 64 bits does not even become an Arrow array: OverflowError)."""
@@ -255,6 +278,7 @@ __all__ = [
     "ColumnRules",
     "Padding",
     "check_loader_columns",
+    "element_type",
     "fill_type",
     "is_list_type",
     "is_ragged",

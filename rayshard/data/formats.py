@@ -19,6 +19,8 @@ from rayshard.data.wire import ships_as_arrow
 from rayshard.errors import DataError
 
 FORMATS = ("torch", "numpy", "arrow")
+# what Arrow raises for a value it cannot hold (a complex dtype: not implemented)
+_ARROW_REFUSALS = (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError)
 
 
 def torch_host_batch(batch: dict[str, Any], nested: Sequence[str] = ()) -> dict[str, Any]:
@@ -95,10 +97,11 @@ def arrow_batch(
     for key, value in batch.items():
         if key.endswith(OFFSETS_SUFFIX) and key[: -len(OFFSETS_SUFFIX)] in nested:
             continue
+        value = _native(value)
         jagged = _values_and_offsets(batch, key) if key in nested else None
         if jagged is not None:
-            values, offsets = jagged
-            columns[key] = pa.LargeListArray.from_arrays(pa.array(offsets), pa.array(values))
+            values, offsets = (pa.array(_native(np.asarray(a))) for a in jagged)
+            columns[key] = pa.LargeListArray.from_arrays(offsets, values)
         elif isinstance(value, np.ndarray) and value.ndim >= 2:
             tensor = isinstance(types.get(key), pa.FixedShapeTensorType)  # (the source's)
             columns[key] = _tensors(value) if tensor else fixed_size_lists(value)
@@ -108,7 +111,7 @@ def arrow_batch(
             columns[key] = value
     try:
         return pa.RecordBatch.from_pydict(columns)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
+    except _ARROW_REFUSALS as error:
         named = _unconvertible(columns)
         if named is None:
             raise
@@ -117,7 +120,17 @@ def arrow_batch(
 
 def _tensors(array: np.ndarray) -> pa.Array:
     """A `(rows, *shape)` array as Arrow's `fixed_shape_tensor` column."""
-    return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(array))
+    return pa.FixedShapeTensorArray.from_numpy_ndarray(np.ascontiguousarray(_native(array)))
+
+
+def _native(value: Any) -> Any:
+    """A numpy array of numbers in the other byte order (`np.frombuffer(raw, ">f4")`) as a
+    native-order copy, which Arrow can hold ("Byte-swapped arrays not supported"); any
+    other value as it is."""
+    swapped = isinstance(value, np.ndarray) and not value.dtype.isnative
+    if swapped and value.dtype.kind in "biufcmM":  # (numbers, complex, dates, durations)
+        return value.astype(value.dtype.newbyteorder("="))
+    return value
 
 
 def _objects_or_dates(value: Any) -> bool:
@@ -142,7 +155,7 @@ def _unconvertible(columns: dict[str, Any]) -> DataError | None:
             continue
         try:
             pa.array(value)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as error:
+        except _ARROW_REFUSALS as error:
             return DataError(
                 f"column {key!r} cannot become an Arrow column under batch_format='arrow' "
                 f"({error}): make it numbers, strings or lists of one type (collate_fn or "
@@ -156,7 +169,7 @@ def fixed_size_lists(array: np.ndarray) -> pa.Array:
     (`fixed_size_list<...<fixed_size_list<t, d_k>...>, d_1>`), zero-copy where Arrow can
     view it. A width of 0 is kept (lists of size 0), which
     `FixedSizeListArray.from_arrays` refuses."""
-    column = pa.array(array.reshape(-1))
+    column = pa.array(_native(array).reshape(-1))
     for depth in range(array.ndim - 1, 0, -1):
         # (prod(shape[:depth]),) lists of shape[depth] values each
         type_ = pa.list_(column.type, array.shape[depth])

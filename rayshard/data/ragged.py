@@ -25,13 +25,13 @@ from rayshard.data.columns import (
     is_list_type,
     is_ragged,
 )
-from rayshard.data.structs import UNFILLED, fill_fields, row_nulls, struct_rows
+from rayshard.data.structs import UNFILLED, filled_lists, holds_none, row_nulls, struct_rows
 from rayshard.data.wire import ships_as_arrow
 from rayshard.errors import DataError
 
 INDEX_KEY = "_index"
 # view types (polars' Arrow IPC) have no fill kernel: filled as their large kind
-_UNVIEWED = {"string_view": pa.large_string(), "binary_view": pa.large_binary()}
+UNVIEWED = {"string_view": pa.large_string(), "binary_view": pa.large_binary()}
 
 
 def convert_table(
@@ -55,9 +55,8 @@ def convert_table(
             out.update(pad_list(name, column, rules.padding_of(name), has_fill, fill, index))
         elif kind == "fixed":
             out[name] = _fixed(name, column, shape, rules, index)
-        elif kind == "tensor":  # Arrow's fixed_shape_tensor: its storage, in its shape
-            flat = _fixed(name, column.storage, (math.prod(shape),), rules, index)
-            out[name] = flat.reshape(len(column), *shape)
+        elif kind == "tensor":
+            out[name] = _tensor(name, column, shape, rules, index)
         elif kind == "list":
             out[name] = _python_lists(name, column, rules, index)
         elif pa.types.is_struct(column.type):
@@ -68,7 +67,7 @@ def convert_table(
                 has_fill, fill = rules.fill_of(name)
                 if not has_fill:
                     raise _null_error(name, column.is_null(), index)
-                column = column.cast(_UNVIEWED.get(str(column.type), column.type))
+                column = column.cast(UNVIEWED.get(str(column.type), column.type))
                 column = column.fill_null(pa.scalar(fill).cast(column.type))
             keep = keep_text and ships_as_arrow(column.type)
             out[name] = column if keep else numpy_of(column)
@@ -93,9 +92,23 @@ def _fixed(
             detail = " (an element of the list)" if element else ""
             raise _null_error(name, None, index, row=row, detail=detail)
         nulls = pa.array(_fixed_nulls(levels, shape))
-        flat = flat.cast(_UNVIEWED.get(str(flat.type), flat.type))  # (no kernel for views)
+        flat = flat.cast(UNVIEWED.get(str(flat.type), flat.type))  # (no kernel for views)
         flat = pc.if_else(nulls, pa.scalar(fill).cast(flat.type), flat)
     return numpy_of(flat).reshape(len(column), *shape)
+
+
+def _tensor(
+    name: str, column: pa.Array, shape: tuple[int, ...], rules: ColumnRules, index: Any
+) -> np.ndarray:
+    """Arrow's fixed_shape_tensor as (rows, *its logical shape): its storage in the
+    physical `shape`, axes in the type's `permutation` (pyarrow writes one for a
+    transposed array: logical axis i is physical axis permutation[i])."""
+    flat = _fixed(name, column.storage, (math.prod(shape),), rules, index)
+    tensors = flat.reshape(len(column), *shape)
+    order = column.type.permutation
+    if order is None:
+        return tensors
+    return np.ascontiguousarray(tensors.transpose(0, *(1 + int(axis) for axis in order)))
 
 
 def _first_fixed_null(levels: list[pa.Array], shape: tuple[int, ...]) -> tuple[int, bool]:
@@ -132,34 +145,13 @@ def _python_lists(name: str, column: pa.Array, rules: ColumnRules, index: Any) -
             detail = "" if rows[row] is None else " (an element of the list)"
             raise _null_error(name, None, index, row=row, detail=detail)
         fill = pa.scalar(fill).cast(fill_type(column.type)).as_py()
-        rows = _filled(rows, column.type, fill)
-        left = next((i for i, row in enumerate(rows) if _holds_none(row)), None)
+        rows = filled_lists(rows, column.type, fill)
+        left = next((i for i, row in enumerate(rows) if holds_none(row)), None)
         if left is not None:
             raise _null_error(name, None, index, row=left, detail=UNFILLED)
     out = np.empty(len(rows), dtype=object)
     for i, row in enumerate(rows):
         out[i] = row
-    return out
-
-
-def _holds_none(value: Any) -> bool:
-    if isinstance(value, dict):
-        return any(_holds_none(v) for v in value.values())
-    return value is None or (isinstance(value, list) and any(_holds_none(v) for v in value))
-
-
-def _filled(rows: list[Any], type_: pa.DataType, fill: Any) -> list[Any]:
-    """`rows` (Python values of the list type `type_`) with null (sub)lists empty (or, of a
-    fixed size, full of `fill`) and null values `fill`."""
-    value_type = type_.value_type
-    out = []
-    for row in rows:
-        if row is None:
-            row = [None] * type_.list_size if pa.types.is_fixed_size_list(type_) else []
-        if is_list_type(value_type):
-            out.append(_filled(row, value_type, fill))
-        else:  # (a struct's null fields filled from a dict `fill`)
-            out.append([fill_fields(value, fill) for value in row])
     return out
 
 
@@ -172,26 +164,19 @@ def _column_kinds(schema: pa.Schema) -> tuple[tuple[str, str, tuple[int, ...]], 
         type_, shape = field.type, []
         if is_ragged(type_):
             kind = "ragged"
-        elif isinstance(type_, pa.FixedShapeTensorType) and _row_major(type_):
+        elif isinstance(type_, pa.FixedShapeTensorType):  # shape: the physical one
             kind, shape = "tensor", list(type_.shape)
         elif pa.types.is_fixed_size_list(type_):
             while pa.types.is_fixed_size_list(type_):
                 shape.append(type_.list_size)
                 type_ = type_.value_type
             # of variable-length lists: a Python list per row (their nulls checked too)
-            nested = _is_list(type_) or pa.types.is_struct(type_)
+            nested = is_list_type(type_) or pa.types.is_struct(type_)
             kind, shape = ("list", []) if nested else ("fixed", shape)
-        else:
-            kind = "list" if _is_list(type_) else "plain"
+        else:  # (lists of other values, list views, maps: nulls checked at any depth)
+            kind = "list" if is_list_type(type_) else "plain"
         kinds.append((field.name, kind, tuple(shape)))
     return tuple(kinds)
-
-
-def _row_major(type_: pa.FixedShapeTensorType) -> bool:
-    """Whether the tensor's storage is in its logical order (no permutation): else it is
-    read through `to_numpy` like other extension types."""
-    permutation = type_.permutation
-    return permutation is None or list(permutation) == sorted(permutation)
 
 
 def converts_by_row(schema: pa.Schema) -> bool:
@@ -199,10 +184,6 @@ def converts_by_row(schema: pa.Schema) -> bool:
     list column, whose padding or offsets depend on the batch): converting many rows at
     once and slicing the arrays gives the arrays of each slice converted alone."""
     return all(kind != "ragged" for _, kind, _ in _column_kinds(schema))
-
-
-def _is_list(type_: pa.DataType) -> bool:
-    return pa.types.is_list(type_) or pa.types.is_large_list(type_)
 
 
 def pad_list(
@@ -259,9 +240,7 @@ def pad_list(
     if rows and lengths.sum() == len(flat):  # every element kept, rows back to back
         padded[mask] = flat
     else:
-        # (real elements,) positions in `flat`, row-major like `padded[mask]`
-        positions = (starts[:, None] + np.arange(width)[None, :])[mask]
-        padded[mask] = flat[positions]
+        padded[mask] = flat[_positions(starts, lengths)]
     return {name: padded, name + LENGTHS_SUFFIX: lengths, name + MASK_SUFFIX: mask}
 
 
@@ -277,10 +256,16 @@ def _jagged(
         start = int(starts[0]) if starts.size else 0
         values = flat[start : start + int(new_offsets[-1])]
     else:
-        # (total,) element j of row r sits at starts[r] + j
-        row_of = np.repeat(np.arange(lengths.size), lengths)
-        values = flat[starts[row_of] + (np.arange(new_offsets[-1]) - new_offsets[row_of])]
+        values = flat[_positions(starts, lengths)]
     return {name: values, name + OFFSETS_SUFFIX: new_offsets}
+
+
+def _positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """(lengths.sum(),) where the first `lengths[r]` elements of each row r sit in the flat
+    values, row after row: O(kept elements), no (rows, width) matrix (a long row would
+    make that many times the batch)."""
+    first = np.cumsum(lengths) - lengths  # each row's first slot among the kept elements
+    return np.arange(int(lengths.sum())) + np.repeat(starts - first, lengths)
 
 
 def _used_elements(starts: np.ndarray, lengths: np.ndarray, size: int) -> np.ndarray:
@@ -312,4 +297,4 @@ def _null_error(
     )
 
 
-__all__ = ["convert_table", "pad_list"]
+__all__ = ["UNVIEWED", "convert_table", "pad_list"]

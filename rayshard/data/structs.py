@@ -2,6 +2,8 @@
 conversion makes an int field holding a null a float). A null anywhere in a row (the row,
 a field, an element of a list field) is a `DataError` unless `fill_null` gives the column
 a dict of field values: it fills null rows and null fields, at any depth of structs.
+The null check and the fill of list and map values (`row_nulls`, `filled_lists`) serve
+list columns too, whose elements may be structs.
 
 Pure functions, testable without Ray.
 """
@@ -15,15 +17,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from rayshard.data.columns import element_type, is_list_type
 from rayshard.errors import DataError
 
-_LISTS = (pa.types.is_list, pa.types.is_large_list, pa.types.is_fixed_size_list)
+_LISTS = (
+    pa.types.is_list,
+    pa.types.is_large_list,
+    pa.types.is_fixed_size_list,
+    pa.types.is_list_view,
+    pa.types.is_large_list_view,
+)
 UNFILLED = " (a null the fill value cannot fill: a field it lacks, or inside a list field)"
 
 
 def row_nulls(array: pa.Array) -> np.ndarray:
     """(rows,) bool: the rows of `array` holding a null at any depth (the row, a struct's
-    field, a list's element)."""
+    field, a list's element, a map's value)."""
+    if pa.types.is_map(array.type):  # (no list kernels for maps: their list of pairs)
+        type_ = array.type
+        array = array.cast(pa.list_(pa.struct([type_.key_field, type_.item_field])))
     nulls = array.is_null().to_numpy(zero_copy_only=False).copy()
     if pa.types.is_struct(array.type):
         for child in array.flatten():  # (a null row's fields are null: already counted)
@@ -32,6 +44,8 @@ def row_nulls(array: pa.Array) -> np.ndarray:
         inner = row_nulls(pc.list_flatten(array))
         if inner.any():
             parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
+            # `list_flatten` skips what a null row's offsets span; the parents list it
+            parents = parents[~nulls[parents]]
             nulls[parents[inner]] = True
     return nulls
 
@@ -72,6 +86,32 @@ def fill_fields(value: Any, fill: Any) -> Any:
     }
 
 
+def holds_none(value: Any) -> bool:
+    """Whether a Python value (of a list, map or struct column's row) holds a None."""
+    if isinstance(value, dict):
+        return any(holds_none(v) for v in value.values())
+    # (a map's row: a list of (key, value) tuples)
+    return value is None or (isinstance(value, (list, tuple)) and any(map(holds_none, value)))
+
+
+def filled_lists(rows: list[Any], type_: pa.DataType, fill: Any) -> list[Any]:
+    """`rows` (Python values of the list type `type_`) with null (sub)lists and maps empty
+    (or, of a fixed size, full of `fill`) and null values (of a map: its values) `fill`."""
+    value_type = element_type(type_)
+    out = []
+    for row in rows:
+        if row is None:
+            row = [None] * type_.list_size if pa.types.is_fixed_size_list(type_) else []
+        if pa.types.is_map(type_):  # (key, value) pairs: keys are never null
+            values = filled_lists([[v for _, v in row]], pa.list_(value_type), fill)[0]
+            out.append([(key, value) for (key, _), value in zip(row, values)])
+        elif is_list_type(value_type):
+            out.append(filled_lists(row, value_type, fill))
+        else:  # (a struct's null fields filled from a dict `fill`)
+            out.append([fill_fields(value, fill) for value in row])
+    return out
+
+
 def _filled(column: pa.Array, fill: dict) -> pa.Array:
     """`column` (a struct) with null rows `fill` and null fields their value in it."""
     type_ = column.type
@@ -88,4 +128,4 @@ def _filled(column: pa.Array, fill: dict) -> pa.Array:
     return pa.StructArray.from_arrays(children, fields=list(type_))
 
 
-__all__ = ["fill_fields", "row_nulls", "struct_rows"]
+__all__ = ["fill_fields", "filled_lists", "holds_none", "row_nulls", "struct_rows"]

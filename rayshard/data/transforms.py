@@ -127,8 +127,17 @@ class TransformContext:
 
 def keep_rows(batch: Mapping[str, Any], mask: Any) -> Batch:
     """The rows of `batch` where `mask` is True, every column (arrays and lists, `_index`
-    and `_padded` included): how a batch transform drops rows."""
-    keep = np.asarray(mask, dtype=bool)
+    and `_padded` included): how a batch transform drops rows. `mask` is one bool per row
+    (a list of row positions, which numpy would take as truthy values, is refused)."""
+    keep = np.asarray(mask)
+    count = len(batch[INDEX_KEY]) if INDEX_KEY in batch else len(next(iter(batch.values()), []))
+    if keep.shape != (count,) or (keep.dtype != bool and keep.size):
+        raise ValueError(
+            f"keep_rows: mask must hold one bool per row of the batch ({count} rows), got "
+            f"{keep.dtype} of shape {keep.shape}: to keep rows by position, pass "
+            "np.isin(np.arange(len(ctx)), positions)"
+        )
+    keep = keep.astype(bool)
     rows = np.flatnonzero(keep)
     out: Batch = {}
     for key, column in batch.items():

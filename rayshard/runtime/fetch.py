@@ -28,6 +28,7 @@ def fetch_batches(
     blocks_ahead: int = 1,
     arrow: bool = False,
     run: int | None = None,
+    member: int | None = None,
 ) -> Iterator[Tagged]:
     """Tagged numpy batches of `epoch` from `reader`, in order; `blocks_ahead` block
     requests stay in flight beyond the block being consumed (the loader's read-ahead
@@ -35,13 +36,14 @@ def fetch_batches(
     acknowledgements so far (at a `dynamic` epoch's end the other ranks' readers wait for
     exactly that). A reader's error is raised as its rayshard type, `where` naming loader
     and rank. String and binary columns come as numpy object arrays, or with `arrow`
-    (`batch_format="arrow"`) as Arrow where that is the same (`wire.for_arrow`)."""
+    (`batch_format="arrow"`) as Arrow where that is the same (`wire.for_arrow`). `member`:
+    this consumer in the rank's model-parallel group (its world rank)."""
     convert = for_arrow if arrow else for_user
     more, requested = True, 0
     pending: collections.deque = collections.deque()  # (index, request) in flight
     while True:
         while more and len(pending) <= blocks_ahead:
-            call = reader.next.remote(generation, epoch, requested, run)
+            call = reader.next.remote(generation, epoch, requested, run, member)
             pending.append((requested, call))
             requested += 1
         if not pending:

@@ -1,10 +1,9 @@
 """The per-worker iterator a training loop holds.
 
-`len()` is exact for the current epoch; iterating yields one epoch of batches (dicts of
-torch tensors by default, numpy or Arrow on request); iterating again starts the next
-epoch. `state_dict()` records what this loop *received* (never what is prefetched) and is
-loader-wide: after every rank received the same number of batches, any rank's
-`state_dict()` is a complete checkpoint, on any world size.
+`len()` is exact for the current epoch; iterating yields one epoch of batches, iterating
+again the next. `state_dict()` records what this loop *received* (never what is
+prefetched), loader-wide: after every rank received the same number of batches, any
+rank's `state_dict()` is a complete checkpoint, on any world size.
 """
 
 from __future__ import annotations
@@ -93,9 +92,8 @@ class ShardIterator:
         return self._placement
 
     def set_epoch(self, epoch: int) -> None:
-        """Make the next iteration read `epoch` from its start (under `dynamic`, in the
-        middle of that epoch: the rest, led by a batch an interrupt held back, which is
-        acknowledged and so in no one's rest)."""
+        """Make the next iteration read `epoch` from its start (`dynamic`, mid-epoch: the
+        rest, led by a batch an interrupt held back: acknowledged, so in no one's rest)."""
         check_int(epoch, "epoch", minimum=0, error=ValueError)
         restart = epoch == self._epoch and self._started and not self._ended
         self._restarts += restart
@@ -183,8 +181,8 @@ class ShardIterator:
         return ray.get(length)
 
     def _end_epoch(self) -> None:
-        """Every batch reached the loop: the coordinator must have them (see `runtime.acks`).
-        Ended once they are: an interrupt in the wait leaves the epoch to end again."""
+        """Ended once the coordinator has every batch's acknowledgement (an interrupt in
+        the wait leaves the epoch to end again)."""
         self._acks.flush(wait=True)
         self._ended = True
 
@@ -198,9 +196,7 @@ class ShardIterator:
             "ack_interval_asked_s": self._acks.asked_s,  # 0 until the coordinator answered
             "length_exact": self._exact,  # whether `len()` of the started epoch is final
         }
-        if self._feed is not None:
-            out["feed"] = self._feed.stats().as_dict()
-        return out
+        return out | ({"feed": self._feed.stats().as_dict()} if self._feed is not None else {})
 
     def state_dict(self) -> dict:
         """JSON-safe loader-wide state as of the batches received (see module docstring)."""
@@ -225,9 +221,9 @@ class ShardIterator:
         self._carried = None  # the state says what is read next
 
     def close(self) -> None:
-        """Leave the loader: stop the device feed and the reader; under `dynamic` this
-        rank's unfinished leases go back to the queue for the others. A no-op after
-        `Loader.shutdown()` or `ray.shutdown()` (a Ray call would start a new local Ray)."""
+        """Leave the loader: stop the device feed and the reader; under `dynamic` the rank's
+        unfinished leases go back to the queue for the others (once its group's last member
+        closed). A no-op after `Loader.shutdown()` or `ray.shutdown()`."""
         self._closed = True
         self._close_feed()
         if self._local is not None:
@@ -246,16 +242,22 @@ class ShardIterator:
                     self._reader = process_watch.release(self._watch_key, watch)
 
     def _leave(self) -> None:
-        """Leave the coordinator and stop the reader (a watch's key: see `close`)."""
+        """Leave the coordinator and stop the reader (a watch's key: see `close`); a group
+        member leaves its rank to the others (`close_member`) unless it is the last."""
         placement = (self._generation, self._placement.dp_rank, self._reader_name)
         if self._watch_key is not None and self._reader is not None:  # not closed before:
             self._reader.closing()  # its attach answered first (`watch_rank`)
+        elif self._watch_key is None and not self._last_of_group():
+            return
         ray.get(self._coordinator.leave.remote(*placement))
         if self._watch_key is None:
             self._reader.stop.remote()
 
+    def _last_of_group(self) -> bool:
+        rank, alone = self._placement.world_rank, len(self._placement.group) == 1
+        return alone or ray.get(self._reader.close_member.remote(rank))
+
     def _registered(self) -> tuple[str, int, int, str]:
-        """What `rayshard.runtime.generations` knows this iterator's registration by."""
         return self._loader_key, self._generation, self._placement.dp_rank, self._reader_name
 
     def _where(self) -> str:
@@ -293,6 +295,7 @@ class ShardIterator:
                 blocks_ahead=self._blocks_ahead,
                 arrow=self._arrow,
                 run=started.get("run"),  # (its block calls: of this reading, none older)
+                member=self._placement.world_rank,
             )
         self._stream, self._feed = deliver(raw, self._delivery, flush)
         self._epoch, self._received = epoch, 0
@@ -307,8 +310,7 @@ class ShardIterator:
             self._feed = None
 
     def _acknowledge(self, epoch: int, meta: BatchMeta, stall: float) -> None:
-        """Record a received batch, acknowledged in groups (`rayshard.runtime.acks`); its
-        tag says which samples it consumes (`rayshard.runtime.block.tag_batch`)."""
+        """Record a received batch, acknowledged in groups (`rayshard.runtime.acks`)."""
         self.samples_received += meta.real
         self.stall_seconds += stall
         received = (self._received, meta.runs, meta.real, meta.nbytes, stall, meta.partial)

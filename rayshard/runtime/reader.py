@@ -7,11 +7,9 @@ process on a background thread, and keeps `prefetch_depth` batches ready in the 
 store. Static policies read the rank's planned ranges; `dynamic` leases split pieces from
 the coordinator until none is left, then pads to the equal step count. Every member of
 the rank's model-parallel group fetches the same batches, read once and dropped when the
-last member took them.
-
-A threaded actor (`max_concurrency` = 4 + consumers): consumers block in `next()` while
-the reader thread works; `watch()` blocks for the coordinator's death watch. `_cond`
-guards every field below it.
+last member took them (or closed its iterator); the rank leaves when its last member does.
+A threaded actor: consumers block in `next()` while the reader thread works; `watch()`
+blocks for the coordinator's death watch. `_cond` guards every field below it.
 """
 
 from __future__ import annotations
@@ -60,7 +58,8 @@ class ShardReader:
         self._final: int | None = None  # batches produced, once the reader thread is done
         self._ready: dict[int, Any] = {}  # block index -> ObjectRef
         self._ready_batches: dict[int, int] = {}  # block index -> its batches
-        self._taken: dict[int, int] = {}  # block index -> consumers that fetched it
+        self._taken: dict[int, set] = {}  # block index -> the members that fetched it
+        self._closed: set = set()  # members that closed their iterators (count as taken)
         self._next_to_read = 0
         self._low_water = 0  # lowest index some consumer still needs
         self._restarts = 0  # the most restarts of an epoch a consumer asked for
@@ -144,10 +143,13 @@ class ShardReader:
             self._thread.start()
             self._cond.notify_all()  # consumers still waiting on the previous epoch: it ended
 
-    def next(self, generation: int, epoch: int, index: int, run: int | None = None) -> Any:
+    def next(
+        self, generation: int, epoch: int, index: int, run: int | None = None, member: Any = None
+    ) -> Any:
         """The ObjectRef of block `index` of `epoch` (a list of batches; waits until it is
         read), or None past the end of the epoch, or for a call of an earlier reading of
-        it (`run`, as `start` answered, not the current one: a stream `set_epoch` dropped)."""
+        it (`run`, as `start` answered, not the current one: a stream `set_epoch` dropped).
+        `member`: the group member asking (its world rank)."""
         with self._cond:
             if self._key != (generation, epoch):
                 raise StaleClientError(
@@ -175,13 +177,29 @@ class ShardReader:
                     f"reader failed at block {index} of epoch {epoch}: {self._error}",
                 ) from self._error
             ref = self._ready[index]
-            self._taken[index] = self._taken.get(index, 0) + 1
-            if self._taken[index] >= self._consumers:
-                del self._ready[index], self._taken[index], self._ready_batches[index]
-                self._low_water = max(self._low_water, index + 1)
-                self._cond.notify_all()
-            self._gauge_depth()
+            self._taken.setdefault(index, set()).add(member)
+            self._drop_taken()
             return ref
+
+    def _drop_taken(self) -> None:
+        """Drop the blocks every member took, or closed before taking (under `_cond`)."""
+        for index in sorted(self._ready):
+            if len(self._taken.get(index, set()) | self._closed) < self._consumers:
+                break
+            del self._ready[index], self._ready_batches[index]
+            self._taken.pop(index, None)
+            self._low_water = max(self._low_water, index + 1)
+            self._cond.notify_all()
+        self._gauge_depth()
+
+    def close_member(self, member: Any) -> bool:
+        """A member of the group closed its iterator: the others read on without it (what
+        it did not take is not kept for it). Whether it was the last one open: the rank
+        then leaves and `stop()` ends the reader."""
+        with self._cond:
+            self._closed.add(member)
+            self._drop_taken()
+            return len(self._closed) >= self._consumers
 
     def watch(self) -> None:
         """Blocks while the reader lives: the coordinator's death watch."""
@@ -189,17 +207,13 @@ class ShardReader:
 
     def stop(self) -> None:
         """End the reader thread and release the watch (graceful leave). Consumers still
-        waiting for a block (other members of a model-parallel group, when one member
-        closed its iterator: the rank left) get a `StaleClientError` rather than waiting
-        for ever."""
+        waiting for a block get a `StaleClientError` rather than waiting for ever."""
         self._stop_thread()
         self._leases.stop()
         with self._cond:  # (an epoch read to its end stays served to its end)
             if self._final is None:
                 self._error = self._error or StaleClientError(
-                    "its rank left the loader (a consumer of the rank closed its iterator, as "
-                    "one member of a model-parallel group may before the others): take a new "
-                    "iterator, or close every member's at the end of training"
+                    "its rank left the loader (its iterators were closed): take a new iterator"
                 )
             self._cond.notify_all()
         self._stopped.set()

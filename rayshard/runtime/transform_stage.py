@@ -19,6 +19,7 @@ import pyarrow as pa
 
 from rayshard.data.batching import FLUSH, to_numpy
 from rayshard.data.columns import OFFSETS_SUFFIX, ColumnRules
+from rayshard.data.ragged import UNVIEWED
 from rayshard.data.transforms import INDEX_KEY, PADDED_KEY, TransformContext
 from rayshard.errors import TransformError
 
@@ -40,7 +41,8 @@ def transform_input(table: pa.Table, rules: ColumnRules | None = None) -> dict[s
         if pa.types.is_dictionary(column.type):
             column = column.cast(column.type.value_type)
         has_fill, fill = rules.fill_of(name)
-        if has_fill and column.null_count:
+        if has_fill and column.null_count:  # (views have no fill kernel: their large kind)
+            column = column.cast(UNVIEWED.get(str(column.type), column.type))
             column = column.fill_null(pa.scalar(fill).cast(column.type))
         lists[name] = column.to_pylist()
     for name in rules.nested_columns(table.schema):  # values + offsets: rows as arrays
