@@ -79,3 +79,38 @@ def test_restore_refuses_a_damaged_state_file_naming_it(tmp_path, text, what):
 
 def test_restore_without_a_state_file_starts_fresh(tmp_path):
     assert rayshard.train.restore(Batches(), Checkpoint(tmp_path)) is False
+
+
+class NamedBatches(Batches):
+    def __init__(self, loader_id, state=None):
+        super().__init__(state)
+        self.loader_id = loader_id
+
+
+def test_several_loaders_keep_their_states_in_one_checkpoint_under_their_names(tmp_path):
+    val = {**STATE, "loader": "val:77aa"}
+    rayshard.train.save_state(NamedBatches("train:3f2a", STATE), tmp_path)
+    rayshard.train.save_state(NamedBatches("val:77aa", val), tmp_path, name="val")
+    assert sorted(os.listdir(tmp_path)) == [STATE_FILE, "rayshard_state.val.json"]
+    train_it, val_it = NamedBatches("train:3f2a"), NamedBatches("val:77aa")
+    assert rayshard.train.restore(train_it, Checkpoint(tmp_path)) is True
+    assert rayshard.train.restore(val_it, Checkpoint(tmp_path), name="val") is True
+    assert (train_it.loaded, val_it.loaded) == (STATE, val)
+
+
+def test_a_state_of_another_loader_is_left_not_loaded(tmp_path, caplog):
+    """A validation loader restored from a checkpoint holding only the training loader's
+    state: left, with a warning (loading it raised: another loader's state)."""
+    rayshard.train.save_state(Batches(STATE), tmp_path)
+    val_it = NamedBatches("val:77aa")
+    assert rayshard.train.restore(val_it, Checkpoint(tmp_path)) is False
+    assert val_it.loaded is None
+    assert "holds the state of loader 'train:3f2a', not of 'val:77aa'" in caplog.text
+    changed = NamedBatches("train:0000")  # the same name: its load says what changed
+    assert rayshard.train.restore(changed, Checkpoint(tmp_path)) is True
+
+
+@pytest.mark.parametrize("name", ["", "a/b", "..", 3])
+def test_a_state_name_that_is_no_file_name_is_refused(tmp_path, name):
+    with pytest.raises(ConfigError, match="state name"):
+        rayshard.train.save_state(Batches(STATE), tmp_path, name=name)

@@ -17,6 +17,7 @@ from rayshard.errors import ConfigError
 
 STATE_FILE = "rayshard_state.json"  # in a checkpoint folder
 PROCESS_STATE_FILE = "rayshard_state_{rank}.json"  # one per process (a Hugging Face checkpoint)
+NAMED_STATE_FILE = "rayshard_state.{name}.json"  # one of several loaders' in a checkpoint
 WHAT_TO_PASS = "pass the JSON written by rayshard.train.save_state or iterator.state_dict()"
 
 
@@ -35,6 +36,23 @@ def read_state_json(path: str | os.PathLike, fix: str = WHAT_TO_PASS) -> dict:
             f"object): {fix}"
         )
     return data
+
+
+def state_file_name(name: str | None = None) -> str:
+    """The file a checkpoint holds a loader's state in: `rayshard_state.json`, or under
+    `name` (several loaders in one checkpoint) `rayshard_state.NAME.json`."""
+    if name is None:
+        return STATE_FILE
+    if (
+        not isinstance(name, str)
+        or not name
+        or not name.replace("-", "").replace("_", "").isalnum()
+    ):
+        raise ConfigError(
+            f"state name {name!r}: use letters, digits, '-' and '_' (it names a file "
+            f"{NAMED_STATE_FILE} in the checkpoint)"
+        )
+    return NAMED_STATE_FILE.format(name=name)
 
 
 def atomic_write(target: str | os.PathLike, payload: bytes, mode: int | None = None) -> None:
@@ -65,4 +83,12 @@ def mode_of(target: Path) -> int:
         return 0o666 & ~umask
 
 
-__all__ = ["PROCESS_STATE_FILE", "STATE_FILE", "atomic_write", "mode_of", "read_state_json"]
+__all__ = [
+    "NAMED_STATE_FILE",
+    "PROCESS_STATE_FILE",
+    "STATE_FILE",
+    "atomic_write",
+    "mode_of",
+    "read_state_json",
+    "state_file_name",
+]

@@ -1,10 +1,8 @@
 """The per-worker iterator a training loop holds.
 
-`len()` is exact for the current epoch; iterating yields one epoch of batches, iterating
-again the next. `state_dict()` records what this loop *received* (never what is
-prefetched), loader-wide: after every rank received the same number of batches, any
-rank's `state_dict()` is a complete checkpoint, on any world size.
-"""
+`len()` is exact; iterating yields an epoch, iterating again the next. `state_dict()`
+records what this loop *received*, loader-wide: once every rank received as many batches,
+any rank's `state_dict()` is a complete checkpoint, on any world size."""
 
 from __future__ import annotations
 
@@ -76,7 +74,7 @@ class ShardIterator:
         self._restored_at: int | None = None  # the generation its last restore answered
         self._restarts = 0  # epochs `set_epoch` started again from the middle (for the reader)
         self.samples_received, self.stall_seconds = 0, 0.0
-        self._loader_name = name = registration.get("loader", "")
+        self.loader_id = name = registration.get("loader", "")  # `name:fingerprint`
         rank, interval = placement.dp_rank, ack_interval_s
         self._acks = AckSender(coordinator, self._generation, rank, interval, loader_name=name)
         weakref.finalize(self, self._acks.end_soon).atexit = False  # dropped: thread ends
@@ -261,7 +259,7 @@ class ShardIterator:
         return self._loader_key, self._generation, self._placement.dp_rank, self._reader_name
 
     def _where(self) -> str:
-        return f"loader {self._loader_name!r}, data-parallel rank {self._placement.dp_rank}"
+        return f"loader {self.loader_id!r}, data-parallel rank {self._placement.dp_rank}"
 
     def _begin(self, epoch: int) -> None:
         """Start `epoch` here; the iterator moves to it only once it started (an error or
