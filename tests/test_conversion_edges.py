@@ -140,6 +140,9 @@ def test_a_transform_gets_view_strings_as_python_lists_as_other_strings(kind):
         "_padded", pa.array([False, False])
     )
     assert transform_input(table)["v"] == values  # a list, None for the null
+    fill = values[0] * 2  # ("aa" or b"aa"): views have no fill kernel, their large kind has
+    rules = ColumnRules.build(None, {"v": fill}, table.schema)
+    assert transform_input(table, rules)["v"] == [values[0], fill]
 
 
 def test_a_source_column_named_like_a_batch_key_is_refused_before_work():

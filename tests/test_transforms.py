@@ -82,6 +82,16 @@ def test_filter_records_dropped_real_samples_only():
     assert out[DROPPED_KEY].tolist() == [3, 6]  # padding rows are never acknowledged
 
 
+def test_keep_rows_refuses_row_positions_and_a_mask_of_another_length():
+    batch = batch_for(ctx_for([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"one bool per row of the batch \(3 rows\), got int"):
+        keep_rows(batch, [0, 2])  # positions: numpy would keep rows 1 and 2 (truthy)
+    with pytest.raises(ValueError, match=r"\(3 rows\), got bool of shape \(2,\)"):
+        keep_rows(batch, [True, False])
+    assert keep_rows(batch, [True, False, True])["_index"].tolist() == [1, 3]
+    assert keep_rows(batch_for(ctx_for([])), [])["_index"].tolist() == []
+
+
 def test_filter_of_everything_leaves_an_empty_batch():
     ctx = ctx_for([1, 2])
     out = apply_transform(lambda b, c: keep_rows(b, [False, False]), batch_for(ctx), ctx)

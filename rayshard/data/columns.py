@@ -105,7 +105,10 @@ def element_type(type_: pa.DataType) -> pa.DataType:
 
 def fill_type(type_: pa.DataType) -> pa.DataType:
     """The type of a `fill_null` value for a column of `type_`: the innermost values of
-    (nested) lists and maps, whose null elements it fills, else `type_` itself."""
+    (nested) lists and maps (and tensors: their storage), whose null elements it fills,
+    else `type_` itself."""
+    if isinstance(type_, pa.FixedShapeTensorType):
+        type_ = type_.storage_type
     while is_list_type(type_):
         type_ = element_type(type_)
     return type_

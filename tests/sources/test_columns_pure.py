@@ -122,6 +122,15 @@ def test_rules_are_validated_on_the_driver():
         ColumnRules.build(None, {"flag": 0}, floats)
     with pytest.raises(ConfigError, match=r"pad_value=0.5 does not fit the int32"):
         ColumnRules.build({"tokens": Padding(pad_value=0.5)}, None, schema)
+    # out of range: no 2 -> True in a bool column, no 1e40 -> inf in a float32 one
+    lists = pa.schema([("b", pa.list_(pa.bool_())), ("f", pa.list_(pa.float32()))])
+    with pytest.raises(ConfigError, match=r"padding\['b'\]: pad_value=2 does not fit the bool"):
+        ColumnRules.build({"b": Padding(pad_value=2)}, None, lists)
+    with pytest.raises(ConfigError, match=r"padding\['f'\]: pad_value=1e\+40 does not fit"):
+        ColumnRules.build({"f": Padding(pad_value=1e40)}, None, lists)
+    fits = {"b": Padding(pad_value=1), "f": Padding(pad_value=float("-inf"))}
+    assert ColumnRules.build(fits, None, lists).padding_of("f").pad_value == float("-inf")
+    assert ColumnRules.build({"f": Padding(pad_value=0.1)}, None, lists)  # (rounded: fine)
     # beyond 64 bits: Arrow cannot even hold the value (OverflowError, not a cast error)
     wide = pa.schema([("x", pa.int64()), ("ids", pa.list_(pa.int64()))])
     with pytest.raises(ConfigError, match=r"fill_null\['x'\]=1180591620717411303424 does not"):
