@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from rayshard.errors import ConfigError
 from rayshard.runtime import pid_watch
 from rayshard.runtime.reader_watches import ReaderWatches
 from tests.timeouts import EVENT_TIMEOUT_S
@@ -73,12 +74,19 @@ def test_a_token_names_this_process_and_its_start():
     assert not pid_watch.watchable(contained, NODE)
 
 
-@pytest.mark.parametrize("value", ["0", "false", "no"])
+@pytest.mark.parametrize("value", ["0", "false", "no", "off", " OFF "])
 def test_watching_by_pid_can_be_turned_off(monkeypatch, value):
     monkeypatch.setenv(pid_watch.ENABLE_VARIABLE, value)
     assert pid_watch.token_here(NODE) is None
-    monkeypatch.setenv(pid_watch.ENABLE_VARIABLE, "1")
-    assert pid_watch.token_here(NODE) is not None
+    for on in ("1", "on", ""):  # (set but empty: the default, on)
+        monkeypatch.setenv(pid_watch.ENABLE_VARIABLE, on)
+        assert pid_watch.token_here(NODE) is not None
+
+
+def test_a_watch_by_pid_value_that_is_not_yes_or_no_is_refused_naming_it(monkeypatch):
+    monkeypatch.setenv(pid_watch.ENABLE_VARIABLE, "of")  # a typo: not silently on
+    with pytest.raises(ConfigError, match=r"RAYSHARD_WATCH_BY_PID='of' is not a yes/no value"):
+        pid_watch.enabled()
 
 
 @pytest.mark.parametrize(

@@ -334,8 +334,8 @@ DESCRIBED = {
     "straggler_timeout_s": "off",
     "dp_groups": "consecutive",
     "transform_resources": "reader's node",
-    "consumer_reads": "when the rank has one consumer, no worker processes, no transform and "
-    "no packing",
+    "consumer_reads": "when the rank has one consumer, no worker processes, no transform, "
+    "no packing and `reader_num_cpus` 0",
     "journal_path": "a local temp file",
 }
 

@@ -184,6 +184,12 @@ def test_a_state_of_another_loader_is_refused_naming_what_differs():
         ({"consumed": [[0, 1000]]}, r"consumed interval \[0, 1000\] is not within"),
         ({"consumed": [[0, 2.5]]}, r"consumed bound=2.5 is not an integer"),
         ({"num_samples": 50}, r"this state counts 50 samples, the loader's source 100"),
+        # ids and settings are compared as str and mapping: other types failed there
+        ({"loader": 5}, r"malformed loader state: loader=5 is not a loader id 'name:fing"),
+        ({"loader": ["x:1"]}, r"malformed loader state: loader=\['x:1'\] is not a loader id"),
+        ({"made_by": [1]}, r"malformed loader state: made_by=\[1\] is not a mapping"),
+        ({"made_by": "xx"}, r"malformed loader state: made_by='xx' is not a mapping"),
+        ({"made_by": None}, r"malformed loader state: made_by=None is not a mapping"),
     ],
 )
 def test_a_state_edited_into_nonsense_is_refused_before_it_is_used(edit, message):

@@ -16,6 +16,7 @@ from rayshard.data.transforms import check_transform
 from rayshard.errors import ConfigError
 from rayshard.plan import check_not_empty
 from rayshard.sources._files import ChunkedFileSource
+from rayshard.sources._paths import resolve_paths
 from rayshard.sources.base import Source
 
 log = logging.getLogger(__name__)
@@ -62,8 +63,9 @@ def _check_workers(settings: LoaderConfig, transform: Any) -> None:
 
 
 def _check_source_options(settings: LoaderConfig, source: Source) -> None:
-    """`split_rows` says how `make_source` cuts the files it opens: given with a source made
-    otherwise, it must be the source's own, or it would be ignored without a word."""
+    """`paths`, `source_format` and `split_rows` say which files `make_source` opens and
+    how: given with a source made otherwise, they must be the source's own, or they would
+    be ignored without a word."""
     wanted = settings.split_rows
     if wanted is not None and getattr(source, "split_rows", None) != wanted:
         raise ConfigError(
@@ -71,6 +73,45 @@ def _check_source_options(settings: LoaderConfig, source: Source) -> None:
             f"{source.describe()} was made without it: pass it to the source "
             f"(e.g. ParquetSource(paths, split_rows={wanted})), or leave it out here"
         )
+    fmt = settings.source_format
+    if fmt != "auto" and not isinstance(source, _format_class(fmt)):
+        raise ConfigError(
+            f"source_format={fmt!r} applies to the source the loader makes from paths; "
+            f"{source.describe()} is given: leave source_format out, or pass a "
+            f"{_format_class(fmt).__name__}"
+        )
+    if settings.paths is not None:
+        _check_paths(list(settings.paths), source)
+
+
+def _format_class(fmt: str) -> type:
+    """The source class `make_source` opens for `source_format` `fmt`."""
+    from rayshard.sources.arrow_files import ArrowFileSource
+    from rayshard.sources.parquet import ParquetSource
+
+    return ArrowFileSource if fmt == "arrow" else ParquetSource
+
+
+def _check_paths(paths: list[str], source: Source) -> None:
+    """`paths` given with `source` must name its files, in its order (files it skipped as
+    holding no rows aside): else the source is read, and `paths` ignored."""
+    fix = "leave paths out (the source names its files), or leave the source out"
+    if not isinstance(source, ChunkedFileSource):
+        raise ConfigError(f"paths={paths} with {source.describe()}, which reads no paths: {fix}")
+    own_fs = source._filesystems[0] if len(source._filesystems) == 1 else None
+    given = own_fs if own_fs is not None and own_fs.type_name != "local" else None
+    named = resolve_paths(paths, given, kind=source._kind)
+    own = [f.path for f in source._files]
+    owned = set(own)
+    extra = [(fs, path, shown) for fs, path, shown, *_ in named if path not in owned]
+    unread = [shown for fs, path, shown in extra if sum(source._inspect(fs, path, shown)[0])]
+    if unread:
+        what = f"names {unread[0]}, which {source.describe()} does not read"
+    elif [path for _, path, *_ in named if path in owned] != own:
+        what = f"names other files than {source.describe()} reads (or in another order)"
+    else:
+        return
+    raise ConfigError(f"paths={paths} {what}: the source would be read, paths ignored; {fix}")
 
 
 def _warn_scattered_parts(settings: LoaderConfig, source: Source) -> None:

@@ -108,12 +108,8 @@ class ReadConfig:
                 "shuffle=True (leases in a seeded random order per epoch), or a static policy"
             )
         if self.reader_threads is not None:
-            check_int(
-                self.reader_threads,
-                "reader_threads",
-                minimum=1,
-                fix="or None (the default): as many as the CPUs Ray gave the reading process",
-            )
+            fix = "or None (the default): as many as the CPUs Ray gave the reading process"
+            check_int(self.reader_threads, "reader_threads", minimum=1, fix=fix)
         set_(self, "packing", packing_of(self.packing))
         if self.packing is not None:
             self._check_packing()
@@ -201,26 +197,21 @@ class RuntimeConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        if isinstance(self.journal_path, os.PathLike):
-            set_(self, "journal_path", os.fspath(self.journal_path))
-        for key in ("name", "namespace", "journal_path"):
+        for key in ("name", "namespace"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, str) or not value):
                 raise ConfigError(f"{key}={value!r} must be a non-empty string")
         if self.name is None:
             raise ConfigError("name=None must be a non-empty string (the default is 'rayshard')")
+        set_(self, "journal_path", _journal_path(self.journal_path))
         check_int(
             self.coordinator_max_restarts, "coordinator_max_restarts", minimum=-1, fix="-1: forever"
         )
         check_int(self.prefetch_depth, "prefetch_depth", minimum=1, fix="the default is 2")
         if self.batches_per_object is not None:
             check_int(self.batches_per_object, "batches_per_object", minimum=1)
-        check_int(
-            self.object_bytes,
-            "object_bytes",
-            minimum=1,
-            fix="bytes per object-store block; 8 MiB is the default",
-        )
+        fix = "bytes per object-store block; 8 MiB is the default"
+        check_int(self.object_bytes, "object_bytes", minimum=1, fix=fix)
         # 0 acknowledges on receipt / polls without pause; a state request needs time
         check_number(self.ack_interval_s, "ack_interval_s", positive=False, fix="seconds")
         check_number(self.lease_poll_s, "lease_poll_s", positive=False, fix="seconds")
@@ -276,14 +267,16 @@ class RuntimeConfig:
             )
         shared = self.model_parallel_size > 1 or any(len(g) > 1 for g in self.dp_groups or ())
         workers = self.reader_workers > 1 or self.transform_workers > 1
-        if wanted and (shared or workers or self.transform_resources is not None):
-            what = (
-                "model-parallel groups share a reader"
-                if shared
-                else ("worker processes are fed by the reader actor")
-            )
+        if wanted and self.reader_num_cpus:
             raise ConfigError(
-                f"consumer_reads=True: {what} (model_parallel_size="
+                f"consumer_reads=True with reader_num_cpus={self.reader_num_cpus}: a consumer "
+                "that reads has no reader actor to reserve CPUs for; leave consumer_reads unset "
+                "(reader_num_cpus > 0 reads in reader actors), or reader_num_cpus at 0"
+            )
+        if wanted and (shared or workers or self.transform_resources is not None):
+            what = "model-parallel groups share" if shared else "worker processes are fed by"
+            raise ConfigError(
+                f"consumer_reads=True: {what} the reader actor (model_parallel_size="
                 f"{self.model_parallel_size}, dp_groups={self.dp_groups}, reader_workers="
                 f"{self.reader_workers}, transform_workers={self.transform_workers}, "
                 f"transform_resources={self.transform_resources}); leave consumer_reads unset"
@@ -291,15 +284,10 @@ class RuntimeConfig:
 
     def _check_straggler_timeout(self) -> None:
         timeout = self.straggler_timeout_s
-        if timeout is None or timeout is False:  # (False: YAML 1.1 reads a bare `off` so)
-            object.__setattr__(self, "straggler_timeout_s", None)
-            return
-        seconds = check_number(
-            timeout,
-            "straggler_timeout_s",
-            fix="give the seconds a rank may hold work silently, or None to turn it off",
-        )
-        object.__setattr__(self, "straggler_timeout_s", seconds)
+        if timeout is not None and timeout is not False:  # (False: YAML 1.1's bare `off`)
+            fix = "give the seconds a rank may hold work silently, or None to turn it off"
+            timeout = check_number(timeout, "straggler_timeout_s", fix=fix)
+        object.__setattr__(self, "straggler_timeout_s", timeout or None)
 
     def check_straggler_margin(self) -> None:
         """The straggler timeout must exceed twice the slowest heartbeat (ack or poll)."""
@@ -311,3 +299,20 @@ class RuntimeConfig:
                 f"{self.ack_interval_s!r} and lease_poll_s={self.lease_poll_s!r}, or healthy "
                 "ranks would look silent: raise it (well above a training step's time)"
             )
+
+
+def _journal_path(value: Any) -> str | None:
+    """`journal_path` made absolute on the driver (the coordinator runs in Ray's working_dir,
+    where a relative path names another file), `~` expanded; a URI is refused: the journal
+    is a file the coordinator appends to and locks, on a local or mounted filesystem."""
+    path = os.fspath(value) if isinstance(value, os.PathLike) else value
+    if path is None:
+        return None
+    if not isinstance(path, str) or not path.strip():
+        raise ConfigError(f"journal_path={value!r} must be a non-empty string")
+    if "://" in path:
+        raise ConfigError(
+            f"journal_path={path!r} is a URI: the journal must be a local or mounted path "
+            "(a file the coordinator appends to and locks); give a path on the driver's node"
+        )
+    return os.path.abspath(os.path.expanduser(path))

@@ -92,6 +92,7 @@ class LoaderState:
                 f"reads version {STATE_VERSION}; resume with the rayshard release that saved "
                 "it, or start the epoch afresh"
             )
+        _check_identity(data["loader"], data.get("made_by", {}))
         if expect_loader is not None and data["loader"] != expect_loader:
             raise ConfigError(
                 f"this state belongs to loader {data['loader']!r}, not to {expect_loader!r}: "
@@ -124,6 +125,23 @@ class LoaderState:
             if isinstance(error, ConfigError):
                 raise
             raise ConfigError(f"malformed loader state: {error}") from error
+
+
+def _check_identity(loader: Any, made_by: Any) -> None:
+    """`loader` must be a loader id (a string, `name:fingerprint` as a loader saves it),
+    `made_by` the mapping of its settings: states are compared by them, and other types
+    failed there with a traceback."""
+    if not isinstance(loader, str):
+        raise ConfigError(
+            f"malformed loader state: loader={loader!r} is not a loader id 'name:fingerprint' "
+            "(the state was edited by hand or damaged): resume from the state as saved"
+        )
+    if not isinstance(made_by, dict):
+        raise ConfigError(
+            f"malformed loader state: made_by={made_by!r} is not a mapping of the saving "
+            "loader's settings (the state was edited by hand or damaged): resume from the "
+            "state as saved, or remove made_by"
+        )
 
 
 def _count(value: Any, name: str) -> int:

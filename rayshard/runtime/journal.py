@@ -178,6 +178,11 @@ class Journal:
             os.fsync(self._handle.fileno())
 
     def _read_header(self) -> dict:
+        if os.path.isdir(self.path):  # (not "corrupt ... Is a directory")
+            raise ConfigError(
+                f"journal_path={self.path!r} is a folder: the journal is a file; give a file "
+                f"path, e.g. {os.path.join(self.path, 'journal.jsonl')!r}"
+            )
         try:
             with open(self.path, encoding="utf-8") as handle:
                 first = handle.readline()

@@ -62,13 +62,15 @@ class _Failure:
 def reads_in_consumer(settings: LoaderConfig, consumers: int, transform: Any) -> bool:
     """Whether a rank with `consumers` members reads in its consumer (`consumer_reads`):
     when asked (True), or by default (None) when it is the rank's only consumer and no
-    worker process, transform or packing is involved (a transform or packing stays out of
-    the training process unless asked). False: always in the reader actor."""
+    worker process, transform, packing or `reader_num_cpus` is involved (a transform or
+    packing stays out of the training process unless asked; CPUs reserved for readers ask
+    for reader actors). False: always in the reader actor."""
     wanted = settings.consumer_reads
     if wanted is not None:
         return wanted
     return (
         consumers == 1
+        and not settings.reader_num_cpus
         and settings.worker_count == 1
         and settings.transform_resources is None
         and transform is None

@@ -24,6 +24,8 @@ import logging
 import os
 import select
 
+from rayshard.config.env import parse_bool
+
 log = logging.getLogger(__name__)
 
 PREFIX = "pid:"
@@ -79,8 +81,9 @@ def pidfds_work() -> bool:
 
 
 def enabled() -> bool:
-    """Whether watching by pid is on here (`RAYSHARD_WATCH_BY_PID`, default on)."""
-    return os.environ.get(ENABLE_VARIABLE, "1").strip().lower() not in {"0", "false", "no"}
+    """Whether watching by pid is on here (`RAYSHARD_WATCH_BY_PID`, default on; a value
+    that is not yes/no, such as a typo, is a `ConfigError` naming the variable)."""
+    return parse_bool(os.environ.get(ENABLE_VARIABLE, "").strip() or "1", ENABLE_VARIABLE)
 
 
 def token_here(node_id: str) -> str | None:

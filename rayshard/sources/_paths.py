@@ -7,6 +7,7 @@ import itertools
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -38,7 +39,7 @@ def resolve_paths(
     for raw in paths:
         fs, path, display = _filesystem_of(raw, filesystem)
         if _GLOB_CHARS.search(path):
-            matched = _glob(fs, path)
+            matched = _glob(fs, path, display)
             if not matched:
                 raise ConfigError(f"the glob {display!r} matches no file: check the pattern")
             root, display_root = _fixed_part(path), _fixed_part(display)
@@ -48,17 +49,11 @@ def resolve_paths(
                 for i in matched
             )  # fmt: skip
             continue
-        try:
-            info = fs.get_file_info(path)
-        except (pa.ArrowException, OSError) as error:
-            raise ConfigError(
-                f"{display}: cannot be looked up ({error}); check the bucket, the path and "
-                "the credentials (for S3: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a role)"
-            ) from error
+        info = _look_up(fs, path, display)
         if info.type == pafs.FileType.NotFound:
             raise ConfigError(f"{display}: no such file or folder (check the path)")
         if info.type == pafs.FileType.Directory:
-            found = _list_folder(fs, path)
+            found = _list_folder(fs, path, display)
             if not found:
                 raise ConfigError(f"the folder {display} holds no {kind} files")
             out.extend(
@@ -169,20 +164,32 @@ def _version(info: pafs.FileInfo) -> str:
     return f"{size}:{mtime}"
 
 
-def _list_folder(fs: pafs.FileSystem, root: str) -> list[pafs.FileInfo]:
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+def _look_up(fs: pafs.FileSystem, target: Any, display: str) -> Any:
+    """`fs.get_file_info(target)` (a path or a `FileSelector`); a store that cannot be
+    reached or refuses is a `ConfigError` naming `display`, not a raw `OSError`."""
+    try:
+        return fs.get_file_info(target)
+    except (pa.ArrowException, OSError) as error:
+        raise ConfigError(
+            f"{display}: cannot be looked up ({error}); check the bucket, the path and "
+            "the credentials (for S3: AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or a role)"
+        ) from error
+
+
+def _list_folder(fs: pafs.FileSystem, root: str, display: str) -> list[pafs.FileInfo]:
+    infos = _look_up(fs, pafs.FileSelector(root, recursive=True), display)
     files = (i for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, root))
     return sorted(files, key=lambda i: i.path)
 
 
-def _glob(fs: pafs.FileSystem, pattern: str) -> list[pafs.FileInfo]:
+def _glob(fs: pafs.FileSystem, pattern: str, display: str) -> list[pafs.FileInfo]:
     parts = pattern.split("/")
     fixed = list(itertools.takewhile(lambda p: not _GLOB_CHARS.search(p), parts))
     root = "/".join(fixed) or "/"
-    if fs.get_file_info(root).type != pafs.FileType.Directory:
+    if _look_up(fs, root, display).type != pafs.FileType.Directory:
         return []
     regex = re.compile(_glob_regex(pattern))
-    infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    infos = _look_up(fs, pafs.FileSelector(root, recursive=True), display)
     files = (i for i in infos if i.type == pafs.FileType.File and regex.fullmatch(i.path))
     return sorted(files, key=lambda i: i.path)
 

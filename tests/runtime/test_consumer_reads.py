@@ -114,6 +114,9 @@ def test_who_reads_by_default_and_on_request():
     assert not reads_in_consumer(LoaderConfig(transform_workers=2), consumers=1, transform=None)
     packing = LoaderConfig(packing=Packing(column="tokens", seq_len=8))
     assert not reads_in_consumer(packing, consumers=1, transform=None)
+    # CPUs reserved for reader actors ask for them: else they would be ignored unsaid
+    cpus = LoaderConfig(reader_num_cpus=0.5)
+    assert not reads_in_consumer(cpus, consumers=1, transform=None)
     asked = LoaderConfig(consumer_reads=True)
     assert reads_in_consumer(asked, consumers=1, transform=lambda b, c: b)
     refused = LoaderConfig(consumer_reads=False)
@@ -128,6 +131,7 @@ def test_who_reads_by_default_and_on_request():
         ({"consumer_reads": True, "dp_groups": [[0, 1]]}, r"model-parallel groups share"),
         ({"consumer_reads": True, "reader_workers": 2}, r"worker processes are fed"),
         ({"consumer_reads": True, "transform_workers": 2}, r"worker processes are fed"),
+        ({"consumer_reads": True, "reader_num_cpus": 1}, r"no reader actor to reserve CPUs"),
     ],
 )
 def test_consumer_reads_that_cannot_work_are_refused(options, message):
