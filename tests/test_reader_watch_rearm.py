@@ -62,6 +62,27 @@ def test_a_reader_watched_again_after_its_watch_ended_is_watched_anew():
     assert _run_with_children(2, scenario) == [(0, "reader-1"), (0, "reader-1")]
 
 
+def test_ended_watches_leave_only_their_names_and_no_key_counts_as_an_actor():
+    """A loop that takes an iterator per epoch watches a reader per epoch: an ended one's
+    entries go (they grew without end), and `Loader.shutdown`'s lists stay right: an
+    ended process key is no actor to kill, also when the membership still names it."""
+
+    async def scenario(watches, children, ends) -> None:
+        for epoch, child in enumerate(children):
+            watches.watch(0, f"reader-{epoch}", _token(child))
+            child.kill()
+            await asyncio.wait_for(_until(lambda n=epoch + 1: len(ends) == n), EVENT_TIMEOUT_S)
+            await asyncio.sleep(0.01)  # (its task ends after reporting)
+        assert not watches._tasks and not watches._shared and not watches._ranks
+        assert watches.actors({"reader-2", "reader-x"}) == ["reader-x"]
+        assert watches.shared_keys() == [] and watches.counts()["watched_by_pid"] == 0
+        assert watches.end("reader-1") is None  # a late end of an ended key: nothing
+        assert not watches._ended
+
+    ends = _run_with_children(3, scenario)
+    assert [name for _, name in ends] == ["reader-0", "reader-1", "reader-2"]
+
+
 async def _until(condition) -> None:
     while not condition():
         await asyncio.sleep(0.01)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from rayshard.runtime.node_watch import NodeWatches
 
 FIND_S = 10.0  # how long a restarted coordinator looks for a reader Ray does not know
 FIND_POLL_S = 0.2
+GONE_KEPT = 65_536  # ended watches remembered (a loop may take an iterator per epoch)
 
 
 class ReaderWatches:
@@ -45,6 +47,10 @@ class ReaderWatches:
         self._ended: dict[str, asyncio.Event] = {}  # pid-watched keys: set by `end`
         self._ranks: dict[str, int] = {}  # reader name -> its rank
         self._finding: set[str] = set()  # reader names whose watch looks for its actor
+        # Ended watches, forgotten above (each rank's iterator per epoch would add one for
+        # good): name -> whether it was a reader actor (`Loader.shutdown` kills those
+        # still alive, their iterators not dropped); a late `end` of one is a no-op.
+        self._gone: OrderedDict[str, bool] = OrderedDict()
         self._nodes = NodeWatches()  # watches of other nodes' processes
 
     async def can_watch(self, watch: str) -> bool:
@@ -67,6 +73,7 @@ class ReaderWatches:
             return
         if task is not None:
             task.cancel()  # (ended, or looking for an actor: this watch replaces it)
+        self._gone.pop(name, None)
         self._ranks[name] = dp_rank
         self._shared.pop(name, None)
         if shared is not None:
@@ -85,6 +92,8 @@ class ReaderWatches:
             except Exception:  # noqa: BLE001 - any failure of the watch means it is gone
                 pass
             await self._on_end(dp_rank, name)
+            if self._tasks.get(name) is asyncio.current_task():  # (not armed anew since)
+                self._forget(name)
 
         self._tasks[name] = asyncio.get_event_loop().create_task(watch())
 
@@ -104,12 +113,21 @@ class ReaderWatches:
                 self._finding.discard(name)  # found: a later attach leaves this watch be
             return handle
 
+    def _forget(self, name: str) -> None:
+        """Drop an ended watch's entries, remembering its name (the last `GONE_KEPT`)."""
+        del self._tasks[name]
+        self._ranks.pop(name, None)
+        self._finding.discard(name)
+        self._gone[name] = self._shared.pop(name, None) is None
+        while len(self._gone) > GONE_KEPT:
+            self._gone.popitem(last=False)
+
     def end(self, key: str) -> int | None:
         """The rank watched by its process under `key` left it (closed or dropped): end
         that watch as a `RankWatch` ends a key (at once if it comes first). Returns the
         rank of a key watched so, whose end the caller records at once (else None)."""
         task = self._tasks.get(key)
-        if task is not None and task.done():
+        if key in self._gone or (task is not None and task.done()):
             return None
         self._ended.setdefault(key, asyncio.Event()).set()
         return self._ranks.get(key) if pid_watch.is_token(self._shared.get(key)) else None
@@ -128,7 +146,9 @@ class ReaderWatches:
 
     def actors(self, attached: set[str]) -> list[str]:
         """The reader actors among those watched and `attached` (not shared keys)."""
-        return sorted((set(self._tasks) | attached) - set(self._shared))
+        gone = {name for name, actor in self._gone.items() if actor}
+        keys = {name for name, actor in self._gone.items() if not actor} | set(self._shared)
+        return sorted((set(self._tasks) | gone | attached) - keys)
 
     def shared_keys(self) -> list[tuple[str, str]]:
         """(shared watch actor, key) of every rank watched that way (not by pid)."""
