@@ -118,6 +118,24 @@ def test_a_list_view_column_checks_its_elements_for_nulls(kind):
     assert clean.tolist() == [[3]] and isinstance(clean[0][0], int)  # not 3.0
 
 
+def test_list_views_in_any_value_order_name_the_sample_that_holds_the_null():
+    """A list view's values may lie in any order, or be shared by rows: the null is the
+    third row's here (its values come first), and overlapping views are checked too."""
+    values = pa.array([1, 2, None, 4, 5, None])
+    unordered = pa.ListViewArray.from_arrays(
+        pa.array([4, 0, 2], pa.int32()), pa.array([1, 2, 2], pa.int32()), values
+    )  # rows [5], [1, 2], [None, 4]
+    with pytest.raises(DataError, match=r"is null at sample 12 \(an element"):
+        convert_table(_table(unordered))
+    filled = convert_table(_table(unordered), _fill(unordered, 0))["v"].tolist()
+    assert filled == [[5], [1, 2], [0, 4]]
+    shared = pa.ListViewArray.from_arrays(
+        pa.array([0, 0, 3], pa.int32()), pa.array([3, 1, 1], pa.int32()), pa.array([1, None, 3, 4])
+    )  # rows [1, None, 3], [1], [4]: the first and second share values
+    with pytest.raises(DataError, match=r"is null at sample 10 \(an element"):
+        convert_table(_table(shared))
+
+
 def test_arrow_batches_take_numbers_in_the_other_byte_order():
     swapped = ">" if np.little_endian else "<"
     flux = np.arange(4, dtype=f"{swapped}f4")

@@ -14,6 +14,7 @@ import pytest
 
 from rayshard.errors import ConfigError
 from rayshard.runtime import pid_watch
+from rayshard.runtime.iterator_args import check_iterator_args
 from rayshard.runtime.reader_watches import ReaderWatches
 from tests.timeouts import EVENT_TIMEOUT_S
 
@@ -87,6 +88,8 @@ def test_a_watch_by_pid_value_that_is_not_yes_or_no_is_refused_naming_it(monkeyp
     monkeypatch.setenv(pid_watch.ENABLE_VARIABLE, "of")  # a typo: not silently on
     with pytest.raises(ConfigError, match=r"RAYSHARD_WATCH_BY_PID='of' is not a yes/no value"):
         pid_watch.enabled()
+    with pytest.raises(ConfigError, match=r"RAYSHARD_WATCH_BY_PID"):  # before registering
+        check_iterator_args(0, 1, "numpy", None, None)
 
 
 @pytest.mark.parametrize(

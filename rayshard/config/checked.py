@@ -16,7 +16,6 @@ from rayshard.data.transforms import check_transform
 from rayshard.errors import ConfigError
 from rayshard.plan import check_not_empty
 from rayshard.sources._files import ChunkedFileSource
-from rayshard.sources._paths import resolve_paths
 from rayshard.sources.base import Source
 
 log = logging.getLogger(__name__)
@@ -93,25 +92,17 @@ def _format_class(fmt: str) -> type:
 
 
 def _check_paths(paths: list[str], source: Source) -> None:
-    """`paths` given with `source` must name its files, in its order (files it skipped as
-    holding no rows aside): else the source is read, and `paths` ignored."""
-    fix = "leave paths out (the source names its files), or leave the source out"
-    if not isinstance(source, ChunkedFileSource):
-        raise ConfigError(f"paths={paths} with {source.describe()}, which reads no paths: {fix}")
-    own_fs = source._filesystems[0] if len(source._filesystems) == 1 else None
-    given = own_fs if own_fs is not None and own_fs.type_name != "local" else None
-    named = resolve_paths(paths, given, kind=source._kind)
-    own = [f.path for f in source._files]
-    owned = set(own)
-    extra = [(fs, path, shown) for fs, path, shown, *_ in named if path not in owned]
-    unread = [shown for fs, path, shown in extra if sum(source._inspect(fs, path, shown)[0])]
-    if unread:
-        what = f"names {unread[0]}, which {source.describe()} does not read"
-    elif [path for _, path, *_ in named if path in owned] != own:
-        what = f"names other files than {source.describe()} reads (or in another order)"
-    else:
+    """`paths` given with `source` must be the paths it was made from (as `make_source`
+    makes it from them): else the source is read, and `paths` ignored. Compared as given,
+    not listed again (a store's URI options, a filter, empty files skipped: all the same)."""
+    made_from = getattr(source, "given_paths", None)
+    if made_from == tuple(paths):
         return
-    raise ConfigError(f"paths={paths} {what}: the source would be read, paths ignored; {fix}")
+    made = f"made from {list(made_from)}" if made_from else "which reads no paths"
+    raise ConfigError(
+        f"paths={paths} with {source.describe()}, {made}: the source would be read, paths "
+        "ignored; leave paths out (the source names its files), or leave the source out"
+    )
 
 
 def _warn_scattered_parts(settings: LoaderConfig, source: Source) -> None:

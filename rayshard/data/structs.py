@@ -43,9 +43,10 @@ def row_nulls(array: pa.Array) -> np.ndarray:
     elif any(test(array.type) for test in _LISTS) and len(array):
         inner = row_nulls(pc.list_flatten(array))
         if inner.any():
-            parents = pc.list_parent_indices(array).to_numpy(zero_copy_only=False)
-            # `list_flatten` skips what a null row's offsets span; the parents list it
-            parents = parents[~nulls[parents]]
+            # `list_flatten` goes in row order and skips null rows (whatever their offsets
+            # span); a list view's values may lie in any order: parents by row lengths
+            lengths = pc.list_value_length(array).fill_null(0).to_numpy(zero_copy_only=False)
+            parents = np.repeat(np.arange(len(array)), lengths)
             nulls[parents[inner]] = True
     return nulls
 

@@ -95,7 +95,8 @@ class ShardIterator:
         check_int(epoch, "epoch", minimum=0, error=ValueError)
         restart = epoch == self._epoch and self._started and not self._ended
         self._restarts += restart
-        self._carried = self._held if restart and self._dynamic else None
+        kept = self._carried if epoch == self._epoch and not self._started else None  # (again)
+        self._carried = (self._held if self._dynamic else None) if restart else kept
         self._epoch, self._received, self._started, self._failure = epoch, 0, False, None
         self._held = None
         self._iterations += 1  # a generator of an earlier iter() yields nothing more

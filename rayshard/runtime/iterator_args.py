@@ -10,13 +10,15 @@ import pyarrow as pa
 from rayshard.config.checks import check_int
 from rayshard.data.formats import FORMATS
 from rayshard.errors import ConfigError
+from rayshard.runtime import pid_watch
 
 
 def check_iterator_args(
     world_rank: Any, world_size: Any, batch_format: Any, device: Any, collate_fn: Any
 ) -> tuple[int, int]:
-    """`(world_rank, world_size)` as ints, or a `ConfigError` naming the bad argument
-    (a `TypeError` for a `collate_fn` that is not callable, as for `transform=`)."""
+    """`(world_rank, world_size)` as ints, or a `ConfigError` naming the bad argument or
+    environment variable (a `TypeError` for a `collate_fn` that is not callable, as for
+    `transform=`)."""
     size = check_int(
         world_size, "world_size", minimum=1, integral=True, fix="the number of training workers"
     )
@@ -33,6 +35,7 @@ def check_iterator_args(
         )
     if device is not None:
         _check_device(device)
+    pid_watch.enabled()  # a bad RAYSHARD_WATCH_BY_PID: here, before the rank registers
     return int(rank), int(size)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from rayshard.config.checks import check_int
+from rayshard.config.checks import check_int, strings
 from rayshard.data.arrow_numpy import arrow_of
 from rayshard.errors import ConfigError, DataError, ReadDeniedError
 from rayshard.plan import DataLayout, pieces
@@ -71,8 +71,8 @@ class ChunkedFileSource(Source):
             check_int(split_rows, "split_rows", minimum=1, fix="or None")
         resolved = resolve_paths(paths, filesystem, kind=self._kind)
         catalog = _catalog.build(self, resolved, partitioning, filter)
-        self._filesystems = catalog.filesystems
-        self._files = catalog.files
+        self._filesystems, self._files = catalog.filesystems, catalog.files
+        self.given_paths = strings(paths, "paths")  # as given (`config.checked` compares)
         self._file_schema = catalog.file_schema
         self._partition_schema = catalog.partition_schema
         self._full_schema = pa.schema([*catalog.file_schema, *catalog.partition_schema])

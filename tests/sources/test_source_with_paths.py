@@ -21,31 +21,38 @@ def _check(source, **options):
     return checked_config(source, None, {"batch_size": 4, **options}, None)
 
 
-def test_paths_naming_other_files_than_the_sources_are_refused(tmp_path):
+def test_paths_other_than_the_sources_are_refused(tmp_path, monkeypatch):
     a = write_dataset(tmp_path / "a", [10, 12])
     b = write_dataset(tmp_path / "b", [9])
-    with pytest.raises(ConfigError, match=r"paths=.*names .*b/part-000.parquet, which Parq"):
+    with pytest.raises(ConfigError, match=r"paths=.*b/part-000.parquet.* made from .*a/part"):
         Loader(ParquetSource(a), paths=b)
-    with pytest.raises(ConfigError, match=r"names other files than .* \(or in another order\)"):
+    with pytest.raises(ConfigError, match=r"the source would be read, paths ignored"):
         _check(ParquetSource(a), paths=a[:1])  # a file of the source left out
-    with pytest.raises(ConfigError, match=r"or in another order"):
+    with pytest.raises(ConfigError, match=r"leave paths out"):
         _check(ParquetSource(a), paths=a[::-1])
+    monkeypatch.chdir(tmp_path)  # the same files, spelled otherwise: compared as given
+    with pytest.raises(ConfigError, match=r"paths=\['a'\]"):
+        _check(ParquetSource(str(tmp_path / "a")), paths=["a"])
 
 
-def test_paths_naming_the_sources_own_files_are_accepted(tmp_path, monkeypatch):
+def test_paths_the_source_was_made_from_are_accepted(tmp_path):
+    """As `Loader.from_config` makes the source from `paths`, then checks the two: also
+    with a filter that drops files and an empty file skipped (nothing listed again)."""
+    import pyarrow.compute as pc
+
     a = write_dataset(tmp_path / "a", [10, 12])
     pq.write_table(pa.table({"id": pa.array([], pa.int64())}), tmp_path / "a" / "part-009.parquet")
+    folder = str(tmp_path / "a")
     with pytest.warns(UserWarning, match="holds no rows"):
-        source = ParquetSource(str(tmp_path / "a"))  # the empty file is skipped
-    monkeypatch.chdir(tmp_path)
-    assert _check(source, paths=["a"]).paths == ("a",)  # a folder, relative: the same files
-    assert _check(source, paths=[f"{tmp_path}/a/*.parquet"]).paths is not None
-    assert _check(source, paths=a, source_format="parquet").source_format == "parquet"
+        source = ParquetSource(folder)  # the empty file is skipped
+    assert _check(source, paths=[folder]).paths == (folder,)
+    filtered = ParquetSource(a, filter=pc.field("id") >= 10)  # the first file's rows dropped
+    assert _check(filtered, paths=a, source_format="parquet").source_format == "parquet"
 
 
 def test_paths_with_a_source_that_reads_no_paths_are_refused(tmp_path):
     a = write_dataset(tmp_path / "a", [10])
-    with pytest.raises(ConfigError, match=r"which reads no paths: leave paths out"):
+    with pytest.raises(ConfigError, match=r"which reads no paths: the source would be read"):
         _check(TableSource(pa.table({"id": list(range(8))})), paths=a)
 
 
