@@ -91,7 +91,7 @@ class BlockServer:
         self.wrong_at = wrong_at
         self.text = text
 
-    def next(self, generation: int, epoch: int, index: int, run: int | None = None):
+    def next(self, generation: int, epoch: int, index: int, run: int | None = None, member=None):
         import ray
 
         self.asked.append(index)
