@@ -62,6 +62,20 @@ def _interrupt_first_wait(acks, monkeypatch) -> None:
     monkeypatch.setattr(acks, "flush", interrupted)
 
 
+def _read_to_an_interrupt_at_the_last_batch(it, where: str, monkeypatch) -> list[list[int]]:
+    """Iterate `it` until the wait for its last batch's acknowledgement (`flush`) or, under
+    `dynamic`, the re-read of its step count (`length`) is interrupted; the ids read."""
+    total, got = len(it), []
+    with pytest.raises(KeyboardInterrupt):
+        for batch in it:
+            got.append(_ids(batch))
+            if len(got) == total - 1 and where == "length":
+                _interrupt_once(it, "_current_length", 1, monkeypatch)
+            if len(got) == total - 1 and where == "flush":
+                _interrupt_first_wait(it._acks, monkeypatch)
+    return got
+
+
 @pytest.mark.ray
 def test_an_epoch_that_failed_to_start_is_started_again_not_skipped(
     ray_session, tmp_path, monkeypatch
@@ -146,14 +160,7 @@ def test_a_loop_interrupted_while_its_last_batch_is_recorded_gets_it_next(
     loader = _loader(tmp_path, policy=policy)
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
     try:
-        total, got = len(it), []
-        with pytest.raises(KeyboardInterrupt):
-            for batch in it:
-                got.append(_ids(batch))
-                if len(got) == total - 1 and where == "length":
-                    _interrupt_once(it, "_current_length", 1, monkeypatch)
-                if len(got) == total - 1 and where == "flush":
-                    _interrupt_first_wait(it._acks, monkeypatch)
+        total, got = len(it), _read_to_an_interrupt_at_the_last_batch(it, where, monkeypatch)
         assert len(got) == total - 1 and len(it) == 1 and it.epoch == 0
         got.extend(_ids(batch) for batch in it)  # the held last batch, then the end
         assert len(got) == total and sorted(i for ids in got for i in ids) == ALL
@@ -176,14 +183,7 @@ def test_a_restart_of_the_epoch_after_an_interrupt_held_its_last_batch_loses_it_
     loader = _loader(tmp_path, policy=policy)
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
     try:
-        total, got = len(it), []
-        with pytest.raises(KeyboardInterrupt):
-            for batch in it:
-                got.append(_ids(batch))
-                if len(got) == total - 1 and where == "length":
-                    _interrupt_once(it, "_current_length", 1, monkeypatch)
-                if len(got) == total - 1 and where == "flush":
-                    _interrupt_first_wait(it._acks, monkeypatch)
+        total, got = len(it), _read_to_an_interrupt_at_the_last_batch(it, where, monkeypatch)
         assert len(got) == total - 1
         it.set_epoch(0)
         it.set_epoch(0)  # (again before iterating: the held batch stays carried)
