@@ -97,6 +97,7 @@ def rank_pieces(
         shuffle=settings.shuffle,
         rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{rank.rank}",
         boundaries=boundaries,
+        order=rank.order,
     )
 
 

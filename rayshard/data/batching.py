@@ -66,6 +66,7 @@ def reading_pieces(
     shuffle: bool,
     rng_key: str,
     boundaries: Cuts | np.ndarray | None = None,
+    order: iv.Intervals | None = None,
 ) -> list[tuple[int, int]]:
     """Cut a rank's ranges at split boundaries and order the pieces.
 
@@ -74,13 +75,19 @@ def reading_pieces(
     that continue one another inside one read unit joined (`Cuts`: the same rows in the
     same order, in fewer reads; a piece then never crosses a read unit). `boundaries`:
     the splits' `split_boundaries` (or `Cuts`, with the read units'), when the caller
-    keeps them from epoch to epoch.
+    keeps them from epoch to epoch. `order` (`RankPlan.order`, a resume on the same world
+    size): the uninterrupted shard, whose pieces are permuted, then cut to `ranges`, so
+    the rest comes in the uninterrupted reading's order (the permutation of the rest's own
+    pieces would differ).
     """
     cuts = Cuts.of(split_boundaries(splits) if boundaries is None else boundaries)
     if not shuffle:
         return cut_pieces(ranges, cuts)
-    pieces = cut_at_boundaries(ranges, cuts.splits)
+    pieces = cut_at_boundaries(ranges if order is None else order, cuts.splits)
     random.Random(rng_key).shuffle(pieces)
+    if order is not None:
+        left = iv.normalize(ranges)
+        pieces = [cut for piece in pieces for cut in iv.intersect([piece], left)]
     return pieces
 
 

@@ -30,7 +30,9 @@ class RankPlan:
     `ranges`: the real samples it delivers, half-open, in reading order (dataset order but
     under `shuffle_blocks`); `padded` marked extra samples follow, drawn from `pad_source`
     (cycled). `files`: the file index ranges behind `ranges` in file-level modes;
-    `file_order`: the rank's own reading order of files under `replicate`.
+    `file_order`: the rank's own reading order of files under `replicate`. `order`: on a
+    resume on the same world size, the uninterrupted shard's ranges, whose shuffled pieces
+    cut to `ranges` are the uninterrupted reading's tail (`batching.reading_pieces`).
     """
 
     rank: int
@@ -43,6 +45,7 @@ class RankPlan:
     pad_source: iv.Intervals
     files: iv.Intervals | None = None
     file_order: tuple[int, ...] | None = None
+    order: iv.Intervals | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -203,9 +206,12 @@ def plan_remaining(
     )
     if world_size == previous_world_size:
         # Padding continues the uninterrupted plan's (same source, past the padding already
-        # yielded), so the rest is its tail also for ranks whose real samples ran out.
+        # yielded), so the rest is its tail also for ranks whose real samples ran out; a
+        # shuffled reading orders the rest as the uninterrupted one (`RankPlan.order`).
         ranks = tuple(
-            dataclasses.replace(r, pad_source=_rotated(f.pad_source, f.padded - r.padded))
+            dataclasses.replace(
+                r, pad_source=_rotated(f.pad_source, f.padded - r.padded), order=f.ranges
+            )
             for r, f in zip(ranks, full.ranks)
         )
     return EpochPlan(epoch, world_size, full.total_shards, ranks)

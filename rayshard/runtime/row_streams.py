@@ -23,7 +23,6 @@ from rayshard.data.batching import (
     Reads,
     iter_padding,
     iter_rows_parallel,
-    reading_pieces,
     split_boundaries,
 )
 from rayshard.device.affinity import reader_pool
@@ -47,13 +46,7 @@ def static_rows(
     `shuffle`; read by `reads`), through the block and buffer shuffles when on, then the
     padding rows. `boundaries`: the reading's `Cuts` (or the splits' `split_boundaries`), if
     it keeps them."""
-    pieces = reading_pieces(
-        plan.ranges,
-        splits,
-        shuffle=settings.shuffle,
-        rng_key=f"rayshard:{settings.plan.seed}:{epoch}:{plan.rank}",
-        boundaries=boundaries,
-    )
+    pieces = rank_pieces(settings, splits, plan, epoch, boundaries)
     source = source.for_epoch(epoch, settings.plan.seed)
     real = reads(pieces, settings.columns)
     if settings.shuffle_blocks:
