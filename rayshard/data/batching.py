@@ -85,9 +85,10 @@ def reading_pieces(
         return cut_pieces(ranges, cuts)
     pieces = cut_at_boundaries(ranges if order is None else order, cuts.splits)
     random.Random(rng_key).shuffle(pieces)
-    if order is not None:
+    if order is not None:  # (rows outside `order`, if a plan had any, come after: none lost)
         left = iv.normalize(ranges)
-        pieces = [cut for piece in pieces for cut in iv.intersect([piece], left)]
+        outside = cut_at_boundaries(iv.subtract(left, iv.normalize(order)), cuts.splits)
+        pieces = [cut for piece in pieces for cut in iv.intersect([piece], left)] + outside
     return pieces
 
 

@@ -43,3 +43,12 @@ def test_a_shuffled_rank_resumed_on_the_same_world_reads_the_uninterrupted_tail(
     rest = plan_remaining(config, layout, world, 0, consumed)
     for rank, rows in zip(rest.ranks, full):
         assert order(rank.rank, rank.ranges, rank.order) == rows[steps * batch :]
+
+
+def test_rows_of_a_rank_outside_its_order_come_after_it_none_lost():
+    """`order` is the uninterrupted shard; should a plan give a rank rows outside it (a
+    re-arrangement after the resume), they are read after the ordered ones, not dropped."""
+    splits = [(lo, lo + 5) for lo in range(0, 30, 5)]
+    pieces = reading_pieces([(0, 10), (20, 30)], splits, shuffle=True, rng_key="k", order=[(0, 10)])
+    assert sorted(_rows(pieces)) == [*range(10), *range(20, 30)]
+    assert set(_rows(pieces[:2])) == set(range(10))  # the ordered ones first
