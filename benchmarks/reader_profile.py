@@ -17,7 +17,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from benchmarks.loaders.data import BATCH_SIZE, COLUMNS, make_dataset, parquet_files
-from rayshard.data.batching import iter_rows, reading_pieces
+from rayshard.data.batching import iter_rows
+from rayshard.data.reading_order import reading_pieces
 from rayshard.runtime.pipeline import reader_batches
 from rayshard.sources.parquet import ParquetSource
 

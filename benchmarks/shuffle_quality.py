@@ -40,7 +40,8 @@ from rayshard.config.loader_config import LoaderConfig
 from rayshard.core.planning import epoch_plan
 from rayshard.core.shuffle import shuffle_batches
 from rayshard.core.shuffle_blocks import block_shuffle
-from rayshard.data.batching import iter_rows, reading_pieces
+from rayshard.data.batching import iter_rows
+from rayshard.data.reading_order import reading_pieces
 from rayshard.plan import PlanConfig
 from rayshard.sources.parquet import ParquetSource
 

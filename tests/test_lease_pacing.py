@@ -263,7 +263,7 @@ def test_a_paced_ask_with_a_lease_of_one_row_group_in_hand_is_shared():
     offered)."""
     import numpy as np
 
-    from rayshard.data.batching import Cuts, split_boundaries
+    from rayshard.data.reading_order import Cuts, split_boundaries
 
     splits = [(a, a + 64) for a in range(0, 32_768 * 4, 64)]
     cuts = Cuts(split_boundaries(splits), np.arange(0, 32_768 * 5, 32_768))

@@ -13,7 +13,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayshard.data.batching import (
+from rayshard.data.reading_order import (
     Cuts,
     cut_at_boundaries,
     cut_pieces,

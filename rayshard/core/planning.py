@@ -14,7 +14,7 @@ from rayshard.core.packing import count_rows, count_split_rows
 from rayshard.core.sharding import ShardingPolicy, assign
 from rayshard.core.shuffle_blocks import along_sequence, global_sequence
 from rayshard.core.state import LoaderState
-from rayshard.data.batching import reading_pieces
+from rayshard.data.reading_order import reading_pieces
 from rayshard.plan import EpochPlan, RankPlan, Uneven, plan_remaining
 from rayshard.sources.base import Source
 
@@ -70,7 +70,8 @@ def _epoch_plan(
         rest = plan_remaining(
             single, source.layout(), 1, epoch, resume.consumed, previous_world_size=1
         ).ranks[0]
-        ranks = tuple(dataclasses.replace(rest, rank=r) for r in range(dp_size))
+        # (every rank reads the rest, in its own order: not one rank's uninterrupted one)
+        ranks = tuple(dataclasses.replace(rest, rank=r, order=None) for r in range(dp_size))
         return dataclasses.replace(assignment.plan, ranks=ranks)
     return plan_remaining(
         settings.plan,

@@ -28,16 +28,8 @@ import ray
 
 from rayshard.config.loader_config import LoaderConfig
 from rayshard.data.arrow_numpy import arrow_of, numpy_of
-from rayshard.data.batching import (
-    FLUSH,
-    INDEX_KEY,
-    Cuts,
-    Reads,
-    cut_at_boundaries,
-    cut_pieces,
-    pad_rows,
-    split_boundaries,
-)
+from rayshard.data.batching import FLUSH, INDEX_KEY, Reads, pad_rows
+from rayshard.data.reading_order import Cuts, cut_at_boundaries, cut_pieces, split_boundaries
 from rayshard.plan import intervals as iv
 from rayshard.plan.pieces import as_pieces
 from rayshard.runtime.epoch_waits import wait_for_change

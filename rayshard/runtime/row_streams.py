@@ -18,13 +18,8 @@ from rayshard.core.planning import rank_pieces
 from rayshard.core.sharding import ShardingPolicy
 from rayshard.core.shuffle import shuffle_batches
 from rayshard.core.shuffle_blocks import block_shuffle
-from rayshard.data.batching import (
-    Cuts,
-    Reads,
-    iter_padding,
-    iter_rows_parallel,
-    split_boundaries,
-)
+from rayshard.data.batching import Reads, iter_padding, iter_rows_parallel
+from rayshard.data.reading_order import Cuts, split_boundaries
 from rayshard.device.affinity import reader_pool
 from rayshard.runtime.dynamic_rows import LeaseIds, dynamic_rows, lease_pacing
 from rayshard.runtime.packing_stage import packed_batches

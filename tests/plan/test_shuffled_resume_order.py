@@ -9,7 +9,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rayshard.data.batching import reading_pieces
+from rayshard.data.reading_order import reading_pieces
 from rayshard.plan import DataLayout, PlanConfig, plan_epoch, plan_remaining
 from rayshard.plan import intervals as iv
 

@@ -146,19 +146,23 @@ def test_a_state_after_a_rewind_counts_what_was_received_before_it(ray_session, 
     saved after it still counts the rows received before the rewind, so a resume from it
     reads neither those nor the ones received since."""
     loader = _loader(dataset, unique_name("set-epoch-state"))
-    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-    head = _ids(run_lockstep(its, steps=2))
-    for it in its:
-        it.set_epoch(0)
-    since = _ids(run_lockstep(its, steps=1))
-    state = its[0].state_dict()
-    loader.shutdown()
+    try:
+        its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in (0, 1)]
+        head = _ids(run_lockstep(its, steps=2))
+        for it in its:
+            it.set_epoch(0)
+        since = _ids(run_lockstep(its, steps=1))
+        state = its[0].state_dict()
+    finally:
+        loader.shutdown()
     resumed = _loader(dataset, unique_name("set-epoch-state"))
-    state["loader"] = resumed.loader_id
-    its = [resumed.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-    for it in its:
-        it.load_state_dict(state)
-    rest = _ids(run_lockstep(its))
-    resumed.shutdown()
-    assert not set(rest) & (set(head) | set(since))
+    try:
+        state["loader"] = resumed.loader_id
+        its = [resumed.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in (0, 1)]
+        for it in its:
+            it.load_state_dict(state)
+        rest = _ids(run_lockstep(its))
+    finally:
+        resumed.shutdown()
+    assert len(rest) == len(set(rest)) and not set(rest) & (set(head) | set(since))
     assert sorted(set(rest) | set(head) | set(since)) == list(range(60))

@@ -312,7 +312,7 @@ def test_dynamic_and_off_queues_keep_a_row_groups_splits_together(files, ranks):
     from rayshard.config.loader_config import LoaderConfig
     from rayshard.core.leases import LeaseBook
     from rayshard.core.sharding import assign
-    from rayshard.data.batching import cut_pieces
+    from rayshard.data.reading_order import cut_pieces
     from rayshard.plan import PlanConfig
     from rayshard.runtime.row_streams import RankReading
 
