@@ -4,32 +4,20 @@ watched again is not left unwatched (real child processes watched by pid, no Ray
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 
 import pytest
 
 from rayshard.runtime import pid_watch
 from rayshard.runtime.reader_watches import ReaderWatches
-from tests.timeouts import EVENT_TIMEOUT_S
+from tests.test_pid_tokens import NODE, run_reaping, sleeper, token_of, wait_for
 
 pytestmark = pytest.mark.skipif(not pid_watch.pidfds_work(), reason="no pidfds on this system")
-
-NODE = "b" * 56
-
-
-def _token(child: subprocess.Popen) -> str:
-    start = pid_watch.start_ticks(child.pid)
-    return f"pid:{NODE}:{pid_watch.pid_namespace()}:{child.pid}:{start}"
 
 
 def _run_with_children(count: int, scenario) -> list[tuple[int, str]]:
     """Run `scenario(watches, children, ends)` with `count` sleeping child processes;
     returns the ends the watches reported (dp rank, reader name)."""
-    children = [
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
-        for _ in range(count)
-    ]
+    children = [sleeper() for _ in range(count)]
     ends: list[tuple[int, str]] = []
 
     async def run() -> None:
@@ -38,26 +26,21 @@ def _run_with_children(count: int, scenario) -> list[tuple[int, str]]:
 
         await scenario(ReaderWatches("ns", ended, NODE), children, ends)
 
-    try:
-        asyncio.run(run())
-    finally:
-        for child in children:
-            child.kill()
-            child.wait()
+    run_reaping(run, children)
     return ends
 
 
 def test_a_reader_watched_again_after_its_watch_ended_is_watched_anew():
     async def scenario(watches, children, ends) -> None:
-        first = _token(children[0])
+        first = token_of(children[0])
         children[0].kill()
         watches.watch(0, "reader-1", first)
-        await asyncio.wait_for(_until(lambda: len(ends) == 1), EVENT_TIMEOUT_S)
-        watches.watch(0, "reader-1", _token(children[1]))  # the same name, watched again
+        await wait_for(lambda: len(ends) == 1)
+        watches.watch(0, "reader-1", token_of(children[1]))  # the same name, watched again
         await asyncio.sleep(0.2)
         assert watches.counts()["watched_by_pid"] == 1 and len(ends) == 1
         children[1].kill()
-        await asyncio.wait_for(_until(lambda: len(ends) == 2), EVENT_TIMEOUT_S)
+        await wait_for(lambda: len(ends) == 2)
 
     assert _run_with_children(2, scenario) == [(0, "reader-1"), (0, "reader-1")]
 
@@ -69,10 +52,10 @@ def test_ended_watches_leave_only_their_names_and_no_key_counts_as_an_actor():
 
     async def scenario(watches, children, ends) -> None:
         for epoch, child in enumerate(children):
-            watches.watch(0, f"reader-{epoch}", _token(child))
+            watches.watch(0, f"reader-{epoch}", token_of(child))
             child.kill()
-            await asyncio.wait_for(_until(lambda n=epoch + 1: len(ends) == n), EVENT_TIMEOUT_S)
-            await asyncio.sleep(0.01)  # (its task ends after reporting)
+            await wait_for(lambda n=epoch + 1: len(ends) == n)
+        await wait_for(lambda: not watches._tasks)  # (a task ends after reporting)
         assert not watches._tasks and not watches._shared and not watches._ranks
         assert watches.actors({"reader-2", "reader-x"}) == ["reader-x"]
         assert watches.shared_keys() == [] and watches.counts()["watched_by_pid"] == 0
@@ -81,8 +64,3 @@ def test_ended_watches_leave_only_their_names_and_no_key_counts_as_an_actor():
 
     ends = _run_with_children(3, scenario)
     assert [name for _, name in ends] == ["reader-0", "reader-1", "reader-2"]
-
-
-async def _until(condition) -> None:
-    while not condition():
-        await asyncio.sleep(0.01)
