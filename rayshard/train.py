@@ -17,6 +17,7 @@ import logging
 import os
 from typing import Any
 
+from rayshard.core.state import loader_name
 from rayshard.core.state_file import STATE_FILE, atomic_write, read_state_json, state_file_name
 from rayshard.runtime.iterator import ShardIterator
 
@@ -103,7 +104,7 @@ def _same_name(saved: Any, mine: str | None) -> bool:
     the load itself, which refuses a changed loader of the same name, naming the change)."""
     if mine is None or not isinstance(saved, str):
         return True  # (the load names what is wrong)
-    return saved.rpartition(":")[0] == mine.rpartition(":")[0]
+    return loader_name(saved) == loader_name(mine)
 
 
 def _train_device() -> Any:

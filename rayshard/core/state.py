@@ -170,9 +170,14 @@ def _intervals(pairs: Any, num_samples: int) -> iv.Intervals:
     return iv.normalize(out)
 
 
+def loader_name(loader_id: str) -> str:
+    """The name part of a loader id (`name:fingerprint`)."""
+    return loader_id.rsplit(":", 1)[0]
+
+
 def _differences(saved: Any, expect_loader: str, saved_loader: str, here: Any) -> str:
     """What differs between the loader that saved a state and this one, as a clause."""
-    saved_name, name = saved_loader.rsplit(":", 1)[0], expect_loader.rsplit(":", 1)[0]
+    saved_name, name = loader_name(saved_loader), loader_name(expect_loader)
     changes = [] if saved_name == name else [f"name: {saved_name!r} in the state, {name!r} here"]
     if isinstance(saved, Mapping) and isinstance(here, Mapping):
         for key in sorted(set(saved) | set(here)):
