@@ -326,3 +326,32 @@ def test_show_data_takes_a_glob_and_names_partitioned_files_by_their_folders(tmp
     labels = [s["label"] for s in doc["splits"]]
     assert labels == ["year=2023/part-0.parquet#0", "year=2024/part-0.parquet#0"]
     assert [s["status"] for s in doc["splits"]] == ["done", "untouched"]
+
+
+def test_a_named_state_is_picked_with_name_and_keeps_its_name_when_moved(tmp_path):
+    """A checkpoint of several loaders holds `rayshard_state.NAME.json` (save_state's
+    `name=`): `--name` picks one; a folder of named states alone says which it holds."""
+    checkpoint = tmp_path / "checkpoint_000001"
+    checkpoint.mkdir()
+    write(checkpoint / "rayshard_state.val.json", {**STATE, "epoch": 5})
+    write(checkpoint / "rayshard_state.train-2.json", STATE)
+    asked = invoke("show", str(checkpoint))
+    assert asked.exit_code == 1
+    assert "holds the named states train-2, val: pick one with --name" in asked.output
+    assert show(checkpoint, "--name", "val")["epoch"] == 5
+    assert show(checkpoint, "--name", "train-2")["epoch"] == 2
+    assert invoke("skip-epoch", str(checkpoint), "--name", "val").exit_code == 0
+    assert read(checkpoint / "rayshard_state.val.json").epoch == 6
+    assert read(checkpoint / "rayshard_state.train-2.json").epoch == 2  # the other untouched
+    out = tmp_path / "moved"
+    result = invoke(
+        "retarget", str(checkpoint), "--name", "val", "--world-size", "2", "-o", str(out)
+    )
+    assert result.exit_code == 0, result.output
+    assert read(out / "rayshard_state.val.json").world_size == 2  # restorable by its name
+    assert not (out / STATE_FILE).exists()
+    missing = invoke("show", str(checkpoint), "--name", "test")
+    assert missing.exit_code == 1 and "without rayshard_state.test.json" in missing.output
+    assert invoke("show", str(checkpoint), "--name", "a/b").exit_code == 2
+    on_file = invoke("show", str(checkpoint / "rayshard_state.val.json"), "--name", "val")
+    assert on_file.exit_code == 2 and "is a file" in on_file.output

@@ -16,20 +16,20 @@ from pathlib import Path
 
 import click
 
+from rayshard.cli.state_view import parquet_splits, table
 from rayshard.core import state_tools
 from rayshard.core.state import STATE_VERSION, LoaderState
 from rayshard.core.state_file import (
+    NAMED_STATE_FILE,
     PROCESS_STATE_FILE,
     STATE_FILE,
     WHAT_TO_PASS,
     atomic_write,
     mode_of,
     read_state_json,
+    state_file_name,
 )
 from rayshard.errors import ConfigError
-from rayshard.plan import DataLayout
-
-_SHOWN = 8  # consumed intervals the table lists
 
 _path_arg = click.argument("path", type=click.Path(exists=True, path_type=Path))
 _expect_option = click.option(
@@ -40,7 +40,13 @@ _out_option = click.option(
     "--out",
     type=click.Path(dir_okay=True),
     help="Write here instead of in place: a .json file, or a folder for rayshard_state.json "
-    "(any other name; made if missing, parents too).",
+    "(or the named state's file; any other name; made if missing, parents too).",
+)
+_name_option = click.option(
+    "--name",
+    metavar="NAME",
+    help="In a checkpoint folder, the state saved under NAME (rayshard_state.NAME.json, "
+    "written by save_state(..., name=NAME)) instead of rayshard_state.json.",
 )
 
 
@@ -48,8 +54,9 @@ _out_option = click.option(
 def state_group() -> None:
     """Inspect a saved loader state, or rewrite it (skip an epoch, re-target a world size).
 
-    PATH is the state JSON, a checkpoint folder holding rayshard_state.json, or a Hugging
-    Face checkpoint folder with one rayshard_state_<process>.json per process.
+    PATH is the state JSON, a checkpoint folder holding rayshard_state.json (with --name
+    NAME, rayshard_state.NAME.json), or a Hugging Face checkpoint folder with one
+    rayshard_state_<process>.json per process.
     """
 
 
@@ -64,12 +71,15 @@ def state_group() -> None:
     "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
 )
 @_expect_option
-def show_command(path: Path, data: str | None, fmt: str, expect_loader: str | None) -> None:
+@_name_option
+def show_command(
+    path: Path, data: str | None, fmt: str, expect_loader: str | None, name: str | None
+) -> None:
     """Epoch, progress, what remains and for which world size."""
-    file, state = _load(path, expect_loader)
+    file, state = _load_file(_resolve(path, name)[0], expect_loader)
     layout = splits = labels = None
     if data is not None:
-        layout, splits, labels = _parquet_splits(data)
+        layout, splits, labels = parquet_splits(data)
     try:
         summary = state_tools.summarize(state, layout, splits, labels=labels)
     except ConfigError as error:
@@ -78,16 +88,19 @@ def show_command(path: Path, data: str | None, fmt: str, expect_loader: str | No
     if fmt == "json":
         click.echo(json.dumps(summary, indent=2))
     else:
-        click.echo(_table(summary))
+        click.echo(table(summary))
 
 
 @state_group.command("skip-epoch")
 @_path_arg
 @_out_option
 @_expect_option
-def skip_epoch_command(path: Path, out: str | None, expect_loader: str | None) -> None:
+@_name_option
+def skip_epoch_command(
+    path: Path, out: str | None, expect_loader: str | None, name: str | None
+) -> None:
     """Start the next epoch; the rest of the current one is skipped."""
-    _rewrite(path, out, expect_loader, state_tools.skip_to_next_epoch)
+    _rewrite(_resolve(path, name), out, expect_loader, state_tools.skip_to_next_epoch)
 
 
 @state_group.command("set-epoch")
@@ -95,9 +108,13 @@ def skip_epoch_command(path: Path, out: str | None, expect_loader: str | None) -
 @click.option("--epoch", type=click.IntRange(min=0), required=True, help="Epoch to start.")
 @_out_option
 @_expect_option
-def set_epoch_command(path: Path, epoch: int, out: str | None, expect_loader: str | None) -> None:
+@_name_option
+def set_epoch_command(
+    path: Path, epoch: int, out: str | None, expect_loader: str | None, name: str | None
+) -> None:
     """Start EPOCH from its beginning (the same epoch restarts it)."""
-    _rewrite(path, out, expect_loader, lambda s: state_tools.set_epoch(s, epoch))
+    files = _resolve(path, name)
+    _rewrite(files, out, expect_loader, lambda s: state_tools.set_epoch(s, epoch))
 
 
 @state_group.command("retarget")
@@ -105,30 +122,46 @@ def set_epoch_command(path: Path, epoch: int, out: str | None, expect_loader: st
 @click.option("--world-size", type=click.IntRange(min=1), required=True, help="New hint W.")
 @_out_option
 @_expect_option
+@_name_option
 def retarget_command(
-    path: Path, world_size: int, out: str | None, expect_loader: str | None
+    path: Path, world_size: int, out: str | None, expect_loader: str | None, name: str | None
 ) -> None:
     """Set the world size the consumed samples count as planned for.
 
     Resuming on exactly W continues each rank's own W-rank shard minus what was consumed;
     on any other size the rest of the epoch is re-balanced over the new ranks.
     """
-    _rewrite(path, out, expect_loader, lambda s: state_tools.retarget(s, world_size))
+    files = _resolve(path, name)
+    _rewrite(files, out, expect_loader, lambda s: state_tools.retarget(s, world_size))
 
 
-def _resolve(path: Path) -> list[Path]:
-    """The state files PATH names: itself, its folder's `rayshard_state.json`, or its
-    per-process files, process 0's first."""
+def _resolve(path: Path, name: str | None = None) -> list[Path]:
+    """The state files PATH names: itself, its folder's `rayshard_state.json` (or the
+    state named `name`), or its per-process files, process 0's first."""
     if not path.is_dir():
+        if name is not None:
+            raise click.UsageError(f"--name picks a state in a checkpoint folder; {path} is a file")
         return [path]
-    if (path / STATE_FILE).is_file():
-        return [path / STATE_FILE]
+    try:
+        wanted = path / state_file_name(name)
+    except ConfigError as error:
+        raise click.BadParameter(str(error), param_hint="--name") from error
+    if wanted.is_file():
+        return [wanted]
     each = sorted(path.glob(PROCESS_STATE_FILE.format(rank="*")), key=_process)
-    if not each:
+    named = sorted(
+        f.name[len("rayshard_state.") : -len(".json")]
+        for f in path.glob(NAMED_STATE_FILE.format(name="*"))
+    )
+    if not each or name is not None:
+        held = (
+            f"; it holds the named states {', '.join(named)}: pick one with --name" if named else ""
+        )
         raise click.ClickException(
-            f"{path} is a folder without {STATE_FILE} or "
-            f"{PROCESS_STATE_FILE.format(rank='<process>')}: pass a checkpoint folder "
-            "written by rayshard.train.save_state or a prepared Trainer, or the state JSON"
+            f"{path} is a folder without {wanted.name}"
+            + ("" if name is not None else f" or {PROCESS_STATE_FILE.format(rank='<process>')}")
+            + f": pass a checkpoint folder written by rayshard.train.save_state or a prepared "
+            f"Trainer, or the state JSON{held}"
         )
     return each
 
@@ -138,13 +171,8 @@ def _process(file: Path) -> int:
     return int(number) if number.isdigit() else 1 << 30
 
 
-def _load(path: Path, expect_loader: str | None) -> tuple[Path, LoaderState]:
-    """The state file PATH names (process 0's of several), and its strictly loaded,
-    consistent state (else exit 1)."""
-    return _load_file(_resolve(path)[0], expect_loader)
-
-
 def _load_file(file: Path, expect_loader: str | None) -> tuple[Path, LoaderState]:
+    """The state file and its strictly loaded, consistent state (else exit 1)."""
     try:
         data = read_state_json(file)
     except ConfigError as error:
@@ -172,17 +200,23 @@ def _load_file(file: Path, expect_loader: str | None) -> tuple[Path, LoaderState
 
 
 def _rewrite(
-    path: Path,
+    files: list[Path],
     out: str | None,
     expect_loader: str | None,
     change: Callable[[LoaderState], LoaderState],
 ) -> None:
-    files = _resolve(path)
     for file in files:  # each checked before any is written
         _load_file(file, expect_loader)
     for file in files:
-        target = None if out is None else _out_file(out, file.name if len(files) > 1 else None)
+        target = None if out is None else _out_file(out, _name_in_folder(file), len(files) > 1)
         _rewrite_file(file, target, expect_loader, change)
+
+
+def _name_in_folder(file: Path) -> str:
+    """The name a state keeps when written into a folder: its own if it is one of the
+    names rayshard gives (a named or a process's state), else `rayshard_state.json`."""
+    own = file.name.startswith("rayshard_state") and file.name.endswith(".json")
+    return file.name if own else STATE_FILE
 
 
 def _rewrite_file(
@@ -220,94 +254,20 @@ def _rewrite_file(
     )
 
 
-def _out_file(out: str, name: str | None = None) -> Path:
-    """Where `-o out` writes: `out` itself if it names a .json file, else the state file
-    in the folder `out` (`new/`, `ckpt-retargeted`); one of several files (`name`, a
-    process's) always in the folder `out`, by its own name."""
+def _out_file(out: str, name: str = STATE_FILE, several: bool = False) -> Path:
+    """Where `-o out` writes: `out` itself if it names a .json file, else `name` in the
+    folder `out` (`new/`, `ckpt-retargeted`); one of `several` files (a process's)
+    always in the folder `out`."""
     if not out.strip():
         raise click.BadParameter("an empty path: name a .json file or a folder", param_hint="-o")
     path = Path(out)
     folder = out.endswith(("/", os.sep)) or path.is_dir() or path.suffix.lower() != ".json"
-    if name is not None:
-        if not folder:
-            raise click.ClickException(
-                f"-o {out}: the checkpoint holds one state file per process; pass a folder"
-            )
-        return path / name
-    return path / STATE_FILE if folder else path
+    if several and not folder:
+        raise click.ClickException(
+            f"-o {out}: the checkpoint holds one state file per process; pass a folder"
+        )
+    return path / name if folder else path
 
 
 def _count(state: LoaderState) -> int:
     return sum(end - start for start, end in state.consumed)
-
-
-def _parquet_splits(data: str) -> tuple[DataLayout, list[tuple[int, int]], list[str]]:
-    """The layout, row groups as sample ranges, and `file#group` labels of the Parquet data
-    (each file named from the files' common folder: `year=2024/part-0.parquet`)."""
-    from rayshard.sources.parquet import ParquetSource  # pyarrow: only when asked for
-
-    try:
-        source = ParquetSource(str(data))
-    except ConfigError as error:
-        raise click.ClickException(f"--data {data}: {error}") from error
-    groups = [(f, g, a, b) for f, g, a, b in source.row_groups() if b > a]
-    common = os.path.commonprefix(list(source.files))
-    folder = len(common[: common.rfind("/") + 1])
-    return (
-        source.layout(),
-        [(a, b) for _, _, a, b in groups],
-        [f"{f[folder:]}#{g}" for f, g, _, _ in groups],
-    )
-
-
-def _table(summary: dict) -> str:
-    n = summary["num_samples"]
-    world = summary["world_size"] or "unknown"
-    pairs = summary["consumed_intervals"]
-    spans = " ".join(f"[{a},{b})" for a, b in pairs[:_SHOWN]) or "-"
-    if len(pairs) > _SHOWN:
-        spans += f" ... ({len(pairs)} intervals; --format json lists them all)"
-    lines = [
-        f"state       {summary['path']}",
-        f"loader      {summary['loader']}  (version {summary['version']}, seed {summary['seed']})",
-        f"epoch       {summary['epoch']}",
-        f"consumed    {summary['consumed']} of {n} ({summary['consumed_fraction']:.1%})",
-        f"remaining   {summary['remaining']}",
-        f"world size  {world}  (the size the consumed samples were planned for)",
-        f"intervals   {spans}",
-    ]
-    splits = summary["splits"]
-    if splits is not None:
-        counts = {s: sum(1 for x in splits if x["status"] == s) for s in ("done", "partial")}
-        untouched = len(splits) - counts["done"] - counts["partial"]
-        lines.append(
-            f"splits      {len(splits)}: {counts['done']} done, {counts['partial']} partial, "
-            f"{untouched} untouched"
-        )
-        lines.append("")
-        lines.extend(_split_rows(splits))
-    return "\n".join(lines)
-
-
-def _split_rows(splits: list[dict]) -> list[str]:
-    """One row per split; runs of done or untouched splits fold into one row."""
-    rows = [("split", "samples", "consumed", "status")]
-    i = 0
-    while i < len(splits):
-        j = i + 1
-        if splits[i]["status"] != "partial":
-            while j < len(splits) and splits[j]["status"] == splits[i]["status"]:
-                j += 1
-        first, last = splits[i], splits[j - 1]
-        name = first["label"] or str(first["split"])
-        if j - i > 1:
-            name = f"{name} .. {last['label'] or last['split']}"
-        done = sum(s["consumed"] for s in splits[i:j])
-        total = sum(s["total"] for s in splits[i:j])
-        span = f"[{first['start']},{last['end']})"
-        rows.append((name, span, f"{done}/{total}", first["status"]))
-        i = j
-    widths = [max(len(row[k]) for row in rows) for k in range(4)]
-    out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    out.insert(1, "  ".join("-" * w for w in widths))
-    return out
