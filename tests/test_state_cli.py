@@ -355,3 +355,23 @@ def test_a_named_state_is_picked_with_name_and_keeps_its_name_when_moved(tmp_pat
     assert invoke("show", str(checkpoint), "--name", "a/b").exit_code == 2
     on_file = invoke("show", str(checkpoint / "rayshard_state.val.json"), "--name", "val")
     assert on_file.exit_code == 2 and "is a file" in on_file.output
+
+
+def test_data_other_than_the_states_source_is_named_in_a_warning(tmp_path, monkeypatch):
+    """`show --data` of other files with the same row count would show another dataset's
+    progress: the state's `made_by` names its source, so the difference is warned of (the
+    same files reached from another folder are not)."""
+    from rayshard.sources.parquet import ParquetSource
+
+    trained = write_parquet(tmp_path / "train.parquet", [50, 50])
+    made_by = {"source": ParquetSource(trained).describe(), "num_samples": 100}
+    path = write(tmp_path / "s.json", {**STATE, "made_by": made_by})
+    other = write_parquet(tmp_path / "eval.parquet", [50, 50])
+    for data, warned in ((trained, False), (other, True), ("train.parquet", False)):
+        monkeypatch.chdir(tmp_path)  # (the last: the same file, relative)
+        result = invoke("show", path, "--data", data, "--format", "json")
+        assert result.exit_code == 0, result.output
+        assert json.loads(result.stdout)["consumed"] == 25
+        assert ("warning:" in result.stderr) is warned, result.stderr
+        if warned:
+            assert "train.parquet" in result.stderr and "eval.parquet" in result.stderr

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from rayshard.cli.state_view import parquet_splits, table
+from rayshard.cli.state_view import other_data, parquet_splits, table
 from rayshard.core import state_tools
 from rayshard.core.state import STATE_VERSION, LoaderState
 from rayshard.core.state_file import (
@@ -79,7 +79,15 @@ def show_command(
     file, state = _load_file(_resolve(path, name)[0], expect_loader)
     layout = splits = labels = None
     if data is not None:
-        layout, splits, labels = parquet_splits(data)
+        layout, splits, labels, described = parquet_splits(data)
+        saved = other_data(state.made_by, described)
+        if saved is not None:
+            click.echo(
+                f"warning: {file} was saved by a loader over {saved}, and --data is "
+                f"{described}: the progress per row group assumes the same rows in the "
+                "same order",
+                err=True,
+            )
     try:
         summary = state_tools.summarize(state, layout, splits, labels=labels)
     except ConfigError as error:

@@ -3,7 +3,9 @@ its `--data` option names each split after."""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 
 import click
 
@@ -13,9 +15,10 @@ from rayshard.plan import DataLayout
 _SHOWN = 8  # consumed intervals the table lists
 
 
-def parquet_splits(data: str) -> tuple[DataLayout, list[tuple[int, int]], list[str]]:
-    """The layout, row groups as sample ranges, and `file#group` labels of the Parquet data
-    (each file named from the files' common folder: `year=2024/part-0.parquet`)."""
+def parquet_splits(data: str) -> tuple[DataLayout, list[tuple[int, int]], list[str], str]:
+    """The layout, row groups as sample ranges, `file#group` labels of the Parquet data
+    (each file named from the files' common folder: `year=2024/part-0.parquet`), and the
+    source's description (what a saved state's `made_by` names)."""
     from rayshard.sources.parquet import ParquetSource  # pyarrow: only when asked for
 
     try:
@@ -29,7 +32,22 @@ def parquet_splits(data: str) -> tuple[DataLayout, list[tuple[int, int]], list[s
         source.layout(),
         [(a, b) for _, _, a, b in groups],
         [f"{f[folder:]}#{g}" for f, g, _, _ in groups],
+        source.describe(),
     )
+
+
+def other_data(made_by: str, described: str) -> str | None:
+    """The source a state was saved over (its `made_by`) when it is not the one
+    `described`, folders aside (the same files spelled from elsewhere match); else None.
+    A state saved before `made_by` existed says nothing, so nothing is compared."""
+    saved = json.loads(made_by).get("source") if made_by else None
+    if not isinstance(saved, str):
+        return None
+    return None if _no_folders(saved) == _no_folders(described) else saved
+
+
+def _no_folders(described: str) -> str:
+    return re.sub(r"[^\s(;]*/", "", described)
 
 
 def table(summary: dict) -> str:
