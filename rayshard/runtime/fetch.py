@@ -55,13 +55,22 @@ def fetch_batches(
             except ray.exceptions.GetTimeoutError:
                 flush()
                 ref = ray.get(request)
+            if ref is not None:
+                block: Block = ray.get(ref)
         except ray.exceptions.RayTaskError as error:
             _settle(request for _, request in pending)
             raise unwrap_task_error(error, f"{where}, epoch {epoch}") from error
+        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+            _settle(request for _, request in pending)
+            raise RayshardError(
+                f"{where}, epoch {epoch}: its reader is gone at block {index} "
+                f"({type(error).__name__}: the reader's process, the process that made it "
+                "or their node ended); the rank counts as lost: take a new iterator (under "
+                "`dynamic` its unfinished leases went back to the other ranks)"
+            ) from error
         if ref is None:
             more = False
             continue
-        block: Block = ray.get(ref)
         if (block.generation, block.epoch, block.index) != (generation, epoch, index):
             raise RayshardError(
                 f"{where}: asked for block {index} of (generation, epoch) "

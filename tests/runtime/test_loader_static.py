@@ -735,3 +735,22 @@ def test_a_group_member_closing_at_the_epochs_end_leaves_the_others_their_rest(
     rest = list(streams[1])
     assert len(rest) == 1 and real_ids(rest) == real_ids(first[-1:])
     loader.shutdown()
+
+
+def test_a_group_whose_shared_reader_died_gets_a_rayshard_error_naming_it(ray_session, dataset):
+    """The group's reader gone (its process, the process that made it, or their node
+    ended): each member's next batch raises a `RayshardError` saying so and what to do,
+    not Ray's error naming an object id."""
+    import ray
+
+    loader = make_loader(dataset, model_parallel_size=2, prefetch_depth=1, batches_per_object=1)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    streams = [iter(it) for it in its]
+    for stream in streams:
+        next(stream)
+    ray.kill(its[0]._reader, no_restart=True)
+    for stream in streams:
+        with pytest.raises(RayshardError, match="its reader is gone.*take a new iterator"):
+            for _ in range(len(its[0]) + 1):
+                next(stream)
+    loader.shutdown()
