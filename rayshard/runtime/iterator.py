@@ -190,8 +190,7 @@ class ShardIterator:
         out = {
             "epoch": self._epoch,
             "batches_received": self._received,
-            "samples_received": self.samples_received,
-            "stall_seconds": self.stall_seconds,
+            **{"samples_received": self.samples_received, "stall_seconds": self.stall_seconds},
             "ack_interval_asked_s": self._acks.asked_s,  # 0 until the coordinator answered
             "length_exact": self._exact,  # whether `len()` of the started epoch is final
         }
@@ -224,6 +223,8 @@ class ShardIterator:
         unfinished leases go back to the queue for the others (once its group's last member
         closed). A no-op after `Loader.shutdown()` or `ray.shutdown()`."""
         self._closed = True
+        if self._local is not None:  # first: a feed thread waiting for a batch is let go
+            self._local.abandon()
         self._close_feed()
         if self._local is not None:
             self._local.close()

@@ -264,9 +264,10 @@ def _scalar(value: Any) -> Any:
 def numpy_of(value: Any) -> Any:
     """Tensors (subclasses too) as numpy arrays, bfloat16 (which neither numpy nor Arrow
     holds) as float32; a `torch.Size` as a tuple of ints. torch is never imported here:
-    a tensor exists only if its module was."""
+    a tensor exists only if its module was (fully: another thread may be importing it,
+    its module half made, while no tensor can exist yet)."""
     torch = sys.modules.get("torch")
-    if torch is None:
+    if torch is None or getattr(getattr(torch, "__spec__", None), "_initializing", False):
         return value
     if isinstance(value, torch.Size):
         return tuple(int(v) for v in value)

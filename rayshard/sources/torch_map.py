@@ -117,7 +117,8 @@ class TorchMapSource(Source):
         return pa.schema([self._full_schema.field(c) for c in self._columns])
 
     def splits(self) -> list[tuple[int, int]]:
-        """The shards of a `ShardedDataset`, else chunks of `batch_rows` samples."""
+        """The shards of a `ShardedDataset`, else chunks of `batch_rows` samples, at least
+        1,024 (a plan of fewer, larger splits; reads still come `batch_rows` at a time)."""
         if self.total_shards is not None:
             return super().splits()
         n, step = self._layout.num_samples, max(self._batch_rows, 1024)
