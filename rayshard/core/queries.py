@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 
 from rayshard.config.loader_config import LoaderConfig
+from rayshard.core import epoch_rests
 from rayshard.core.leases import LeaseBook
 from rayshard.core.membership import Membership
 from rayshard.core.planning import epoch_plan, packed_plan
@@ -182,8 +183,11 @@ class CoreQueries:
         )
 
     def state_at(self, epoch: int, received: int) -> dict:
-        """The loader-wide state once `settled(epoch, received)`: the next epoch's start if
-        `epoch` is complete, else what of it was consumed."""
+        """The loader-wide state once `settled(epoch, received)`: an earlier epoch's rest if
+        a rank no longer here left rows of it unread (`epoch_rests.left_behind`), the next
+        epoch's start if `epoch` is complete, else what of it was consumed."""
+        behind = epoch_rests.left_behind(self, epoch)
+        epoch = epoch if behind is None else behind
         if not self.begun(epoch):
             return self.state_dict(epoch, self.resumed_consumed(epoch), self.resumed_partial(epoch))
         consumed = self.all_consumed(epoch)
@@ -192,16 +196,8 @@ class CoreQueries:
         return self.state_dict(epoch, consumed, self.all_partial(epoch))
 
     def regroup_epoch(self) -> int | None:
-        """The epoch a new generation resumes from its own progress (no state loaded): the
-        earliest begun that is not complete (a rank that moved on to the next epoch before
-        a lost one's last batches were acknowledged: reading its rest again repeats what
-        the first rank took of the next epoch, rather than losing those rows), else the
-        latest begun; None before any."""
-        epochs = sorted({*self.received, *self.started, *self.books})
-        for epoch in epochs[:-1]:
-            if iv.subtract(self.epoch_samples(epoch), self.all_consumed(epoch)):
-                return epoch
-        return epochs[-1] if epochs else None
+        """See `epoch_rests.regroup_epoch`."""
+        return epoch_rests.regroup_epoch(self)
 
     def active_ranks(self) -> list[int]:
         return sorted(self.members.ranks) if self.members else []
