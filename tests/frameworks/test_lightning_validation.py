@@ -115,3 +115,39 @@ def test_a_loop_that_stops_at_len_refuses_an_estimated_length(ray_session, tmp_p
         assert len(list(ResumingDataLoader(adapter))) == TRAIN_ROWS // BATCH
     finally:
         exact.shutdown()
+
+
+class Trained(Validated):
+    """Records the ids of every training batch, by Lightning epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[list[int]] = []
+
+    def on_train_epoch_start(self) -> None:
+        self.seen.append([])
+
+    def training_step(self, batch: dict, batch_idx: int) -> torch.Tensor:
+        self.seen[-1].extend(batch["id"][~batch["_padded"]].tolist())
+        return super().training_step(batch, batch_idx)
+
+
+def test_limit_train_batches_goes_on_through_the_data_epoch(ray_session, tmp_path):
+    """`limit_train_batches` ends a Lightning epoch mid-way through the data epoch: the
+    next Lightning epoch goes on with its rest (a torch `DataLoader` would start again),
+    and the data epoch ends once it was read whole."""
+    train = Loader(
+        ParquetSource(write_parquet(tmp_path / "train", [TRAIN_ROWS])),
+        batch_size=BATCH,
+        name=unique_name("plt"),
+    )
+    try:
+        batches = LightningBatches(train.iterator(world_rank=0, world_size=1))
+        model = Trained()
+        trainer = quiet_trainer(RayshardCheckpoint(batches), epochs=3, limit_train_batches=2)
+        trainer.fit(model, train_dataloaders=batches)
+        third = TRAIN_ROWS // 3  # 2 batches of the data epoch's 6 per Lightning epoch
+        assert model.seen == [list(range(k * third, (k + 1) * third)) for k in range(3)]
+        assert batches.epoch == 1
+    finally:
+        train.shutdown()
