@@ -48,19 +48,18 @@ class Validated(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
+def _loader(folder, rows: int, name: str) -> Loader:
+    """A loader of `rows` ids in one Parquet file written in `folder`."""
+    return Loader(
+        ParquetSource(write_parquet(folder, [rows])), batch_size=BATCH, name=unique_name(name)
+    )
+
+
 @pytest.mark.parametrize("wrapped", [False, True])
 @pytest.mark.parametrize("limit", [None, 0.5])
 def test_every_validation_reads_its_epoch_from_the_start(ray_session, tmp_path, limit, wrapped):
-    train = Loader(
-        ParquetSource(write_parquet(tmp_path / "train", [TRAIN_ROWS])),
-        batch_size=BATCH,
-        name=unique_name("plv"),
-    )
-    val = Loader(
-        ParquetSource(write_parquet(tmp_path / "val", [VAL_ROWS])),
-        batch_size=BATCH,
-        name=unique_name("plv-val"),
-    )
+    train = _loader(tmp_path / "train", TRAIN_ROWS, "plv")
+    val = _loader(tmp_path / "val", VAL_ROWS, "plv-val")
     try:
         batches = LightningBatches(train.iterator(world_rank=0, world_size=1))
         val_batches = val.iterator(world_rank=0, world_size=1)
@@ -136,11 +135,7 @@ def test_limit_train_batches_goes_on_through_the_data_epoch(ray_session, tmp_pat
     """`limit_train_batches` ends a Lightning epoch mid-way through the data epoch: the
     next Lightning epoch goes on with its rest (a torch `DataLoader` would start again),
     and the data epoch ends once it was read whole."""
-    train = Loader(
-        ParquetSource(write_parquet(tmp_path / "train", [TRAIN_ROWS])),
-        batch_size=BATCH,
-        name=unique_name("plt"),
-    )
+    train = _loader(tmp_path / "train", TRAIN_ROWS, "plt")
     try:
         batches = LightningBatches(train.iterator(world_rank=0, world_size=1))
         model = Trained()
