@@ -353,6 +353,9 @@ def test_a_named_state_is_picked_with_name_and_keeps_its_name_when_moved(tmp_pat
     missing = invoke("show", str(checkpoint), "--name", "test")
     assert missing.exit_code == 1 and "without rayshard_state.test.json" in missing.output
     assert invoke("show", str(checkpoint), "--name", "a/b").exit_code == 2
+    odd = write(tmp_path / "rayshard_state_backup.json", STATE)  # not a name rayshard gives
+    assert invoke("skip-epoch", odd, "-o", str(tmp_path / "odd")).exit_code == 0
+    assert read(tmp_path / "odd" / STATE_FILE).epoch == 3
     on_file = invoke("show", str(checkpoint / "rayshard_state.val.json"), "--name", "val")
     assert on_file.exit_code == 2 and "is a file" in on_file.output
 
@@ -367,6 +370,10 @@ def test_data_other_than_the_states_source_is_named_in_a_warning(tmp_path, monke
     made_by = {"source": ParquetSource(trained).describe(), "num_samples": 100}
     path = write(tmp_path / "s.json", {**STATE, "made_by": made_by})
     other = write_parquet(tmp_path / "eval.parquet", [50, 50])
+    split = {**made_by, "source": made_by["source"].replace(" rows)", " rows; split_rows=10)")}
+    write(tmp_path / "split.json", {**STATE, "made_by": split})  # (the data cannot say)
+    quiet = invoke("show", str(tmp_path / "split.json"), "--data", trained)
+    assert quiet.exit_code == 0 and "warning" not in quiet.stderr, quiet.stderr
     for data, warned in ((trained, False), (other, True), ("train.parquet", False)):
         monkeypatch.chdir(tmp_path)  # (the last: the same file, relative)
         result = invoke("show", path, "--data", data, "--format", "json")

@@ -20,12 +20,13 @@ from rayshard.sources import TableSource
 ROWS, BATCH = 120, 8
 
 
-def _core(shuffle: bool) -> CoordinatorCore:
+def _core(shuffle: bool = False, registered=(0, 1), **options) -> CoordinatorCore:
     table = pa.table({"id": pa.array(range(ROWS), pa.int64())})
     source = TableSource(pa.Table.from_batches(table.to_batches(max_chunksize=10)))
-    settings = LoaderConfig(plan=PlanConfig(batch_size=BATCH, seed=3), shuffle=shuffle)
+    plan = PlanConfig(batch_size=BATCH, seed=options.pop("seed", 3))
+    settings = LoaderConfig(plan=plan, shuffle=shuffle, **options)
     core = CoordinatorCore("left-behind", source, settings)
-    for rank in (0, 1):
+    for rank in registered:
         core.apply(cmd.Register(rank, 2, rank, 2))
     return core
 
@@ -88,3 +89,37 @@ def test_an_epoch_the_lost_rank_had_finished_is_not_resumed():
     state = core.state_at(2, 1)  # epoch 1's rest of rank 1 is behind; epoch 0 was whole
     assert state["epoch"] == 1
     assert iv.total(iv.normalize(state["consumed"])) == ROWS - (ROWS // 2 - BATCH)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_a_lost_ranks_rest_in_a_shuffle_blocks_order_is_found(seed):
+    """Under `shuffle_blocks` a rank's ranges come in reading order, not sorted: its last
+    batch left unread is found all the same."""
+    core = _core(shuffle_blocks=3, seed=seed)
+    plan = core.apply(cmd.StartEpoch(1, 0))
+    core.apply(cmd.Ack(1, 0, plan.batches - 1, _first(plan.ranges, (plan.batches - 1) * BATCH)))
+    core.apply(cmd.Lost(1, "reader died"))
+    _read(core, 0, 0)
+    _read(core, 0, 1, batches=1)
+    assert core.state_at(1, 1)["epoch"] == 0
+
+
+def test_a_rest_the_lost_rank_left_by_going_on_itself_stays_left():
+    """Rank 1 went on to epoch 1 by its loop's choice (`set_epoch`), then was lost: its
+    rest of epoch 0 was its loop's to leave."""
+    core = _core()
+    _read(core, 1, 0, batches=2)
+    _read(core, 1, 1, batches=1)
+    core.apply(cmd.Lost(1, "reader died"))
+    _read(core, 0, 0)
+    _read(core, 0, 1, batches=1)
+    assert core.state_at(1, 1)["epoch"] == 1
+
+
+def test_a_rank_that_never_registered_leaves_nothing_behind():
+    """One process reading rank 0 of 2: rank 1's share was never anyone's to read."""
+    core = _core(registered=(0,))
+    _read(core, 0, 0)
+    taken = _read(core, 0, 1, batches=1)
+    state = core.state_at(1, 1)
+    assert state["epoch"] == 1 and iv.normalize(state["consumed"]) == iv.normalize(taken)

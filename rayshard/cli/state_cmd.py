@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -160,6 +161,7 @@ def _resolve(path: Path, name: str | None = None) -> list[Path]:
     named = sorted(
         f.name[len("rayshard_state.") : -len(".json")]
         for f in path.glob(NAMED_STATE_FILE.format(name="*"))
+        if _OWN_NAME.fullmatch(f.name)
     )
     if not each or name is not None:
         held = (
@@ -220,11 +222,13 @@ def _rewrite(
         _rewrite_file(file, target, expect_loader, change)
 
 
+_OWN_NAME = re.compile(r"rayshard_state(\.[A-Za-z0-9_-]+|_\d+)?\.json")
+
+
 def _name_in_folder(file: Path) -> str:
     """The name a state keeps when written into a folder: its own if it is one of the
     names rayshard gives (a named or a process's state), else `rayshard_state.json`."""
-    own = file.name.startswith("rayshard_state") and file.name.endswith(".json")
-    return file.name if own else STATE_FILE
+    return file.name if _OWN_NAME.fullmatch(file.name) else STATE_FILE
 
 
 def _rewrite_file(

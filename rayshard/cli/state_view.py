@@ -38,19 +38,31 @@ def parquet_splits(data: str) -> tuple[DataLayout, list[tuple[int, int]], list[s
 
 def other_data(made_by: str, described: str) -> str | None:
     """The source a state was saved over (its `made_by`) when it is not the one
-    `described`, folders aside (the same files spelled from elsewhere match); else None.
-    A state saved before `made_by` existed says nothing, so nothing is compared."""
+    `described`: another kind, first file's name, file count or row count (folders, and
+    a `filter` or `split_rows` the data cannot give, are not compared: the same files
+    reached from elsewhere match); else None. A state saved before `made_by` existed, or
+    a description not of files, says nothing, so nothing is compared."""
     saved = json.loads(made_by).get("source") if made_by else None
     if not isinstance(saved, str):
         return None
-    return None if _no_folders(saved) == _no_folders(described) else saved
+    ours, theirs = _files_shape(described), _files_shape(saved)
+    return None if ours is None or theirs is None or ours == theirs else saved
 
 
-def _no_folders(described: str) -> str:
-    return re.sub(r"[^\s(;]*/", "", described)
+_FILES = re.compile(r"(\w+)\((.*?)((?: and \d+ more)?); (\d+) rows")
+
+
+def _files_shape(described: str) -> tuple[str, ...] | None:
+    """(kind, first file's name, more files, rows) of a file source's description."""
+    found = _FILES.match(described)
+    if found is None:
+        return None
+    kind, first, more, rows = found.groups()
+    return kind, first.rstrip("/").rsplit("/", 1)[-1], more, rows
 
 
 def table(summary: dict) -> str:
+    """The text `rayshard state show` prints for a `state_tools.summarize` summary."""
     n = summary["num_samples"]
     world = summary["world_size"] or "unknown"
     pairs = summary["consumed_intervals"]

@@ -24,17 +24,22 @@ def regroup_epoch(core: Any) -> int | None:
 
 def left_behind(core: Any, epoch: int) -> int | None:
     """The earliest static epoch before `epoch` whose rows planned for a rank no longer
-    here (lost, or gone mid-epoch) were never consumed, while the ranks still here went
-    on to `epoch`: a state taken now resumes from it (what they read since comes again),
-    rather than saying it was complete. Rows a rank still here left (a `set_epoch` to a
-    later epoch) are its loop's choice and do not count. None if there is none."""
+    here (registered, then lost or gone in that epoch or before it) were never consumed,
+    while the ranks still here went on to `epoch`: a state taken now resumes from it
+    (what they read since comes again), rather than saying it was complete. Rows a rank
+    left by going on to a later epoch itself (`set_epoch`), gone since or not, are its
+    loop's choice and do not count; nor do those of a rank that never registered. None if
+    there is none."""
     active = set(core.active_ranks())
+    gone = set(core.members.world.values()) - active if core.members else set()
     for earlier in sorted(e for e in core.started if e < epoch):
         missing = _unconsumed(core, earlier)
         if missing and any(
-            iv.intersect(missing, rank.ranges)
+            iv.intersect(missing, iv.normalize(rank.ranges))  # (in reading order: sorted)
             for r, rank in enumerate(core.plan(earlier).ranks)
-            if r not in active
+            # registered, then gone while in that epoch or before (one it went past, its
+            # loop left by choice)
+            if r in gone and core.rank_epoch.get(r, earlier) <= earlier
         ):
             return earlier
     return None

@@ -60,13 +60,14 @@ def fetch_batches(
         except ray.exceptions.RayTaskError as error:
             _settle(request for _, request in pending)
             raise unwrap_task_error(error, f"{where}, epoch {epoch}") from error
-        except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError) as error:
+        except (ray.exceptions.ActorDiedError, ray.exceptions.OwnerDiedError) as error:
             _settle(request for _, request in pending)
             raise RayshardError(
                 f"{where}, epoch {epoch}: its reader is gone at block {index} "
                 f"({type(error).__name__}: the reader's process, the process that made it "
-                "or their node ended); the rank counts as lost: take a new iterator (under "
-                "`dynamic` its unfinished leases went back to the other ranks)"
+                "or their node ended, or the loader was shut down); the rank counts as "
+                "lost: take a new iterator (under `dynamic` its unfinished leases went "
+                "back to the other ranks)"
             ) from error
         if ref is None:
             more = False
