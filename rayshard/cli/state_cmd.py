@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from rayshard.core.state_file import (
     mode_of,
     read_state_json,
     state_file_name,
+    state_name_of,
 )
 from rayshard.errors import ConfigError
 
@@ -158,11 +158,8 @@ def _resolve(path: Path, name: str | None = None) -> list[Path]:
     if wanted.is_file():
         return [wanted]
     each = sorted(path.glob(PROCESS_STATE_FILE.format(rank="*")), key=_process)
-    named = sorted(
-        f.name[len("rayshard_state.") : -len(".json")]
-        for f in path.glob(NAMED_STATE_FILE.format(name="*"))
-        if _OWN_NAME.fullmatch(f.name)
-    )
+    found = (state_name_of(f.name) for f in path.glob(NAMED_STATE_FILE.format(name="*")))
+    named = sorted(name for name in found if name is not None)
     if not each or name is not None:
         held = (
             f"; it holds the named states {', '.join(named)}: pick one with --name" if named else ""
@@ -222,13 +219,14 @@ def _rewrite(
         _rewrite_file(file, target, expect_loader, change)
 
 
-_OWN_NAME = re.compile(r"rayshard_state(\.[A-Za-z0-9_-]+|_\d+)?\.json")
-
-
 def _name_in_folder(file: Path) -> str:
     """The name a state keeps when written into a folder: its own if it is one of the
     names rayshard gives (a named or a process's state), else `rayshard_state.json`."""
-    return file.name if _OWN_NAME.fullmatch(file.name) else STATE_FILE
+    process = str(_process(file))
+    own = state_name_of(file.name) is not None or file.name == PROCESS_STATE_FILE.format(
+        rank=process
+    )
+    return file.name if own else STATE_FILE
 
 
 def _rewrite_file(

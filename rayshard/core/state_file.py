@@ -43,16 +43,27 @@ def state_file_name(name: str | None = None) -> str:
     `name` (several loaders in one checkpoint) `rayshard_state.NAME.json`."""
     if name is None:
         return STATE_FILE
-    if (
-        not isinstance(name, str)
-        or not name
-        or not name.replace("-", "").replace("_", "").isalnum()
-    ):
+    if not _allowed(name):
         raise ConfigError(
             f"state name {name!r}: use letters, digits, '-' and '_' (it names a file "
             f"{NAMED_STATE_FILE} in the checkpoint)"
         )
     return NAMED_STATE_FILE.format(name=name)
+
+
+def state_name_of(file_name: str) -> str | None:
+    """NAME of a named state's file `rayshard_state.NAME.json` (a name `state_file_name`
+    takes), else None."""
+    prefix, suffix = NAMED_STATE_FILE.split("{name}")
+    if not (file_name.startswith(prefix) and file_name.endswith(suffix)):
+        return None
+    name = file_name[len(prefix) : -len(suffix)]
+    return name if _allowed(name) else None
+
+
+def _allowed(name: object) -> bool:
+    """Letters, digits, '-' and '_', at least one (a state's name becomes a file name)."""
+    return isinstance(name, str) and bool(name) and name.replace("-", "").replace("_", "").isalnum()
 
 
 def atomic_write(target: str | os.PathLike, payload: bytes, mode: int | None = None) -> None:
@@ -91,4 +102,5 @@ __all__ = [
     "mode_of",
     "read_state_json",
     "state_file_name",
+    "state_name_of",
 ]
