@@ -67,6 +67,15 @@ def epoch_broken(cause: BaseException, epoch: int, received: int, length: int) -
     )
 
 
+def state_timed_out(received: int, epoch: int, timeout_s: float) -> RayshardError:
+    """`state_dict()` waited `state_timeout_s` for the other ranks' acknowledgements."""
+    return RayshardError(
+        f"not every rank acknowledged {received} batches of epoch {epoch} within "
+        f"state_timeout_s={timeout_s}: call state_dict() at the same step on every rank, "
+        "or raise state_timeout_s"
+    )
+
+
 def iterator_closed(where: str) -> RayshardError:
     """The error of iterating an iterator after its `close()` (or `Loader.shutdown()`)."""
     return RayshardError(

@@ -33,6 +33,7 @@ from rayshard.runtime.iterator import ShardIterator
 from rayshard.runtime.iterator_args import check_iterator_args, check_torch_columns
 from rayshard.runtime.journal import Journal
 from rayshard.runtime.local_reads import LocalReads, reads_in_consumer
+from rayshard.runtime.member_watch import watch_member
 from rayshard.runtime.placement_check import warn_about_actor_resources
 from rayshard.runtime.process_watch import watch_rank
 from rayshard.runtime.ray_tuning import apply_ray_env_defaults
@@ -253,11 +254,16 @@ class Loader:
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             num_cpus=self.settings.reader_num_cpus,
             # every member's block calls in flight may wait for blocks (a pool they filled
-            # would starve a slower member's call, and the group with it), with room left
-            max_concurrency=4 + len(dp.group) * (self.settings.blocks_ahead + 2),
+            # would starve a slower member's call, and the group with it), and its `watch`
+            # (`member_watch.keep_reader`), with room left
+            max_concurrency=4 + len(dp.group) * (self.settings.blocks_ahead + 3),
         )
         reader = reader.remote(reading, len(dp.group))
         ray.get(self._coordinator.attach_reader.remote(generation, dp.dp_rank, name))
+        if len(dp.group) > 1:  # this process is watched as the group's member too
+            here = node == self._coordinator_node
+            parts = (self._coordinator, self.namespace, generation, dp, name, here, reader)
+            registration["member_watch"] = watch_member(*parts)
         return reader
 
     def stats(self) -> dict:

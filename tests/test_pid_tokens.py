@@ -201,12 +201,15 @@ def test_a_loop_that_cannot_take_the_pidfd_polls_and_never_takes_a_live_process_
 
 def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
     """The coordinator's side: each key watched by pid ends once, at its process's
-    death or at `end(key)` (also one that came first), and ends no other key."""
+    death or at `end(key)` (also one that came first), and ends no other key; only an
+    `end` is reported as released (a group member's death is a loss, its release not)."""
     processes = [sleeper(), sleeper()]
     ended: list[tuple[int, str]] = []
+    released: dict[str, bool] = {}
 
-    async def on_end(dp_rank: int, name: str) -> None:
+    async def on_end(dp_rank: int, name: str, by_release: bool) -> None:
         ended.append((dp_rank, name))
+        released[name] = by_release
 
     async def run() -> None:
         watches = ReaderWatches("namespace", on_end, NODE)
@@ -228,6 +231,7 @@ def test_reader_watches_end_a_process_key_at_its_death_or_its_end():
         assert set(watches._ended) == {"b"}  # ended keys keep nothing
         assert watches.counts()["watched_by_pid"] == 1  # "b": its process lives on, its watch too
         assert len(ended) == 3
+        assert released == {"early": True, "a": False, "c": True}
 
     run_reaping(run, processes)
 

@@ -21,7 +21,7 @@ def _run_with_children(count: int, scenario) -> list[tuple[int, str]]:
     ends: list[tuple[int, str]] = []
 
     async def run() -> None:
-        async def ended(dp_rank: int, name: str) -> None:
+        async def ended(dp_rank: int, name: str, released: bool) -> None:
             ends.append((dp_rank, name))
 
         await scenario(ReaderWatches("ns", ended, NODE), children, ends)

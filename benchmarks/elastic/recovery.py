@@ -106,7 +106,7 @@ def recovery_once(paths: list[str], mode: str, rows: int, world: int = 3) -> dic
             for r in range(world)
         ]
         victim = 1
-        pid = ray.get(its[victim]._reader.__ray_call__.remote(pid_of))
+        pid = ray.get(its[victim]._holds.reader.__ray_call__.remote(pid_of))
         consumers = [Consumer(it, RECOVERY["step_s"]) for it in its]
         for consumer in consumers:
             consumer.start()
@@ -115,7 +115,7 @@ def recovery_once(paths: list[str], mode: str, rows: int, world: int = 3) -> dic
                 raise RuntimeError("the victim rank received no batch within 60 s")
         killed = time.time()
         if mode == "ray_kill":
-            ray.kill(its[victim]._reader, no_restart=True)
+            ray.kill(its[victim]._holds.reader, no_restart=True)
         else:
             os.kill(pid, signal.SIGKILL)
         for consumer in consumers:
@@ -132,7 +132,7 @@ def recovery_once(paths: list[str], mode: str, rows: int, world: int = 3) -> dic
     finally:
         for it in its if "its" in locals() else ():
             with contextlib.suppress(Exception):  # the victim's reader is already dead
-                ray.kill(it._reader)
+                ray.kill(it._holds.reader)
         loader.shutdown()
     lost_events = [
         e for e in stats["events"] if e["event"] == "rank_lost" and e["dp_rank"] == victim

@@ -4,8 +4,9 @@ left, or (leases) of a replaced registration are refused as stale), turned into 
 applied to the core, journaled and answered. A restarted coordinator (Ray
 `max_restarts`) loads the journal's latest snapshot and replays the commands after it; the
 journal is compacted at each restart, epoch's end and restore, and every `COMPACT_EVERY`.
-An async actor: one event loop, no locks. It watches each rank's reader (under `dynamic`
-a dead reader's unacknowledged leases go back) and owns the nodes' relays."""
+An async actor: one event loop, no locks. It watches each rank's reader and each group
+member's process (a rank lost: under `dynamic` its unacknowledged leases go back) and owns
+the nodes' relays."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from rayshard.core import commands as cmd
 from rayshard.core.ack_pacing import AckAnswer, AckPacing
 from rayshard.core.coordination import CoordinatorCore
 from rayshard.core.state import LoaderState
-from rayshard.errors import RayshardError, StaleClientError
+from rayshard.errors import RayshardError, StaleClientError, state_timed_out
 from rayshard.plan.id_runs import as_runs
-from rayshard.runtime import decision_records, journal
+from rayshard.runtime import decision_records, journal, member_watch
 from rayshard.runtime.ack_relay import AckRelays, record_each
 from rayshard.runtime.epoch_ends import EpochEnds
 from rayshard.runtime.epoch_waits import EpochWaits, changes_answers
@@ -51,6 +52,7 @@ class Coordinator:
         self._ack_pacing = AckPacing.for_settings(settings)  # how often consumers acknowledge
         self._acked = asyncio.Condition()
         self._waits = EpochWaits()  # ranks waiting at an epoch's end (`await_change`)
+        self._namespace = namespace
         self._watches = ReaderWatches(namespace, self._reader_ended)
         self._since_snapshot = 0
         self._ends = EpochEnds()  # epochs every rank received (their end compacted)
@@ -72,16 +74,21 @@ class Coordinator:
         return decision.reply()
 
     async def attach_reader(
-        self, generation: int, dp_rank: int, name: str, watch: str = ""
+        self, generation: int, dp_rank: int, name: str, watch: str = "", member: bool = False
     ) -> bool:
         """A worker created (or found) the reader actor `name` of `dp_rank`, or reads for
         the rank itself, watched as key `name` by `watch`: its process's watch actor, or its
         pid (a `pid_watch` token; False, nothing attached: a process neither this coordinator
         nor its node's `NodeWatch` can see). Attached even if the generation moved on (a group
-        member restored a checkpoint; this one's restore follows), not to a rank lost since."""
+        member restored a checkpoint; this one's restore follows), not to a rank lost since.
+        `member`: `name` is a group member's key, watched only (`member_watch`)."""
         if not await self._watches.can_watch(watch):
             return False
         members = self._core.members
+        if member:  # (not for a rank lost or replaced since: nothing to watch it for)
+            if member_watch.loss(members, dp_rank, name, closed=False) is not None:
+                self._watches.watch(dp_rank, name, watch)
+            return True
         if members is None or members.readers.get(dp_rank) != name:
             self._core.check(generation)
             if dp_rank not in members.ranks:  # lost since: it would serve again, unwatched
@@ -89,15 +96,15 @@ class Coordinator:
                     f"data-parallel rank {dp_rank} was lost (its reader died or it left) "
                     f"before reader {name!r} attached: take a new iterator"
                 )
-        self._do(cmd.Attach(dp_rank, name, watch))
-        self._watch(dp_rank, name)
+        self._do(cmd.Attach(dp_rank, name, watch))  # its end releases `dp_rank` (watched once)
+        self._watches.watch(dp_rank, name, self._core.members.shared_watch(dp_rank, name))
         return True
 
     async def end_watch(self, key: str) -> None:
         """`RankWatch.end_watch` of a pid-watched rank: its loss journaled before returning."""
         self._rewatch()  # (after a restart: its rank watched again first, so it is found)
         if (dp_rank := self._watches.end(key)) is not None:
-            await self._reader_ended(dp_rank, key)
+            await self._reader_ended(dp_rank, key, closed=True)
 
     async def leave(self, generation: int, dp_rank: int, reader: str = "") -> None:
         """A rank leaves gracefully: its unfinished leases go back to the queue. A worker
@@ -206,11 +213,7 @@ class Coordinator:
                         timeout=self._settings.state_timeout_s,
                     )
             except asyncio.TimeoutError:
-                raise RayshardError(
-                    f"not every rank acknowledged {received} batches of epoch {epoch} within "
-                    f"state_timeout_s={self._settings.state_timeout_s}: call state_dict() at "
-                    "the same step on every rank, or raise state_timeout_s"
-                ) from None
+                raise state_timed_out(received, epoch, self._settings.state_timeout_s) from None
         return self._core.state_at(epoch, received)
 
     async def restore(
@@ -297,14 +300,13 @@ class Coordinator:
         self._journal.compact(self._core.to_dict())
         self._since_snapshot = 0
 
-    def _watch(self, dp_rank: int, name: str) -> None:
-        """Watch reader `name` (or its key): its end releases `dp_rank` (once per reader)."""
-        self._watches.watch(dp_rank, name, self._core.members.shared_watch(dp_rank, name))
-
-    async def _reader_ended(self, dp_rank: int, name: str) -> None:
-        members = self._core.members
-        if members is not None and members.readers.get(dp_rank) == name:
-            self._do(cmd.Lost(dp_rank, "reader died", time.time()))
+    async def _reader_ended(self, dp_rank: int, name: str, closed: bool = False) -> None:
+        """The watch of `name` ended (`closed`: released): the rank may be lost (see
+        `member_watch.loss`); a lost group's reader is stopped for its other members."""
+        reason = member_watch.loss(self._core.members, dp_rank, name, closed)
+        if reason is not None:
+            self._do(cmd.Lost(dp_rank, reason, time.time()))
+            member_watch.stop_group(self._namespace, dp_rank, name)
             async with self._acked:
                 self._acked.notify_all()
 

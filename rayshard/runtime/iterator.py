@@ -17,13 +17,12 @@ from rayshard.config.checks import check_int
 from rayshard.data.formats import FORMATS
 from rayshard.errors import epoch_broken, iterator_closed, unwrap_task_error
 from rayshard.plan import DataParallelRank
-from rayshard.runtime import generations, process_watch
+from rayshard.runtime import generations
 from rayshard.runtime.acks import AckSender
 from rayshard.runtime.block import BatchMeta
 from rayshard.runtime.delivery import Delivery, deliver
 from rayshard.runtime.fetch import fetch_batches
-from rayshard.runtime.local_reads import abandon_rank
-from rayshard.runtime.ray_held import ray_held
+from rayshard.runtime.holds import Holds
 
 
 class ShardIterator:
@@ -44,15 +43,10 @@ class ShardIterator:
         self._delivery = delivery
         self._coordinator = coordinator
         self._generation = registration["generation"]
-        self._reader = registration["reader"]
-        self._reader_name = registration.get("reader_name", "")
+        self._holds = Holds(self, coordinator, registration, placement, local_reads)
         self._placement = placement
         self._loader_key = generations.key_of(coordinator)
         generations.note(*self._registered())
-        self._watch_key = key = registration.get("watch_key")  # the reader is a shared watch
-        self._dropped: Any = None  # releases the key if this iterator is dropped unclosed
-        if self._watch_key is not None:
-            self._dropped = weakref.finalize(self, abandon_rank, local_reads, self._reader, key)
         self._local = local_reads  # a `LocalReads`: this worker reads for itself
         self._blocks_ahead, self._arrow = blocks_ahead, delivery.batch_format == "arrow"
         self._feed: Any = None  # the DeviceFeed of the current epoch (torch format)
@@ -230,35 +224,13 @@ class ShardIterator:
             self._local.close()
         try:
             self._acks.stop()
-            with ray_held() as up:
-                if up:
-                    self._leave()
         except ray.exceptions.RayActorError:
             pass  # the loader was shut down: coordinator and readers are gone
-        finally:  # the key is stopped, and the watch released once the process has none
-            if self._dropped is not None and self._dropped.detach():
-                with ray_held() as up:  # after `ray.shutdown()`: no Ray call
-                    watch = self._reader if up else None
-                    self._reader = process_watch.release(self._watch_key, watch)
-
-    def _leave(self) -> None:
-        """Leave the coordinator and stop the reader (a watch's key: see `close`); a group
-        member leaves its rank to the others (`close_member`) unless it is the last."""
-        placement = (self._generation, self._placement.dp_rank, self._reader_name)
-        if self._watch_key is not None and self._reader is not None:  # not closed before:
-            self._reader.closing()  # its attach answered first (`watch_rank`)
-        elif self._watch_key is None and not self._last_of_group():
-            return
-        ray.get(self._coordinator.leave.remote(*placement))
-        if self._watch_key is None:
-            self._reader.stop.remote()
-
-    def _last_of_group(self) -> bool:
-        rank, alone = self._placement.world_rank, len(self._placement.group) == 1
-        return alone or ray.get(self._reader.close_member.remote(rank))
+        finally:
+            self._holds.close(self._generation)
 
     def _registered(self) -> tuple[str, int, int, str]:
-        return self._loader_key, self._generation, self._placement.dp_rank, self._reader_name
+        return self._loader_key, self._generation, self._placement.dp_rank, self._holds.reader_name
 
     def _where(self) -> str:
         return f"loader {self.loader_id!r}, data-parallel rank {self._placement.dp_rank}"
@@ -269,12 +241,11 @@ class ShardIterator:
         where = self._where()
         try:  # the coordinator plans the epoch here (under packing it reads token counts)
             self._acks.flush(wait=True)  # (a restart takes back what is not acknowledged)
+            self._holds.settle()  # the attaches answered (see `watch_rank`)
             if self._local is not None:
-                if self._reader is not None:  # not closed: its attach was answered
-                    self._reader.settled()  # (see `watch_rank`)
                 started = self._local.start(self._generation, epoch, self._arrow, self._acks)
             else:
-                call = self._reader.start.remote(self._generation, epoch, self._restarts)
+                call = self._holds.reader.start.remote(self._generation, epoch, self._restarts)
                 started = ray.get(call)
         except ray.exceptions.RayTaskError as error:
             raise unwrap_task_error(error, f"{where}, epoch {epoch}") from error
@@ -287,7 +258,7 @@ class ShardIterator:
             raw = self._local.batches(epoch, flush=flush, where=where)
         else:
             raw = fetch_batches(
-                self._reader,
+                self._holds.reader,
                 self._generation,
                 epoch,
                 flush=flush,

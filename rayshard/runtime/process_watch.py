@@ -204,6 +204,7 @@ def watch_rank(
     dp_rank: int,
     key: str,
     answer_now: bool = True,
+    member: bool = False,
 ) -> PendingWatch:
     """Have `dp_rank`, read for in this process, watched under `key` (and attached): by
     the coordinator through this process's pid where it can see this process (on its
@@ -212,12 +213,13 @@ def watch_rank(
     than the coordinator's) the attach by pid is not waited for: its answer may wait for
     this node's `NodeWatch` to start, which the iterator's first reads wait for instead
     (`PendingWatch.settled`), after what the loop does between making the iterator and
-    iterating it; a refusal makes the `RankWatch` as soon as it comes."""
+    iterating it; a refusal makes the `RankWatch` as soon as it comes. `member`: the
+    process of a model-parallel group's member, watched without attaching (`member_watch`)."""
 
     def by_rank_watch() -> Any:
         name, watch = process_watch(namespace, key)
         try:
-            ray.get(coordinator.attach_reader.remote(generation, dp_rank, key, name))
+            ray.get(coordinator.attach_reader.remote(generation, dp_rank, key, name, member))
         except BaseException:
             release(key)  # no iterator will hold the key: the watch may be released
             raise
@@ -226,7 +228,7 @@ def watch_rank(
     token = pid_watch.token_here(ray.get_runtime_context().get_node_id())
     answer = None
     if token is not None:
-        answer = coordinator.attach_reader.remote(generation, dp_rank, key, token)
+        answer = coordinator.attach_reader.remote(generation, dp_rank, key, token, member)
     pending = PendingWatch(coordinator, key, answer, by_rank_watch)
     if token is None or answer_now:
         pending.settled()  # attached before the iterator is made; an error raised here

@@ -205,15 +205,17 @@ class ShardReader:
         """Blocks while the reader lives: the coordinator's death watch."""
         self._stopped.wait()
 
-    def stop(self) -> None:
-        """End the reader thread and release the watch (graceful leave). Consumers still
-        waiting for a block get a `StaleClientError` rather than waiting for ever."""
+    def stop(self, why: str = "") -> None:
+        """End the reader thread and release the watch (graceful leave; `why`: a member
+        died, see `member_watch`). Consumers still waiting for a block get a
+        `StaleClientError` rather than waiting for ever."""
         self._stop_thread()
         self._leases.stop()
         with self._cond:  # (an epoch read to its end stays served to its end)
             if self._final is None:
                 self._error = self._error or StaleClientError(
-                    "its rank left the loader (its iterators were closed): take a new iterator"
+                    why
+                    or "its rank left the loader (its iterators were closed): take a new iterator"
                 )
             self._cond.notify_all()
         self._stopped.set()

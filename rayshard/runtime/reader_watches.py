@@ -31,12 +31,14 @@ GONE_KEPT = 65_536  # ended watches remembered (a loop may take an iterator per 
 
 
 class ReaderWatches:
-    """Watch tasks of one coordinator; `on_end(dp_rank, name)` when a watched reader ends."""
+    """Watch tasks of one coordinator; `on_end(dp_rank, name, released)` when a watched
+    reader ends (`released`: its watch answered, as `stop()` or `end_watch` of its key
+    make it; not a death, a node's loss or a failed watch)."""
 
     def __init__(
         self,
         namespace: str,
-        on_end: Callable[[int, str], Awaitable[None]],
+        on_end: Callable[[int, str, bool], Awaitable[None]],
         node_id: str | None = None,
     ) -> None:
         self._namespace = namespace
@@ -82,16 +84,18 @@ class ReaderWatches:
         (self._finding.add if finds else self._finding.discard)(name)
 
         async def watch() -> None:
+            released = False  # (an answer, not a failure: released, not a process's end)
             try:
                 if shared is None:
                     await (await self._actor(name, name, find_s)).watch.remote()
                 elif pid_watch.is_token(shared):
-                    await self._process_or_key_end(name, shared)
+                    released = await self._process_or_key_end(name, shared)
                 else:
                     await (await self._actor(name, shared, find_s)).watch.remote(name)
+                released = released or not pid_watch.is_token(shared)
             except Exception:  # noqa: BLE001 - any failure of the watch means it is gone
                 pass
-            await self._on_end(dp_rank, name)
+            await self._on_end(dp_rank, name, released)
             if self._tasks.get(name) is asyncio.current_task():  # (not armed anew since)
                 self._forget(name)
 
@@ -132,15 +136,16 @@ class ReaderWatches:
         self._ended.setdefault(key, asyncio.Event()).set()
         return self._ranks.get(key) if pid_watch.is_token(self._shared.get(key)) else None
 
-    async def _process_or_key_end(self, key: str, token: str) -> None:
+    async def _process_or_key_end(self, key: str, token: str) -> bool:
         """Return once the process of `token` ended (or its node) or `end(key)` was
-        called; watched here, or by the `NodeWatch` of its node."""
+        called (then True); watched here, or by the `NodeWatch` of its node."""
         ended = self._ended.setdefault(key, asyncio.Event())
         try:
             if pid_watch.parse(token).node == self._node:
                 await pid_watch.exited_or_ended(token, ended)
             else:
                 await self._nodes.watch(key, token, ended)
+            return ended.is_set()
         finally:
             self._ended.pop(key, None)
 

@@ -245,7 +245,7 @@ class NodeConsumer:
         own when it reads for itself, else its reader actor's."""
         if self.iterator._local is not None:
             return self.node()
-        reader_id = self.iterator._reader._actor_id.hex()
+        reader_id = self.iterator._holds.reader._actor_id.hex()
         info = ray._private.state.actors(actor_id=reader_id)
         return info["Address"]["NodeID"]
 
@@ -948,7 +948,7 @@ def one_rank_on_head(loader: Any, rows: int) -> dict:
         nodes.update(node for node, keep in zip(batch["node"], real) if keep)
         read.update(node for node, keep in zip(batch.get("read", ()), real) if keep)
     names = node_labels()
-    reader = ray._private.state.actors(actor_id=iterator._reader._actor_id.hex())
+    reader = ray._private.state.actors(actor_id=iterator._holds.reader._actor_id.hex())
     result = {
         "transform_nodes": sorted({names.get(node, node) for node in nodes}),
         "read_nodes": sorted({names.get(node, node) for node in read}),

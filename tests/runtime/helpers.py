@@ -69,16 +69,16 @@ def end_rank_watch(iterator) -> None:
     end more than this rank)."""
     import ray
 
-    if iterator._watch_key is None:
-        ray.kill(iterator._reader, no_restart=True)
+    if iterator._holds.watch_key is None:
+        ray.kill(iterator._holds.reader, no_restart=True)
     else:
-        ray.get(watch_of(iterator).end_watch.remote(iterator._watch_key))
+        ray.get(watch_of(iterator).end_watch.remote(iterator._holds.watch_key))
 
 
 def watch_of(iterator):
     """What watches a rank that reads in its consumer, once the coordinator answered its
     attach (`process_watch.watch_rank`): the coordinator, or its process's `RankWatch`."""
-    return iterator._reader.settled()
+    return iterator._holds.reader.settled()
 
 
 def watches_in_task(loaders) -> tuple[str, list[str]]:
@@ -124,7 +124,9 @@ def released_watch_in_task(loaders: list, idle_s: float) -> dict:
         for number, loader in enumerate(loaders):
             it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
             use = watches._watches[namespace]
-            assert watch_of(it)._actor_id == use.handle._actor_id and use.keys == {it._watch_key}
+            assert watch_of(it)._actor_id == use.handle._actor_id and use.keys == {
+                it._holds.watch_key
+            }
             watch_name = use.name
             found["ids"].append(sorted(real_ids(it)))
             found["names"].append(watch_name)
@@ -198,7 +200,7 @@ def arrow_columns_of_next_block(iterator) -> set[str]:
     reader as the iterator would start it; the iterator is spent after this."""
     import ray
 
-    reader, generation, epoch = iterator._reader, iterator._generation, iterator.epoch
+    reader, generation, epoch = iterator._holds.reader, iterator._generation, iterator.epoch
     ray.get(reader.start.remote(generation, epoch))
     block = ray.get(ray.get(reader.next.remote(generation, epoch, 0)))
     _, batch = block.batches[0]

@@ -123,7 +123,7 @@ def test_an_iterator_dropped_while_rays_lock_is_busy_is_released_once_it_is_free
 
     try:
         dropped = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-        assert dropped._watch_key is not None
+        assert dropped._holds.watch_key is not None
         holder = threading.Thread(target=hold)
         holder.start()
         held.wait()

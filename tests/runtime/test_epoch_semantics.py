@@ -252,7 +252,11 @@ def test_model_parallel_members_starting_together_or_making_new_iterators(
                 for r in range(4)
             ]
         assert [it.epoch for it in its] == [epoch] * 4
-        assert its[0]._reader._actor_id == its[1]._reader._actor_id != its[2]._reader._actor_id
+        assert (
+            its[0]._holds.reader._actor_id
+            == its[1]._holds.reader._actor_id
+            != its[2]._holds.reader._actor_id
+        )
         barrier = threading.Barrier(world, timeout=120)
         got = [_ids(batches) for batches in _run_threads(its, barrier)]
         assert got[0] == got[1] and got[2] == got[3]

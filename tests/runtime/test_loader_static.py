@@ -268,7 +268,7 @@ def reader_gone(iterator) -> bool:
     import ray
 
     try:
-        ray.get(iterator._reader.watch.remote(), timeout=EVENT_TIMEOUT_S)
+        ray.get(iterator._holds.reader.watch.remote(), timeout=EVENT_TIMEOUT_S)
     except ray.exceptions.RayActorError:
         return True
     return False
@@ -289,7 +289,7 @@ def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads, mo
     run_lockstep(its, steps=1)
     threads = [it._acks._thread for it in its]  # their acknowledgement threads
     assert all(thread.is_alive() for thread in threads)
-    watches = [watch_of(it) if consumer_reads else it._reader for it in its]  # handles kept
+    watches = [watch_of(it) if consumer_reads else it._holds.reader for it in its]  # handles kept
     loader.shutdown()  # the iterators (and so the readers' handles) are still alive here
     # It closed this process's iterators first (joining their threads, which would
     # otherwise wake every `ack_interval_s` for the life of the process).
@@ -297,8 +297,8 @@ def test_shutdown_stops_the_readers_too(ray_session, dataset, consumer_reads, mo
     for it, watch in zip(its, watches):
         if consumer_reads:  # the ranks' keys in this process's watch are released
             # a watch of a held key blocks; of a released one returns
-            ray.get(watch.watch.remote(it._watch_key), timeout=EVENT_TIMEOUT_S)
-            assert it._watch_key not in ray.get(watch.keys.remote())
+            ray.get(watch.watch.remote(it._holds.watch_key), timeout=EVENT_TIMEOUT_S)
+            assert it._holds.watch_key not in ray.get(watch.keys.remote())
             continue
         # Shutdown stops a rank's reader (its watch then returns) and kills it (its watch
         # then raises): a watch sent in between returns, so look until the actor is gone.
@@ -317,7 +317,7 @@ def test_object_store_blocks_close_at_the_batch_count_or_the_byte_cap(
 
     loader = make_loader(dataset, consumer_reads=False, **options)
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-    reader, generation = it._reader, it._generation
+    reader, generation = it._holds.reader, it._generation
     ray.get(reader.start.remote(generation, 0))
     sizes, ids, runs = [], [], []
     while (ref := ray.get(reader.next.remote(generation, 0, len(sizes)))) is not None:
@@ -353,7 +353,7 @@ def test_object_bytes_bounds_a_block_of_large_binary_values(ray_session, tmp_pat
         object_bytes=100_000,
     )
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-    reader, generation = it._reader, it._generation
+    reader, generation = it._holds.reader, it._generation
     ray.get(reader.start.remote(generation, 0))
     sizes, got = [], []
     while (ref := ray.get(reader.next.remote(generation, 0, len(sizes)))) is not None:
@@ -383,7 +383,7 @@ def test_a_reader_keeps_the_read_ahead_budget_ready_in_whole_blocks(
     )
     assert loader.settings.blocks_ahead == ahead
     it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-    reader, generation = it._reader, it._generation
+    reader, generation = it._holds.reader, it._generation
     ray.get(reader.start.remote(generation, 0))
 
     def ready() -> list[int]:
@@ -748,7 +748,7 @@ def test_a_group_whose_shared_reader_died_gets_a_rayshard_error_naming_it(ray_se
     streams = [iter(it) for it in its]
     for stream in streams:
         next(stream)
-    ray.kill(its[0]._reader, no_restart=True)
+    ray.kill(its[0]._holds.reader, no_restart=True)
     for stream in streams:
         with pytest.raises(RayshardError, match="its reader is gone.*take a new iterator"):
             for _ in range(len(its[0]) + 1):

@@ -203,7 +203,7 @@ def test_a_process_the_coordinator_cannot_see_gets_a_watch_actor(
         if coordinator_elsewhere:
             loader._coordinator_node = "c" * 56
         it = loader.iterator(world_rank=0, world_size=1, batch_format="numpy")
-        wait_until(lambda: it._reader._watch is not None, "the RankWatch, before any read")
+        wait_until(lambda: it._holds.reader._watch is not None, "the RankWatch, before any read")
         assert sorted(real_ids(it)) == list(range(101))
         assert watch_of(it)._actor_id != loader._coordinator._actor_id
         kind = ray.get(watch_of(it).__ray_call__.remote(lambda self: type(self).__name__))

@@ -69,7 +69,7 @@ def test_ranks_and_loaders_of_one_process_share_its_watch(ray_session, tmp_path)
         ]
         assert all(it._local is not None for it in its)  # each reads in this process
         assert len({watch_of(it)._actor_id for it in its}) == 1
-        keys = [it._watch_key for it in its]
+        keys = [it._holds.watch_key for it in its]
         assert len(set(keys)) == 4
         watch = watch_of(its[0])  # closing an iterator drops its handle to the watch
         wait_until(lambda: set(keys) <= set(watched_keys(watch)), "the coordinators' watches")
@@ -96,10 +96,14 @@ def test_one_ranks_end_releases_only_that_rank(ray_session, tmp_path):
     loader = make_loader(write_parquet(tmp_path, ROWS), policy="dynamic", equal_steps=False)
     try:
         its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
-        ray.get(watch_of(its[1]).end_watch.remote(its[1]._watch_key))  # as if rank 1's process died
+        ray.get(
+            watch_of(its[1]).end_watch.remote(its[1]._holds.watch_key)
+        )  # as if rank 1's process died
         (lost,) = wait_for_lost_ranks(loader, 1)
         assert (lost["dp_rank"], lost["reason"]) == (1, "reader died")
-        wait_until(lambda: its[0]._watch_key in watched_keys(watch_of(its[0])), "rank 0's watch")
+        wait_until(
+            lambda: its[0]._holds.watch_key in watched_keys(watch_of(its[0])), "rank 0's watch"
+        )
         assert sorted(real_ids(its[0])) == list(range(101))  # rank 0 reads on, alone
         assert len(wait_for_lost_ranks(loader, 1)) == 1
     finally:
@@ -123,7 +127,7 @@ def test_an_earlier_loaders_iterator_dropped_late_leaves_a_new_loader_of_its_nam
     try:
         assert second.loader_id == first.loader_id
         new = second.iterator(world_rank=0, world_size=1, batch_format="numpy")
-        assert new._watch_key != old._watch_key
+        assert new._holds.watch_key != old._holds.watch_key
         del old
         gc.collect()  # its finalizer releases its key in the shared watch
         watched_keys(watch_of(new))  # answered after that release (one caller: in order)

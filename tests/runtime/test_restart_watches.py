@@ -113,7 +113,7 @@ def test_a_reader_ray_does_not_know_yet_is_looked_for_before_it_counts_as_ended(
     namespace, ends = f"watch-find-{uuid.uuid4().hex[:8]}", []
     watch_name, child = f"late-watch-{uuid.uuid4().hex[:8]}", _sleeper()
 
-    async def ended(dp_rank: int, name: str) -> None:
+    async def ended(dp_rank: int, name: str, released: bool) -> None:
         ends.append(name)
 
     async def run() -> None:

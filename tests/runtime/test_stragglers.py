@@ -73,7 +73,7 @@ def test_frozen_rank_work_goes_to_the_others_and_its_late_rows_are_bounded(
     consumers = [Consumer(it, hold_after=1 if r == 1 else None) for r, it in enumerate(its)]
     consumers[1].start()
     assert consumers[1].holding.wait(EVENT_TIMEOUT_S), event_timeout_message("rank 1's batch")
-    pid = ray.get(its[1]._reader.__ray_call__.remote(lambda self: os.getpid()))
+    pid = ray.get(its[1]._holds.reader.__ray_call__.remote(lambda self: os.getpid()))
     os.kill(pid, signal.SIGSTOP)  # rank 1's reader process, holding leases, frozen
     try:
         consumers[1].go_on.set()
