@@ -10,6 +10,11 @@ its owner settles a rank before changing its leased rows or whether it stalled).
 are kept as a stack that decreases (a larger share hides the smaller ones before it), so
 settling costs a bisection: a whole group of W ranks registering again is 2W spreads of
 O(log W) each, where a pass over every rank made it O(W^2) (minutes at 10,000 ranks).
+
+A growth (`grow`) adds the same rows to every such rank's capacity (the rest of ranks gone:
+capacities equal stay equal). It is settled alike: a rank adds the growths since it last
+settled, and a share spread before a growth counts that growth too (the stack keeps each
+share less the growths before it).
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ class Capacities:
         self._leased, self._stalled = leased, stalled
         self._cap: dict[int, int | None] = {}
         self._seen: dict[int, int] = {}  # rank -> the spreads it took into `_cap`
-        self._spreads = 0
+        self._grown_seen: dict[int, int] = {}  # rank -> the growth it took into `_cap`
+        self._spreads = self._grown = 0
         self._at: list[int] = []  # spread numbers of the stack, increasing
-        self._shares: list[int] = []  # their shares, decreasing
+        self._shares: list[int] = []  # their shares less the growth before, decreasing
 
     def __contains__(self, rank: object) -> bool:
         return rank in self._cap
@@ -50,20 +56,28 @@ class Capacities:
     def set(self, rank: int, capacity: int | None) -> None:
         """Make (or add) `rank`'s capacity `capacity`, as of now."""
         self._cap[rank], self._seen[rank] = capacity, self._spreads
+        self._grown_seen[rank] = self._grown
 
     def pop(self, rank: int) -> None:
         self._cap.pop(rank, None)
         self._seen.pop(rank, None)
+        self._grown_seen.pop(rank, None)
 
     def settle(self, rank: int) -> None:
-        """Apply to `rank` the spreads since it last settled (none while it stalled)."""
+        """Apply to `rank` the spreads and growths since it last settled (none while it
+        stalled)."""
         seen, self._seen[rank] = self._seen[rank], self._spreads
+        grown, self._grown_seen[rank] = self._grown_seen[rank], self._grown
         cap = self._cap[rank]
-        if cap is None or rank in self._stalled or seen == self._spreads:
+        if cap is None or rank in self._stalled:
             return
-        first = bisect.bisect_right(self._at, seen)  # the largest share since `seen`
+        cap += self._grown - grown
+        first = len(self._shares)
+        if seen != self._spreads:  # the largest share since `seen`
+            first = bisect.bisect_right(self._at, seen)
         if first < len(self._shares):
-            self._cap[rank] = max(cap, self._leased.get(rank, 0) + self._shares[first])
+            cap = max(cap, self._leased.get(rank, 0) + self._grown + self._shares[first])
+        self._cap[rank] = cap
 
     def spread(self, unleased: int, batch: int) -> None:
         """Spread `unleased` rows, in whole batches, over the ranks that did not stall (or
@@ -79,11 +93,21 @@ class Capacities:
                     self._cap[rank] = max(cap, self._leased.get(rank, 0) + share)
             return
         self._spreads += 1
-        while self._shares and self._shares[-1] <= share:
+        while self._shares and self._shares[-1] <= share - self._grown:
             self._at.pop()
             self._shares.pop()
         self._at.append(self._spreads)
-        self._shares.append(share)
+        self._shares.append(share - self._grown)
+
+    def grow(self, rows: int) -> None:
+        """Add `rows` to the capacity of every rank that did not stall (of every rank when
+        all of them stalled)."""
+        if len(self._cap) - len(self._stalled):
+            self._grown += rows
+            return
+        for rank, cap in self._cap.items():  # every rank stalled (rare): each takes it now
+            if cap is not None:
+                self._cap[rank] = cap + rows
 
     def as_dict(self) -> dict[int, int | None]:
         """Every rank's capacity, settled."""

@@ -9,7 +9,8 @@ Equal steps without a per-batch barrier: with `equal_steps`, every rank gets a c
 `T*B` rows, `T = ceil(rows / (W*B))`; a lease never exceeds what is left of the rank's
 capacity (a split is cut, its rest stays at the front of the rank's stretch). All data
 then fits and every rank yields exactly `T` batches, the last ones padded when the queue
-ran dry. Without `equal_steps` there is no cap and faster ranks read more.
+ran dry (a rank that left and is back gets the rest: `rayshard.core.departures`).
+Without `equal_steps` there is no cap and faster ranks read more.
 
 Stragglers: a lease granted to a rank or an acknowledgement from it restarts its clock
 (`since`, a time the caller carries in). `stragglers(now, timeout)` names the ranks that
@@ -24,7 +25,9 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from rayshard.core import lease_snapshots
 from rayshard.core.capacities import Capacities
+from rayshard.core.departures import Departures
 from rayshard.core.rank_clocks import RankClocks
 from rayshard.core.stretches import LeaseQueue
 from rayshard.plan import intervals as iv
@@ -63,12 +66,13 @@ class LeaseBook:
         self._leases: dict[int, Lease] = {}
         self._by_rank: dict[int, dict[int, Lease]] = {}  # the same leases, by rank
         self._next_id = self.requeued_rows = 0
-        self._leased: dict[int, int] = {}  # rank -> rows leased this epoch (kept on release)
+        self._leased: dict[int, int] = {}  # rank -> rows its loop leased this epoch
         self._stalled: set[int] = set()  # ranks whose work was revoked this epoch
         self._capacity = Capacities(self._leased, self._stalled)  # (settled before either
         # changes for a rank: `_unstall`, `lease`, `restart`, `revoke`)
         self._duplicates_carried = self._acked_counted = self._distinct_from = 0  # see below
         self._since = RankClocks()  # rank -> time of its last lease or acknowledgement
+        self._departed = Departures()  # ranks gone, with what their capacity had left
         steps = -(-self.unleased_rows() // (max(len(ranks), 1) * batch_size))
         for rank in ranks:
             self._capacity.set(rank, steps * batch_size if equal_steps else None)
@@ -127,6 +131,9 @@ class LeaseBook:
         if len(self._since) < len(self._capacity):  # the first lease starts every clock
             self._since.start(self._capacity, now)
         room = self._room(rank)
+        if room <= 0 and self._departed.pending and self._queue:
+            self._grow()  # it ran out of room: the rows of ranks gone are spread now
+            room = self._room(rank)
         while room > 0 and (piece := self._queue.take(rank, room)) is not None:
             start, end = piece
             self._out_rows += end - start
@@ -152,7 +159,13 @@ class LeaseBook:
             self._acked_counted += iv.total(pairs)
         if self._queue.requeued_front and pairs:
             # a straggler delivered taken-back rows after all: they leave the queue
+            queued = self._queue.rows
             self._queue.drop(iv.normalize(pairs))
+            late = queued - self._queue.rows
+            if late and self._departed.late(rank, late) and rank in self._capacity:
+                # a rank back: its old loop received them, its new one will not
+                cap = self._capacity.get(rank)
+                self._capacity.set(rank, max(cap - late, self._leased.get(rank, 0)))
 
     def others_unfinished(self, rank: int) -> bool:
         """Whether another rank holds a lease not all acknowledged (those met are forgotten)."""
@@ -185,20 +198,28 @@ class LeaseBook:
         return back
 
     def release(self, rank: int) -> list[tuple[int, int]]:
-        """`rank` died or left: returns its unacknowledged rows, queued again first."""
+        """`rank` died or left: returns its unacknowledged rows, queued again first (the
+        others' capacities grow once one runs out of room: `rayshard.core.departures`)."""
         back = self._take_back(rank)
+        cap = self._capacity.get(rank)  # (settled: its leased rows change)
+        if cap is not None and rank not in self._stalled:  # (a stalled one starts afresh)
+            kept = self._leased.pop(rank, 0) - iv.total(back)  # the rows its loop received
+            self._departed.leave(rank, cap - kept, iv.total(back))
         self._capacity.pop(rank)
         self._stalled.discard(rank)  # (a new process of that rank starts afresh)
         self._since.forget(rank)  # (the first lease starts the members' clocks: see there)
-        self._spread()
         return back
 
     def join(self, rank: int, now: float = 0.0) -> None:
-        """A new rank takes part from `now` on (capacities of everyone are re-spread)."""
+        """A rank takes part from `now` on: a new one gets a share (every capacity is
+        re-spread), one back the rest of its own (`rayshard.core.departures`)."""
         if rank not in self._capacity:
-            self._capacity.set(rank, 0 if self._equal else None)
+            rest = self._departed.back(rank)
+            self._capacity.set(rank, rest if rest is not None or not self._equal else 0)
+            self._leased[rank] = 0
             self._since.touch(rank, now)
-            self._spread()
+            if rest is None:
+                self._respread()
 
     def stragglers(self, now: float, timeout: float, exclude: int | None = None) -> list[int]:
         """Ranks (but `exclude`) silent for `timeout` before `now` holding unacknowledged
@@ -232,7 +253,7 @@ class LeaseBook:
             self._stalled.add(rank)
             if self._equal:
                 self._capacity.set(rank, self._leased[rank])
-        self._spread()
+        self._respread()
         return back
 
     def held(self, rank: int) -> iv.Intervals:
@@ -262,6 +283,21 @@ class LeaseBook:
             self._capacity.settle(rank)  # (takes no spread made while it stalled)
         self._stalled.discard(rank)
 
+    def _respread(self) -> None:
+        """Spread (below), the departures noting it (nothing of theirs is pending then)."""
+        sharing = len(self._capacity) - len(self._stalled) or len(self._capacity)
+        self._departed.spread(self.unleased_rows(), self._batch, sharing)  # (none: no cap)
+        self._spread()
+
+    def _grow(self) -> None:
+        """Grow every capacity alike by the rest of the ranks gone, at most the rows
+        queued, in whole batches per rank (`rayshard.core.departures`)."""
+        sharing = len(self._capacity) - len(self._stalled) or len(self._capacity)
+        rows = min(self._departed.pending_rest(), self.unleased_rows())
+        grown = -(-rows // (sharing * self._batch)) * self._batch
+        self._departed.grow(grown)
+        self._capacity.grow(grown)
+
     def _spread(self) -> None:
         """Re-spread what is not leased over the ranks that did not stall: each gets at
         least its leased rows plus its share, in whole batches, and never less than it had
@@ -271,48 +307,13 @@ class LeaseBook:
 
     def to_dict(self) -> dict[str, Any]:
         """The whole book, JSON-safe (the coordinator's journal snapshots hold it)."""
-        return {
-            **self._queue.to_dict(),
-            "batch": self._batch,
-            "equal": self._equal,
-            "consumed": [list(r) for r in self.consumed()],
-            "leases": [[le.lease_id, le.rank, le.start, le.end] for le in self._leases.values()],
-            "next_id": self._next_id,
-            "leased": [[r, n] for r, n in sorted(self._leased.items())],
-            "capacity": [[r, c] for r, c in sorted(self._capacity.as_dict().items())],
-            "requeued_rows": self.requeued_rows,
-            "duplicate_rows": self.duplicate_rows,
-            "since": self._since.to_list(),
-            "stalled": sorted(self._stalled),
-        }
+        return lease_snapshots.book_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> LeaseBook:
         """The book `to_dict` described."""
-        book = cls([], [], data["batch"], equal_steps=data["equal"])
-        book._queue = LeaseQueue.from_dict(data)
-        book._consumed_norm = tuple(tuple(r) for r in data["consumed"])
-        book._consumed = list(book._consumed_norm)
-        book._index({i: Lease(i, r, s, e) for i, r, s, e in data["leases"]})
-        book._next_id = data["next_id"]
-        book._leased.update((r, n) for r, n in data["leased"])
-        book.requeued_rows = data["requeued_rows"]
-        book._duplicates_carried = data.get("duplicate_rows", 0)  # absent before stragglers
-        book._distinct_from = iv.total(book._consumed_norm)
-        book._since = RankClocks(data.get("since", []))
-        for rank, capacity in data["capacity"]:
-            book._capacity.set(rank, capacity)
-        book._stalled.update(r for r in data.get("stalled", []) if r in book._capacity)
-        return book
+        return lease_snapshots.load_book(cls, data, Lease)
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-safe summary for stats and debugging."""
-        return {
-            "unleased_rows": self.unleased_rows(),
-            "outstanding": len(self._leases),
-            "requeued_rows": self.requeued_rows,
-            "duplicate_rows": self.duplicate_rows,
-            "stalled": sorted(self._stalled),
-            "consumed_rows": iv.total(self.consumed()),
-            "capacity": {str(r): c for r, c in self._capacity.as_dict().items()},
-        }
+        return lease_snapshots.book_summary(self)

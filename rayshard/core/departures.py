@@ -1,0 +1,117 @@
+"""Ranks that left a `dynamic` epoch with equal steps, for the lease book
+(`rayshard.core.leases`): what each had left of its capacity, and whether the rows it
+left are re-spread over the others yet.
+
+A rank that leaves (`iterator.close()`, a new iterator of it registering, its reader's
+death) may come back in the same epoch: a new iterator of a notebook's loop, or of every
+rank of a group that made new ones. Its new loop counts its batches from its first, so it
+gets what its capacity had left past the rows it received (`rest`), not a capacity of its
+own for the whole epoch on top of them (that padded the new loop with an all-padding batch
+for each batch the old one received, and for each its read-ahead given back made).
+
+The others' capacities grow (`pending`) only once one of them runs out of room while rows
+are queued, not at once: a rank back before that finds the others as it left them, and the
+steps stay equal (every rank of a group coming back gets its own rest). They then grow
+alike, by the rest of the ranks gone (`grow`: at most the rows queued, in whole batches
+per rank), so capacities that were equal stay equal, whatever each rank had leased. A rank
+back after that gets the growth on top of its rest, as each of them got it. If a share was
+spread while it was away (a rank joined, a straggler's rows were offered again), it gets
+at least that share on top of the read-ahead it gave back, as each other rank, reading
+ahead as it did, got it on top of what it held. Nothing here reads a clock; the state is
+JSON-safe (`to_dict`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+
+class Departures:
+    """The ranks gone from one epoch's book (see module docstring)."""
+
+    def __init__(self) -> None:
+        self.pending: set[int] = set()  # ranks gone whose rows are not re-spread yet
+        self._back: set[int] = set()  # ranks gone and back this epoch
+        self._left: dict[int, list[int]] = {}  # rank -> [rest, read ahead, spreads, growth]
+        self._spreads = self._grown = 0  # (seen: as `Capacities` keeps them)
+        self._at: list[int] = []  # spread numbers, increasing
+        self._shares: list[int] = []  # their shares less the growth before, decreasing
+
+    def leave(self, rank: int, rest: int | None, ahead: int) -> None:
+        """`rank` left with `rest` rows of capacity past what it received (None: no cap),
+        `ahead` of them leased and given back."""
+        if rest is not None:
+            self._left[rank] = [max(rest, 0), ahead, self._spreads, self._grown]
+            self.pending.add(rank)
+
+    def pending_rest(self) -> int:
+        """The rest of the ranks gone whose rows are not spread yet."""
+        return sum(self._rest(self._left[r]) for r in self.pending if r in self._left)
+
+    def grow(self, rows: int) -> None:
+        """The book grows every capacity by `rows` (the rest pending): nothing is pending."""
+        self.pending.clear()
+        self._grown += rows
+
+    def spread(self, unleased: int, batch: int, sharing: int) -> None:
+        """The book re-spreads `unleased` rows over `sharing` ranks: nothing is pending."""
+        self.pending.clear()
+        if not self._left or not sharing:
+            return
+        share = -(-unleased // (sharing * batch)) * batch
+        self._spreads += 1
+        while self._shares and self._shares[-1] <= share - self._grown:
+            self._at.pop()
+            self._shares.pop()
+        self._at.append(self._spreads)
+        self._shares.append(share - self._grown)
+
+    def back(self, rank: int) -> int | None:
+        """`rank` is back: the capacity of its new loop (None: it did not leave this
+        epoch with a cap); its rows, if still pending, are not re-spread."""
+        self.pending.discard(rank)
+        record = self._left.pop(rank, None)
+        if record is None:
+            return None
+        self._back.add(rank)
+        return self._rest(record)
+
+    def late(self, rank: int | None, rows: int) -> bool:
+        """`rank` acknowledged `rows` it had given back when it left (its reader died
+        before the acknowledgements of its last batches came): they leave its rest. True:
+        it is back already, and its capacity is to lose them (its new loop will not get
+        them: an iterator dropped, not closed, and a new one made at once)."""
+        if rank in self._left:
+            self._left[rank][0] = max(self._left[rank][0] - rows, 0)
+        return rank in self._back and rank not in self._left
+
+    def _rest(self, record: list[int]) -> int:
+        """Its rest and the growth since it left, or the largest share spread since on top
+        of its read-ahead (what each other rank, reading ahead as it did, was given), if
+        larger (as `Capacities.settle` does)."""
+        rest, ahead, seen, grown = record
+        rest += self._grown - grown
+        first = bisect.bisect_right(self._at, seen)
+        if first < len(self._shares):
+            rest = max(rest, ahead + self._grown + self._shares[first])
+        return rest
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe (each rank's rest taken up to now: a loaded copy decides alike)."""
+        for record in self._left.values():
+            record[:] = [self._rest(record), record[1], self._spreads, self._grown]
+        left = [[rank, *record[:2]] for rank, record in sorted(self._left.items())]
+        return {"left": left, "pending": sorted(self.pending), "back": sorted(self._back)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Departures:
+        """What `to_dict` described (empty for a book saved before it was kept)."""
+        departures = cls()
+        departures._left = {r: [rest, ahead, 0, 0] for r, rest, ahead in data.get("left", [])}
+        departures.pending.update(data.get("pending", []))
+        departures._back.update(data.get("back", []))
+        return departures
+
+
+__all__ = ["Departures"]
