@@ -40,6 +40,7 @@ from rayshard.runtime.ray_tuning import apply_ray_env_defaults
 from rayshard.runtime.reader import ShardReader
 from rayshard.runtime.remote import remote_class
 from rayshard.runtime.row_streams import RankReading
+from rayshard.runtime.worlds import worker_world
 from rayshard.sources import Source
 
 log = logging.getLogger(__name__)
@@ -174,7 +175,8 @@ class Loader:
         collate_fn: Any = None,
     ) -> ShardIterator:
         """This worker's iterator. Inside Ray Train the rank and size come from the Train
-        context; outside it, pass them (default: a single worker).
+        context; outside it, pass them (default: a launcher's `RANK` and `WORLD_SIZE`, else
+        a single worker: `rayshard.runtime.worlds`).
 
         `batch_format="torch"` (default) yields dicts of tensors on `device` through the
         pinned-memory device feed (`collate_fn` runs on each host batch before the copy);
@@ -182,8 +184,7 @@ class Loader:
         store when the reader actor reads); `"arrow"` record batches
         (`collate_fn` runs on each of those too).
         """
-        if world_rank is None or world_size is None:
-            world_rank, world_size = _train_world(world_rank, world_size)
+        world_rank, world_size = worker_world(world_rank, world_size, self.settings.policy)
         world_rank, world_size = check_iterator_args(
             world_rank, world_size, batch_format, device, collate_fn
         )
@@ -300,21 +301,3 @@ class Loader:
         with contextlib.suppress(Exception):  # a dead coordinator: it writes no more
             ray.get(self._coordinator.close.remote(self.settings.journal_path is None), timeout=30)
         ray.kill(self._coordinator, no_restart=True)
-
-
-def _train_world(world_rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Rank and size from the Ray Train context, or a single worker outside Train."""
-    try:
-        from ray import train
-
-        context = train.get_context()
-        rank, size = context.get_world_rank(), context.get_world_size()
-    except Exception:  # noqa: BLE001 - not inside a Train worker
-        if (world_rank is None) != (world_size is None):  # every worker would be rank 0
-            raise ConfigError(
-                f"iterator(world_rank={world_rank}, world_size={world_size}) outside Ray "
-                "Train: give both (this worker's rank and the number of workers), or neither "
-                "for a single worker"
-            ) from None
-        rank, size = 0, 1
-    return (rank if world_rank is None else world_rank, size if world_size is None else world_size)
