@@ -76,6 +76,20 @@ def state_timed_out(received: int, epoch: int, timeout_s: float) -> RayshardErro
     )
 
 
+def coordinator_gone(error: BaseException, coordinator: Any, where: str) -> RayshardError | None:
+    """Ray's `ActorDiedError` of the loader's coordinator (`coordinator`: its handle) as a
+    `RayshardError` saying so and what to do; None for any other error."""
+    actor = getattr(error, "actor_id", None)
+    if actor is None or actor != getattr(getattr(coordinator, "_actor_id", None), "hex", str)():
+        return None
+    return RayshardError(
+        f"{where}: the loader's coordinator is gone ({type(error).__name__}): it died more "
+        "often than coordinator_max_restarts allows, or its node ended, or the loader was "
+        "shut down. This loader cannot go on: make a new Loader and restore the last "
+        "checkpoint's state into its iterators (or raise coordinator_max_restarts)"
+    )
+
+
 def iterator_closed(where: str) -> RayshardError:
     """The error of iterating an iterator after its `close()` (or `Loader.shutdown()`)."""
     return RayshardError(

@@ -6,6 +6,7 @@ any rank's `state_dict()` is a complete checkpoint, on any world size."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ import ray
 
 from rayshard.config.checks import check_int
 from rayshard.data.formats import FORMATS
-from rayshard.errors import epoch_broken, iterator_closed, unwrap_task_error
+from rayshard.errors import coordinator_gone, epoch_broken, iterator_closed, unwrap_task_error
 from rayshard.plan import DataParallelRank
 from rayshard.runtime import generations
 from rayshard.runtime.acks import AckSender
@@ -171,13 +172,26 @@ class ShardIterator:
 
     def _current_length(self, epoch: int) -> int:
         length = self._coordinator.length.remote(self._generation, self._placement.dp_rank, epoch)
-        return ray.get(length)
+        with self._coordinator_calls():
+            return ray.get(length)
 
     def _end_epoch(self) -> None:
         """Ended once the coordinator has every batch's acknowledgement (an interrupt in
         the wait leaves the epoch to end again)."""
-        self._acks.flush(wait=True)
+        with self._coordinator_calls():
+            self._acks.flush(wait=True)
         self._ended = True
+
+    @contextlib.contextmanager
+    def _coordinator_calls(self) -> Iterator[None]:
+        """Ray's `ActorDiedError` of the coordinator raised as `coordinator_gone` says."""
+        try:
+            yield
+        except ray.exceptions.ActorDiedError as error:
+            gone = coordinator_gone(error, self._coordinator, self._where())
+            if gone is None:
+                raise
+            raise gone from error
 
     def stats(self) -> dict:
         """This worker's counters, with the device feed's memory statistics (torch format)."""
@@ -192,9 +206,10 @@ class ShardIterator:
 
     def state_dict(self) -> dict:
         """JSON-safe loader-wide state as of the batches received (see module docstring)."""
-        self._acks.flush(wait=True)
-        state = self._coordinator.state
-        return ray.get(state.remote(self._generation, self._epoch, self._received))
+        with self._coordinator_calls():
+            self._acks.flush(wait=True)
+            state = self._coordinator.state
+            return ray.get(state.remote(self._generation, self._epoch, self._received))
 
     def load_state_dict(self, state: dict) -> None:
         """Resume where `state` was saved: the next iteration yields the rest of its epoch."""

@@ -23,7 +23,13 @@ from rayshard.config.loader_config import LoaderConfig
 from rayshard.data.batching import FLUSH, Tagged
 from rayshard.data.wire import for_arrow, for_user
 from rayshard.device._channel import CLOSED, EMPTY, Channel
-from rayshard.errors import RayshardError, TransformError, same_kind, unwrap_task_error
+from rayshard.errors import (
+    RayshardError,
+    TransformError,
+    coordinator_gone,
+    same_kind,
+    unwrap_task_error,
+)
 from rayshard.runtime import process_watch
 from rayshard.runtime.block import tag_batch
 from rayshard.runtime.fetch import STALL_FLUSH_S
@@ -40,12 +46,15 @@ class _Failure:
     def __init__(self, error: BaseException, trace: str) -> None:
         self.error, self.trace = error, trace
 
-    def raised(self, where: str, epoch: int) -> BaseException:
+    def raised(self, where: str, epoch: int, coordinator: Any = None) -> BaseException:
         """The error the consumer raises: a transform's as is (it names loader, rank,
-        epoch and samples); otherwise its rayshard type (else `RayshardError`), naming
-        where and carrying the reading thread's traceback."""
+        epoch and samples); the `coordinator`'s death as such; otherwise its rayshard type
+        (else `RayshardError`), naming where and carrying the reading thread's traceback."""
         if isinstance(self.error, TransformError):
             return self.error
+        gone = coordinator_gone(self.error, coordinator, f"{where}, epoch {epoch}")
+        if gone is not None:
+            return gone
         unwrapped = unwrap_task_error(self.error, f"{where}, epoch {epoch}")
         if unwrapped is not self.error:  # the coordinator's own error (a refusal), as is
             return unwrapped
@@ -123,8 +132,11 @@ class LocalReads:
         other ranks may wait for exactly those). An error of the reading thread is raised
         after the batches made before it, `where` naming loader and rank. Bound to this
         epoch's channel now: a later `start()` ends it rather than feeding it."""
-        channel = self._channel
-        return iter(()) if channel is None else _Drained(channel, epoch, flush, where)
+        if self._channel is None:
+            return iter(())
+        drained = _Drained(self._channel, epoch, flush, where)
+        drained.coordinator = self._reading.coordinator
+        return drained
 
     def when_awaited(self, flush: Callable[[], None]) -> Callable[[], None]:
         """`flush` for a consumer waiting for a batch of the started epoch, called only
@@ -165,6 +177,7 @@ class _Drained:
     def __init__(self, channel: Channel, epoch: int, flush: Callable[[], None], where: str):
         self._channel, self._epoch, self._flush, self._where = channel, epoch, flush, where
         self._ended_by: Any = None  # the end, or the failure, once taken (given every time)
+        self.coordinator: Any = None  # a failure may be its death (`coordinator_gone`)
 
     def __iter__(self) -> Iterator[Tagged]:
         return self
@@ -181,7 +194,7 @@ class _Drained:
             raise StopIteration
         if isinstance(item, _Failure):
             self._ended_by = item
-            raise item.raised(self._where, self._epoch) from item.error
+            raise item.raised(self._where, self._epoch, self.coordinator) from item.error
         return item
 
 

@@ -28,6 +28,7 @@ from rayshard.errors import (
     RayshardError,
     StaleClientError,
     TransformError,
+    coordinator_gone,
     same_kind,
     unwrap_task_error,
 )
@@ -207,8 +208,7 @@ class ShardReader:
 
     def stop(self, why: str = "") -> None:
         """End the reader thread and release the watch (graceful leave; `why`: a member
-        died, see `member_watch`). Consumers still waiting for a block get a
-        `StaleClientError` rather than waiting for ever."""
+        died, `member_watch`). Consumers waiting for a block get a `StaleClientError`."""
         self._stop_thread()
         self._leases.stop()
         with self._cond:  # (an epoch read to its end stays served to its end)
@@ -222,8 +222,7 @@ class ShardReader:
 
     def _reads(self, epoch: int) -> Reads:
         """How `epoch`'s pieces are read, in piece order: by the reader workers
-        (`reader_workers` > 1, `reader_threads` threads each), else here, by the reader
-        threads."""
+        (`reader_workers` > 1, `reader_threads` threads each), else by reader threads here."""
         if self._settings.reader_workers > 1:
             return worker_reads(self._workers_(), epoch, self._worker_threads())
         return self._reading.thread_reads(epoch)
@@ -271,10 +270,11 @@ class ShardReader:
             trace = traceback.format_exc()
             if isinstance(error, StaleClientError):  # the coordinator refused: no Ray trace
                 error = unwrap_task_error(error, "coordinator")
+            error = coordinator_gone(error, self._coordinator, "the reader") or error
             with self._cond:
-                # A rayshard error (`DataError`: unreadable data) keeps its type; the
-                # reader thread's traceback rides along in the message. A transform's
-                # error already names loader, rank, epoch and samples, with its traceback.
+                # A rayshard error (`DataError`: unreadable data; the coordinator's death)
+                # keeps its type, the reader thread's traceback in the message. A
+                # transform's names loader, rank, epoch and samples, with its traceback.
                 if isinstance(error, TransformError):
                     self._error = error
                 else:
