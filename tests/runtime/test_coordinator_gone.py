@@ -42,4 +42,6 @@ def test_a_coordinator_gone_for_good_is_named(ray_session, dataset, policy, cons
     with pytest.raises(RayshardError, match=r"coordinator is gone.*coordinator_max_restarts"):
         for _ in range(len(it) + 2):
             next(stream)
+    with pytest.raises(RayshardError, match=r"coordinator is gone.*restore the last"):
+        it.state_dict()
     loader.shutdown()
