@@ -7,9 +7,9 @@ To a rank whose leased rows did not change in between, several spreads amount to
 with the largest share. So a spread only records its share, and a rank takes the largest
 share recorded since it last settled when it is next read, leases, or stalls (`settle`;
 its owner settles a rank before changing its leased rows or whether it stalled). Shares
-are kept as a stack that decreases (a larger share hides the smaller ones before it), so
-settling costs a bisection: a whole group of W ranks registering again is 2W spreads of
-O(log W) each, where a pass over every rank made it O(W^2) (minutes at 10,000 ranks).
+are kept in a `ShareStack` (`rayshard.core.share_stack`), so settling costs a bisection:
+a whole group of W ranks registering again is 2W spreads of O(log W) each, where a pass
+over every rank made it O(W^2) (minutes at 10,000 ranks).
 
 A growth (`grow`) adds the same rows to every such rank's capacity (the rest of ranks gone:
 capacities equal stay equal). It is settled alike: a rank adds the growths since it last
@@ -19,8 +19,9 @@ share less the growths before it).
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator
+
+from rayshard.core.share_stack import ShareStack
 
 
 class Capacities:
@@ -33,9 +34,8 @@ class Capacities:
         self._cap: dict[int, int | None] = {}
         self._seen: dict[int, int] = {}  # rank -> the spreads it took into `_cap`
         self._grown_seen: dict[int, int] = {}  # rank -> the growth it took into `_cap`
-        self._spreads = self._grown = 0
-        self._at: list[int] = []  # spread numbers of the stack, increasing
-        self._shares: list[int] = []  # their shares less the growth before, decreasing
+        self._grown = 0  # rows every rank's capacity grew by (`grow`)
+        self._stack = ShareStack()
 
     def __contains__(self, rank: object) -> bool:
         return rank in self._cap
@@ -55,7 +55,7 @@ class Capacities:
 
     def set(self, rank: int, capacity: int | None) -> None:
         """Make (or add) `rank`'s capacity `capacity`, as of now."""
-        self._cap[rank], self._seen[rank] = capacity, self._spreads
+        self._cap[rank], self._seen[rank] = capacity, self._stack.spreads
         self._grown_seen[rank] = self._grown
 
     def pop(self, rank: int) -> None:
@@ -66,17 +66,15 @@ class Capacities:
     def settle(self, rank: int) -> None:
         """Apply to `rank` the spreads and growths since it last settled (none while it
         stalled)."""
-        seen, self._seen[rank] = self._seen[rank], self._spreads
+        seen, self._seen[rank] = self._seen[rank], self._stack.spreads
         grown, self._grown_seen[rank] = self._grown_seen[rank], self._grown
         cap = self._cap[rank]
         if cap is None or rank in self._stalled:
             return
         cap += self._grown - grown
-        first = len(self._shares)
-        if seen != self._spreads:  # the largest share since `seen`
-            first = bisect.bisect_right(self._at, seen)
-        if first < len(self._shares):
-            cap = max(cap, self._leased.get(rank, 0) + self._grown + self._shares[first])
+        share = self._stack.largest_since(seen)
+        if share is not None:
+            cap = max(cap, self._leased.get(rank, 0) + self._grown + share)
         self._cap[rank] = cap
 
     def spread(self, unleased: int, batch: int) -> None:
@@ -92,12 +90,7 @@ class Capacities:
                 if cap is not None:
                     self._cap[rank] = max(cap, self._leased.get(rank, 0) + share)
             return
-        self._spreads += 1
-        while self._shares and self._shares[-1] <= share - self._grown:
-            self._at.pop()
-            self._shares.pop()
-        self._at.append(self._spreads)
-        self._shares.append(share - self._grown)
+        self._stack.push(share, self._grown)
 
     def grow(self, rows: int) -> None:
         """Add `rows` to the capacity of every rank that did not stall (of every rank when

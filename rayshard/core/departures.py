@@ -23,8 +23,9 @@ JSON-safe (`to_dict`).
 
 from __future__ import annotations
 
-import bisect
 from typing import Any
+
+from rayshard.core.share_stack import ShareStack
 
 
 class Departures:
@@ -34,15 +35,14 @@ class Departures:
         self.pending: set[int] = set()  # ranks gone whose rows are not re-spread yet
         self._back: set[int] = set()  # ranks gone and back this epoch
         self._left: dict[int, list[int]] = {}  # rank -> [rest, read ahead, spreads, growth]
-        self._spreads = self._grown = 0  # (seen: as `Capacities` keeps them)
-        self._at: list[int] = []  # spread numbers, increasing
-        self._shares: list[int] = []  # their shares less the growth before, decreasing
+        self._grown = 0  # (as `Capacities` keeps it)
+        self._stack = ShareStack()
 
     def leave(self, rank: int, rest: int | None, ahead: int) -> None:
         """`rank` left with `rest` rows of capacity past what it received (None: no cap),
         `ahead` of them leased and given back."""
         if rest is not None:
-            self._left[rank] = [max(rest, 0), ahead, self._spreads, self._grown]
+            self._left[rank] = [max(rest, 0), ahead, self._stack.spreads, self._grown]
             self.pending.add(rank)
 
     def pending_rest(self) -> int:
@@ -59,13 +59,7 @@ class Departures:
         self.pending.clear()
         if not self._left or not sharing:
             return
-        share = -(-unleased // (sharing * batch)) * batch
-        self._spreads += 1
-        while self._shares and self._shares[-1] <= share - self._grown:
-            self._at.pop()
-            self._shares.pop()
-        self._at.append(self._spreads)
-        self._shares.append(share - self._grown)
+        self._stack.push(-(-unleased // (sharing * batch)) * batch, self._grown)
 
     def back(self, rank: int) -> int | None:
         """`rank` is back: the capacity of its new loop (None: it did not leave this
@@ -92,15 +86,13 @@ class Departures:
         larger (as `Capacities.settle` does)."""
         rest, ahead, seen, grown = record
         rest += self._grown - grown
-        first = bisect.bisect_right(self._at, seen)
-        if first < len(self._shares):
-            rest = max(rest, ahead + self._grown + self._shares[first])
-        return rest
+        share = self._stack.largest_since(seen)
+        return rest if share is None else max(rest, ahead + self._grown + share)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe (each rank's rest taken up to now: a loaded copy decides alike)."""
         for record in self._left.values():
-            record[:] = [self._rest(record), record[1], self._spreads, self._grown]
+            record[:] = [self._rest(record), record[1], self._stack.spreads, self._grown]
         left = [[rank, *record[:2]] for rank, record in sorted(self._left.items())]
         return {"left": left, "pending": sorted(self.pending), "back": sorted(self._back)}
 

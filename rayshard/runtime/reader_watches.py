@@ -22,7 +22,7 @@ from typing import Any
 
 import ray
 
-from rayshard.runtime import pid_watch
+from rayshard.runtime import member_watch, pid_watch
 from rayshard.runtime.node_watch import NodeWatches
 
 FIND_S = 10.0  # how long a restarted coordinator looks for a reader Ray does not know
@@ -167,7 +167,9 @@ class ReaderWatches:
         by_pid = sum(
             1
             for key, watch in self._shared.items()
-            if pid_watch.is_token(watch) and not self._tasks[key].done()
+            if pid_watch.is_token(watch)
+            and not self._tasks[key].done()
+            and member_watch.parse(key)[1] is None  # (a group member's process: no rank)
         )
         return {"watched_by_pid": by_pid, "node_watches": len(self._nodes)}
 

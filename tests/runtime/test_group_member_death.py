@@ -122,6 +122,7 @@ def test_a_dropped_members_group_reads_on(ray_session, dataset):
         members.append(Member.remote(loader, 1, 2))
         first.append(ray.get(members[1].take.remote(1), timeout=EVENT_TIMEOUT_S))
         assert first[0]["ids"] == first[1]["ids"]
+        assert loader.stats()["watched_by_pid"] == 0  # (counts ranks: members are not)
         ray.get(members[0].drop.remote(), timeout=EVENT_TIMEOUT_S)  # (its handle kept)
         rest = ray.get(members[1].take_rest.remote(), timeout=EVENT_TIMEOUT_S)
         assert rest["error"] is None
