@@ -67,12 +67,22 @@ def epoch_broken(cause: BaseException, epoch: int, received: int, length: int) -
     )
 
 
-def state_timed_out(received: int, epoch: int, timeout_s: float) -> RayshardError:
-    """`state_dict()` waited `state_timeout_s` for the other ranks' acknowledgements."""
+def state_timed_out(core: Any, epoch: int, received: int, timeout_s: float) -> RayshardError:
+    """`state_dict()` waited `state_timeout_s` for the other ranks' acknowledgements; the
+    message names the ranks short of `received` batches of `epoch` and where they are
+    (`core`: the coordinator's `CoordinatorCore`)."""
+    counts = core.received.get(epoch, {})
+    short = [
+        f"rank {rank}: {counts.get(rank, 0)} acknowledged, "
+        + ("no epoch begun" if (at := core.rank_epoch.get(rank)) is None else f"in epoch {at}")
+        for rank in core.active_ranks()
+        if counts.get(rank, 0) < min(received, core.total(epoch, rank))
+    ]
     return RayshardError(
         f"not every rank acknowledged {received} batches of epoch {epoch} within "
-        f"state_timeout_s={timeout_s}: call state_dict() at the same step on every rank, "
-        "or raise state_timeout_s"
+        f"state_timeout_s={timeout_s} ({'; '.join(short) or 'none short now'}): call "
+        "state_dict() at the same step of the same epoch on every rank, or raise "
+        "state_timeout_s"
     )
 
 

@@ -205,15 +205,14 @@ class Coordinator:
         """The loader-wide state once every rank acknowledged `received` batches of `epoch`
         (or all it has, if fewer)."""
         self._core.check(generation)
+        timeout_s = self._settings.state_timeout_s
         if self._core.begun(epoch):
             try:
                 async with self._acked:
-                    await asyncio.wait_for(
-                        self._acked.wait_for(lambda: self._core.settled(epoch, received)),
-                        timeout=self._settings.state_timeout_s,
-                    )
+                    settled = self._acked.wait_for(lambda: self._core.settled(epoch, received))
+                    await asyncio.wait_for(settled, timeout=timeout_s)
             except asyncio.TimeoutError:
-                raise state_timed_out(received, epoch, self._settings.state_timeout_s) from None
+                raise state_timed_out(self._core, epoch, received, timeout_s) from None
         return self._core.state_at(epoch, received)
 
     async def restore(
