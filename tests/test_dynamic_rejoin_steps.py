@@ -8,6 +8,9 @@ loops of the rank together yield as many batches as each other rank, every row o
 
 from __future__ import annotations
 
+import json
+import random
+
 import pyarrow as pa
 import pytest
 
@@ -238,3 +241,69 @@ def test_the_survivors_of_a_loss_keep_equal_steps(aheads, lost_at):
     assert len({loop.batches for loop in loops}) == 1
     rows += [r for loop in loops for r in loop.rows]
     assert iv.total(rows) == ROWS and iv.normalize(rows) == ((0, ROWS),)
+
+
+@pytest.mark.parametrize("snapshot", ["none", "to_dict", "reload"])
+def test_a_late_acknowledgement_decides_alike_across_a_snapshot(snapshot):
+    """A rank gone with 20 rows given back, a new rank's spread, then the old loop's late
+    acknowledgement of 10 of them: the rank back gets the same capacity whether or not a
+    journal snapshot (or a restarted coordinator's reload) came in between (it got 10
+    steps live and 9 after a snapshot: the late rows came off the rest alone)."""
+    book = LeaseBook([(i, i + 10) for i in range(0, 120, 10)], range(2), 8)
+    first = [book.lease(0) for _ in range(3)]
+    book.ack([(first[0].start, first[0].end)], 0)
+    back = book.release(0)
+    book.join(2)
+    if snapshot == "to_dict":
+        book.to_dict()
+    elif snapshot == "reload":
+        book = LeaseBook.from_dict(json.loads(json.dumps(book.to_dict())))
+    book.ack([back[0]], 0)
+    book.join(0)
+    assert {rank: book.steps(rank) for rank in book.ranks} == {0: 9, 1: 8, 2: 7}
+
+
+def test_a_reloaded_book_decides_as_the_live_one_whatever_the_churn():
+    """Random leases, acknowledgements (late ones of ranks gone too), losses, joins,
+    revokes and restarts: a book saved and loaded after every step gives the same answers
+    as one never saved (318 of 3,000 seeds differed before late rows came off both the
+    rest and the read-ahead)."""
+    for seed in range(300):
+        assert _churn(seed, reload=False) == _churn(seed, reload=True), seed
+
+
+def _churn(seed: int, reload: bool, world: int = 3) -> list:
+    rnd = random.Random(seed)
+    book = LeaseBook([(i, i + 10) for i in range(0, 240, 10)], range(world), 8)
+    held: dict = {r: [] for r in range(world)}
+    late: dict = {r: [] for r in range(world)}
+    members, trace = set(range(world)), []
+    for _ in range(120):
+        op = rnd.choice(["lease"] * 5 + ["ack"] * 4 + ["release", "join", "revoke", "restart"])
+        rank = rnd.randrange(world)
+        if op == "lease" and rank in members:
+            lease = book.lease(rank)
+            trace.append(None if lease is None else (lease.start, lease.end))
+            held[rank] += [] if lease is None else [(lease.start, lease.end)]
+        elif op == "ack" and rank in members and held[rank]:
+            book.ack([held[rank].pop(0)], rank)
+        elif op == "ack" and late[rank] and rnd.random() < 0.5:
+            book.ack([late[rank].pop(0)], rank)
+        elif op == "release" and rank in members:
+            trace.append(tuple(book.release(rank)))
+            members.discard(rank)
+            late[rank], held[rank] = late[rank] + held[rank], []
+        elif op == "join" and rank not in members:
+            book.join(rank)
+            members.add(rank)
+        elif op == "revoke" and rank in members:
+            back = iv.normalize(book.revoke(rank))
+            kept = [p for p in held[rank] if iv.subtract((p,), back) == (p,)]
+            late[rank], held[rank] = late[rank] + kept, []
+        elif op == "restart" and rank in members:
+            book.restart(rank)
+            held[rank] = []
+        trace.append(tuple(book.steps(r) for r in sorted(members)))
+        if reload:
+            book = LeaseBook.from_dict(json.loads(json.dumps(book.to_dict())))
+    return trace

@@ -69,15 +69,17 @@ class Departures:
         if record is None:
             return None
         self._back.add(rank)
-        return self._rest(record)
+        return max(self._rest(record), 0)  # (late rows may take it below: see `late`)
 
     def late(self, rank: int | None, rows: int) -> bool:
         """`rank` acknowledged `rows` it had given back when it left (its reader died
         before the acknowledgements of its last batches came): they leave its rest. True:
         it is back already, and its capacity is to lose them (its new loop will not get
         them: an iterator dropped, not closed, and a new one made at once)."""
-        if rank in self._left:
-            self._left[rank][0] = max(self._left[rank][0] - rows, 0)
+        if rank in self._left:  # (read ahead and given back: off both; a snapshot's rest
+            # has the larger of the two in it already, so the order of the two agrees)
+            record = self._left[rank]
+            record[0], record[1] = record[0] - rows, record[1] - rows
         return rank in self._back and rank not in self._left
 
     def _rest(self, record: list[int]) -> int:

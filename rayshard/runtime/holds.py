@@ -5,6 +5,7 @@ own watch and share of the group's reader (`member_watch`)."""
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -14,6 +15,8 @@ from rayshard.plan import DataParallelRank
 from rayshard.runtime import member_watch, process_watch
 from rayshard.runtime.local_reads import abandon_rank
 from rayshard.runtime.ray_held import ray_held
+
+RELEASE_WAIT_S = 30.0  # a closing member waits this long for its watch to take its end
 
 
 class Holds:
@@ -72,6 +75,9 @@ class Holds:
                     if up:
                         watch.closing()  # (its attach answered first: see `watch_rank`)
                     process_watch.release(key, watch if up else None)
+                    if up and watch.ended_call is not None:  # taken before this process
+                        with contextlib.suppress(Exception):  # may end: no death then
+                            ray.get(watch.ended_call, timeout=RELEASE_WAIT_S)
 
     def _leave(self, generation: int) -> None:
         placement = (generation, self.placement.dp_rank, self.reader_name)
@@ -79,9 +85,11 @@ class Holds:
             self.reader.closing()  # its attach answered first (`watch_rank`)
         elif self.watch_key is None and not self._last_of_group():
             return
-        ray.get(self.coordinator.leave.remote(*placement))
-        if self.watch_key is None:
-            self.reader.stop.remote()
+        try:
+            ray.get(self.coordinator.leave.remote(*placement))
+        finally:  # (also with the coordinator gone: a group's reader is kept till it stops)
+            if self.watch_key is None:
+                self.reader.stop.remote()
 
     def _last_of_group(self) -> bool:
         rank, alone = self.placement.world_rank, len(self.placement.group) == 1

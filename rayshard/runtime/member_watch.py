@@ -127,10 +127,13 @@ def drop_member(reader: Any, world_rank: int, key: str, watch: Any) -> None:
     releases the member's key."""
 
     def release() -> None:
-        with ray_held() as up, contextlib.suppress(Exception):  # (Ray down: nothing to do)
-            if up:
+        with ray_held() as up:
+            if not up:  # (Ray down: nothing to do)
+                return
+            with contextlib.suppress(Exception):  # (the reader gone: its key all the same)
                 if ray.get(reader.close_member.remote(world_rank)):
                     reader.stop.remote()
+            with contextlib.suppress(Exception):
                 process_watch.release(key, watch)
 
     with contextlib.suppress(RuntimeError):  # the interpreter exits: Ray goes with it

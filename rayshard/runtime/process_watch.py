@@ -114,6 +114,7 @@ class PendingWatch:
         self._released = False  # its iterator closed or was dropped
         self._closing = False  # it closed: its leave releases the rank if nothing watches it
         self._ended: Any = None  # the watch whose `end_watch(key)` was sent
+        self.ended_call: Any = None  # that call's `ObjectRef` (a closing member waits)
         self._lock = threading.RLock()  # a finalizer may release on the settling thread
 
     def settled(self) -> Any:
@@ -194,7 +195,7 @@ class PendingWatch:
         if self._watch is not None and self._ended is not self._watch:
             self._ended = self._watch
             with contextlib.suppress(Exception):  # the watch is gone: nothing to stop
-                self._watch.end_watch.remote(self._key)
+                self.ended_call = self._watch.end_watch.remote(self._key)
 
 
 def watch_rank(

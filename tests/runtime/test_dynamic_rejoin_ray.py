@@ -91,7 +91,9 @@ def test_a_group_restarted_without_a_state_goes_on_with_equal_steps(ray_session,
     """Two ranks in processes of their own read 3 batches each, both processes are killed
     (a Ray Train group dying before its first checkpoint) and two new ones take the same
     ranks with no state: they read the epoch's rest, every row once, in equal steps. (They
-    got 66 and 39 steps of a 30-step epoch in a hunt's run before: a DDP loop hung.)"""
+    got 66 and 39 steps of a 30-step epoch in a hunt's run before: a DDP loop hung.) Each
+    batch is acknowledged before the kill: batches received and not acknowledged come
+    again and may make a step's difference (README, Limitations)."""
     loader = Loader(
         ParquetSource(dataset), batch_size=BATCH, name=unique_name("restart"), policy="dynamic"
     )

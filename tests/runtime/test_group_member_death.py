@@ -18,7 +18,7 @@ from rayshard.errors import RayshardError
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
 from tests.runtime.helpers import real_ids, run_lockstep, unique_name, write_parquet
-from tests.timeouts import EVENT_TIMEOUT_S
+from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 pytestmark = pytest.mark.ray
 
@@ -132,3 +132,28 @@ def test_a_dropped_members_group_reads_on(ray_session, dataset):
         for member in members:
             ray.kill(member, no_restart=True)
         loader.shutdown()
+
+
+def test_a_groups_reader_ends_with_its_last_member_with_the_coordinator_gone(ray_session, dataset):
+    """The coordinator gone for good, then both members close: the reader the group's
+    processes keep alive for each other (`member_watch.keep_reader`) is stopped all the
+    same, and ends (it lived on, holding its process and blocks, when the last member's
+    leave failed first)."""
+    loader = make_loader(dataset, model_parallel_size=2, coordinator_max_restarts=0)
+    its = [loader.iterator(world_rank=r, world_size=2, batch_format="numpy") for r in range(2)]
+    name, namespace = its[0]._holds.reader_name, loader.namespace
+    ray.kill(loader._coordinator, no_restart=True)
+    for it in its:
+        it.close()
+    del its, it
+    gc.collect()
+
+    def reader_gone() -> bool:
+        try:
+            ray.get_actor(name, namespace=namespace)
+        except ValueError:
+            return True
+        return False
+
+    wait_until(reader_gone, "the group's reader's end")
+    loader.shutdown()
