@@ -62,6 +62,7 @@ def watch_member(
 
 
 _kept: dict[bytes, Any] = {}  # actor id -> a group reader's handle, kept until it stops
+_after_shutdown: list[Any] = []  # handles let go with Ray down: never dropped
 _kept_lock = threading.Lock()
 
 
@@ -77,8 +78,10 @@ def keep_reader(reader: Any) -> None:
         _kept[actor] = reader
 
     def forget() -> None:
-        with _kept_lock:
-            _kept.pop(actor, None)
+        with ray_held() as up, _kept_lock:
+            handle = _kept.pop(actor, None)
+            if not up:  # a handle dropped after `ray.shutdown()` may crash the process
+                _after_shutdown.append(handle)
 
     def stopped(_: Any) -> None:  # on Ray's thread: the handle is dropped on another
         threading.Thread(target=forget, daemon=True, name="rayshard-reader-kept").start()
