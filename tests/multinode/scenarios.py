@@ -43,13 +43,16 @@ RESULT_PREFIX = "RESULT_JSON: "
 # Node-death detection: the GCS declares a node dead after `health_check_failure_threshold`
 # failed health checks, one every `health_check_period_ms` (each may take up to
 # `health_check_timeout_ms`). Ray's defaults (3000 ms period, 5 failures, 10000 ms timeout)
-# would take ~15-30 s to notice a killed raylet; these make it ~1-2 s. The names are those
-# of the installed Ray (ray_config_def.h, seen as strings in core/src/ray/gcs/gcs_server).
+# would take ~15-30 s to notice a killed raylet; these make it ~3 s. A live raylet must
+# leave 6 checks of 1 s unanswered to be taken for dead: with 3 checks of 0.5 s, a raylet
+# starved on a loaded 2-core CI machine was once declared dead mid-scenario, and the
+# scenario waited for its node's resources until its timeout. The names are those of the
+# installed Ray (ray_config_def.h, seen as strings in core/src/ray/gcs/gcs_server).
 FAST_HEALTH_CHECKS = {
     "health_check_initial_delay_ms": 0,
     "health_check_period_ms": 500,
-    "health_check_timeout_ms": 500,
-    "health_check_failure_threshold": 3,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 6,
 }
 
 
