@@ -89,8 +89,8 @@ def state_timed_out(core: Any, epoch: int, received: int, timeout_s: float) -> R
 def coordinator_gone(error: BaseException, coordinator: Any, where: str) -> RayshardError | None:
     """Ray's `ActorDiedError` of the loader's coordinator (`coordinator`: its handle) as a
     `RayshardError` saying so and what to do; None for any other error."""
-    actor = getattr(error, "actor_id", None)
-    if actor is None or actor != getattr(getattr(coordinator, "_actor_id", None), "hex", str)():
+    actor = getattr(error, "actor_id", None)  # (an `ActorDiedError`'s, as hex)
+    if actor is None or actor != coordinator._actor_id.hex():
         return None
     return RayshardError(
         f"{where}: the loader's coordinator is gone ({type(error).__name__}): it died more "

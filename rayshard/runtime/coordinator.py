@@ -86,7 +86,7 @@ class Coordinator:
             return False
         members = self._core.members
         if member:  # (not for a rank lost or replaced since: nothing to watch it for)
-            if member_watch.loss(members, dp_rank, name, closed=False) is not None:
+            if member_watch.reads_for(members, dp_rank, name):
                 self._watches.watch(dp_rank, name, watch)
             return True
         if members is None or members.readers.get(dp_rank) != name:

@@ -46,7 +46,7 @@ class _Failure:
     def __init__(self, error: BaseException, trace: str) -> None:
         self.error, self.trace = error, trace
 
-    def raised(self, where: str, epoch: int, coordinator: Any = None) -> BaseException:
+    def raised(self, where: str, epoch: int, coordinator: Any) -> BaseException:
         """The error the consumer raises: a transform's as is (it names loader, rank,
         epoch and samples); the `coordinator`'s death as such; otherwise its rayshard type
         (else `RayshardError`), naming where and carrying the reading thread's traceback."""
@@ -132,11 +132,8 @@ class LocalReads:
         other ranks may wait for exactly those). An error of the reading thread is raised
         after the batches made before it, `where` naming loader and rank. Bound to this
         epoch's channel now: a later `start()` ends it rather than feeding it."""
-        if self._channel is None:
-            return iter(())
-        drained = _Drained(self._channel, epoch, flush, where)
-        drained.coordinator = self._reading.coordinator
-        return drained
+        channel, coordinator = self._channel, self._reading.coordinator
+        return iter(()) if channel is None else _Drained(channel, epoch, flush, where, coordinator)
 
     def when_awaited(self, flush: Callable[[], None]) -> Callable[[], None]:
         """`flush` for a consumer waiting for a batch of the started epoch, called only
@@ -174,10 +171,17 @@ class _Drained:
 
     resumable = True
 
-    def __init__(self, channel: Channel, epoch: int, flush: Callable[[], None], where: str):
+    def __init__(
+        self,
+        channel: Channel,
+        epoch: int,
+        flush: Callable[[], None],
+        where: str,
+        coordinator: Any,
+    ) -> None:
         self._channel, self._epoch, self._flush, self._where = channel, epoch, flush, where
+        self._coordinator = coordinator  # a failure may be its death (`coordinator_gone`)
         self._ended_by: Any = None  # the end, or the failure, once taken (given every time)
-        self.coordinator: Any = None  # a failure may be its death (`coordinator_gone`)
 
     def __iter__(self) -> Iterator[Tagged]:
         return self
@@ -194,7 +198,7 @@ class _Drained:
             raise StopIteration
         if isinstance(item, _Failure):
             self._ended_by = item
-            raise item.raised(self._where, self._epoch, self.coordinator) from item.error
+            raise item.raised(self._where, self._epoch, self._coordinator) from item.error
         return item
 
 

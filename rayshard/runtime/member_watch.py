@@ -89,14 +89,20 @@ def keep_reader(reader: Any) -> None:
     reader.watch.remote().future().add_done_callback(stopped)
 
 
+def reads_for(members: Any, dp_rank: int, key: str) -> bool:
+    """Whether the reader of `key` (a rank's, or a member's) is `dp_rank`'s now (not lost
+    or replaced since)."""
+    return members is not None and members.readers.get(dp_rank) == parse(key)[0]
+
+
 def loss(members: Any, dp_rank: int, key: str, closed: bool) -> str | None:
     """Why the end of the watch of `key` loses `dp_rank` (the reason the coordinator
     records), or None: its reader is not the rank's now (lost or replaced since), or a
     member released its key (`closed`: its iterator closed or dropped). A rank's own key
     (its reader, or the process reading for it) ends it however it ended."""
-    reader, member = parse(key)
-    if members is None or members.readers.get(dp_rank) != reader:
+    if not reads_for(members, dp_rank, key):
         return None
+    member = parse(key)[1]
     if member is None:
         return "reader died"
     return None if closed else f"model-parallel member {member} died"
@@ -150,6 +156,7 @@ __all__ = [
     "loss",
     "member_key",
     "parse",
+    "reads_for",
     "stop_group",
     "watch_member",
 ]
