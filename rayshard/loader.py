@@ -273,7 +273,8 @@ class Loader:
         paced calls, rows, seconds its reading waited for answers), the waits held at an
         epoch's end (`waits_held`), the ranks watched by their process's pid
         (`watched_by_pid`), the `NodeWatch` actors doing it on other nodes than the
-        coordinator's (`node_watches`), the acknowledgement interval it asks for now
+        coordinator's (`node_watches`), the model-parallel group members whose processes
+        it watches (`members_watched`), the acknowledgement interval it asks for now
         (`ack_interval_asked_s`) and events (ranks lost or joined, coordinator restarts), as
         the coordinator sees them."""
         return ray.get(self._coordinator.describe.remote())

@@ -53,7 +53,9 @@ def scripts(draw):
     steps = draw(
         st.lists(
             st.tuples(
-                st.sampled_from(["register", "attach", "lease", "ack", "lost", "epoch", "restore"]),
+                st.sampled_from(
+                    ["register", "attach", "lease", "ack", "lost", "epoch", "restore", "release"]
+                ),
                 st.integers(0, world - 1),
                 st.integers(1, 4),
                 st.integers(0, 1),
@@ -91,9 +93,13 @@ def _run(policy, equal, world, steps):
             continue
         if core.rank_epoch.get(rank, 0) > epoch:
             continue  # the actor refuses a stale epoch before any command
-        if action == "attach":  # by its reader, or (count > 2) by its process's watch
+        if action == "attach" and count == 4:  # a group member's process, watched
+            apply(cmd.Attach(rank, f"{members.readers[rank]}|member{epoch}", "pid-m", True))
+        elif action == "attach":  # by its reader, or (count > 2) by its process's watch
             watch = f"watch-{count}" if count > 2 else ""
             apply(cmd.Attach(rank, members.readers[rank], watch))
+        elif action == "release":  # a member's iterator closed
+            apply(cmd.Release(f"{members.readers[rank]}|member{epoch}"))
         elif action == "epoch":  # (with its reading's lease-call floor)
             apply(cmd.StartEpoch(rank, epoch, clock, request=f"r{rank}:{len(applied)}"))
         elif action == "lease" and core.dynamic:
@@ -384,6 +390,32 @@ def test_a_rank_read_in_its_consumer_is_watched_by_its_process_watch_until_lost(
     assert Membership.from_dict(saved).watches == {}
     core.apply(cmd.Lost(0, "reader died", 2.0))
     assert core.members.watches == {}
+
+
+def test_group_members_watches_are_kept_until_released_or_their_rank_is_lost():
+    """A group member's watch is state (a restarted coordinator watches it again): kept
+    across a snapshot, gone when the member releases it or its rank is lost."""
+    core = _core("dynamic", equal_steps=False)
+    for rank in range(2):
+        core.apply(cmd.Register(rank, 2, rank, 2, 1.0))
+    names = dict(core.members.readers)
+    keys = [f"{names[0]}|member0", f"{names[0]}|member1", f"{names[1]}|member2"]
+    core.apply(cmd.Attach(0, keys[0], "pid-a", member=True))
+    core.apply(cmd.Attach(0, keys[1], "watch-b", member=True))
+    core.apply(cmd.Attach(1, keys[2], "pid-c", member=True))
+    assert core.members.readers == names  # (a member's key is no reader)
+    saved = json.loads(json.dumps(core.members.to_dict()))
+    assert Membership.from_dict(saved).member_watches == {
+        keys[0]: (0, "pid-a"),
+        keys[1]: (0, "watch-b"),
+        keys[2]: (1, "pid-c"),
+    }
+    del saved["member_watches"]  # a journal written before member watches
+    assert Membership.from_dict(saved).member_watches == {}
+    core.apply(_journal_round_trip(cmd.Release(keys[1])))
+    assert core.members.member_watches == {keys[0]: (0, "pid-a"), keys[2]: (1, "pid-c")}
+    core.apply(cmd.Lost(0, "model-parallel member 0 died", 2.0))
+    assert core.members.member_watches == {keys[2]: (1, "pid-c")}
 
 
 def test_group_members_registering_again_share_one_new_reader():

@@ -44,12 +44,24 @@ class Register(Command):
 class Attach(Command):
     """The reader actor `name` of `dp_rank` exists (created or found by a worker); or,
     with `watch`, the rank reads in its consumer and the process's shared watch actor
-    `watch` watches it under the key `name`."""
+    `watch` watches it under the key `name`; or, with `member`, `name` is the key of a
+    model-parallel group member's process, which `watch` watches (a member key that a
+    restarted coordinator watches again: `rayshard.runtime.member_watch`)."""
 
     kind: ClassVar[str] = "attach"
     dp_rank: int
     name: str
     watch: str = ""
+    member: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Release(Command):
+    """The group member watched under key `name` closed or dropped its iterator: its
+    process's end is no loss, and a restarted coordinator does not watch it again."""
+
+    kind: ClassVar[str] = "release"
+    name: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +159,7 @@ class Restore(Command):
 
 
 COMMANDS: dict[str, type[Command]] = {
-    c.kind: c for c in (Register, Attach, StartEpoch, Lease, Ack, Lost, Restore)
+    c.kind: c for c in (Register, Attach, Release, StartEpoch, Lease, Ack, Lost, Restore)
 }
 
 
@@ -240,6 +252,7 @@ __all__ = [
     "RankLost",
     "Register",
     "Registered",
+    "Release",
     "Restore",
     "StartEpoch",
     "command_from_entry",

@@ -69,6 +69,7 @@ class CoordinatorCore(CoreQueries):
         handler = {
             cmd.Register: self._register,
             cmd.Attach: self._attach,
+            cmd.Release: self._release,
             cmd.StartEpoch: self._start_epoch,
             cmd.Lease: self._lease,
             cmd.Ack: self._ack,
@@ -106,11 +107,13 @@ class CoordinatorCore(CoreQueries):
         return cmd.Registered(*given, self.loader_id, self.dynamic, self.start_of(c.dp_rank), back)
 
     def _attach(self, c: cmd.Attach) -> cmd.Noted:
-        members = self.members
-        if members is not None:
-            attached = members.readers.setdefault(c.dp_rank, c.name)
-            if c.watch and attached == c.name:
-                members.watches.setdefault(c.dp_rank, c.watch)
+        if self.members is not None:
+            self.members.attach(c.dp_rank, c.name, c.watch, c.member)
+        return cmd.Noted()
+
+    def _release(self, c: cmd.Release) -> cmd.Noted:
+        if self.members is not None:
+            self.members.member_watches.pop(c.name, None)
         return cmd.Noted()
 
     def _start_epoch(self, c: cmd.StartEpoch) -> RankPlan | int:
@@ -198,10 +201,7 @@ class CoordinatorCore(CoreQueries):
         members = self.members
         if members is None or c.dp_rank not in members.ranks:
             return cmd.RankLost(c.dp_rank)
-        members.ranks.discard(c.dp_rank)
-        members.readers.pop(c.dp_rank, None)
-        members.watches.pop(c.dp_rank, None)
-        members.sizes.pop(c.dp_rank, None)
+        members.drop(c.dp_rank)
         requeued = [p for book in self.books.values() for p in book.release(c.dp_rank)]
         self._event(
             "rank_lost",

@@ -24,11 +24,32 @@ class Membership:
     given: dict[int, str] = dataclasses.field(default_factory=dict)
     # dp rank -> the data-parallel size its last registration gave (its world's view)
     sizes: dict[int, int] = dataclasses.field(default_factory=dict)
+    # a group member's key -> (its dp rank, what watches its process), while it reads
+    # (`rayshard.runtime.member_watch`): a restarted coordinator watches them again
+    member_watches: dict[str, tuple[int, str]] = dataclasses.field(default_factory=dict)
 
     def shared_watch(self, dp_rank: int, name: str) -> str | None:
         """The shared watch actor that watches reader `name` of `dp_rank` under that
         name, or None: the reader is an actor of its own and watches itself."""
         return self.watches.get(dp_rank) if self.readers.get(dp_rank) == name else None
+
+    def attach(self, dp_rank: int, name: str, watch: str, member: bool) -> None:
+        """Reader `name` of `dp_rank` attached (its rank's first one counts), watched by
+        `watch` if shared; or (`member`) a group member's key `name`, watched by `watch`."""
+        if member:
+            self.member_watches[name] = (dp_rank, watch)
+            return
+        attached = self.readers.setdefault(dp_rank, name)
+        if watch and attached == name:
+            self.watches.setdefault(dp_rank, watch)
+
+    def drop(self, dp_rank: int) -> None:
+        """`dp_rank` is lost: its reader, watches and its members' watches go."""
+        self.ranks.discard(dp_rank)
+        for store in (self.readers, self.watches, self.sizes):
+            store.pop(dp_rank, None)
+        for key in [k for k, (d, _) in self.member_watches.items() if d == dp_rank]:
+            del self.member_watches[key]
 
     def registers_again(self, world_rank: int, dp_rank: int) -> bool:
         """Whether a registration is the same worker again (a restarted worker, a new
@@ -70,6 +91,7 @@ class Membership:
             "watches": [[d, n] for d, n in sorted(self.watches.items())],
             "given": [[w, n] for w, n in sorted(self.given.items())],
             "sizes": [[d, n] for d, n in sorted(self.sizes.items())],
+            "member_watches": [[k, d, w] for k, (d, w) in sorted(self.member_watches.items())],
         }
 
     @classmethod
@@ -84,6 +106,7 @@ class Membership:
             {d: n for d, n in m.get("watches", ())},  # journals from before shared watches
             {w: n for w, n in m.get("given", ())},  # and from before given names
             {d: n for d, n in m.get("sizes", ())},  # and before registered sizes
+            {k: (d, w) for k, d, w in m.get("member_watches", ())},  # and before member watches
         )
 
 

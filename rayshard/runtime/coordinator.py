@@ -5,8 +5,8 @@ applied to the core, journaled and answered. A restarted coordinator (Ray
 `max_restarts`) loads the journal's latest snapshot and replays the commands after it; the
 journal is compacted at each restart, epoch's end and restore, and every `COMPACT_EVERY`.
 An async actor: one event loop, no locks. It watches each rank's reader and each group
-member's process (a rank lost: under `dynamic` its unacknowledged leases go back) and owns
-the nodes' relays."""
+member's process (`CoordinatorWatch`; a rank lost: under `dynamic` its unacknowledged leases
+go back) and owns the nodes' relays."""
 
 from __future__ import annotations
 
@@ -19,20 +19,21 @@ from rayshard.core import commands as cmd
 from rayshard.core.ack_pacing import AckAnswer, AckPacing
 from rayshard.core.coordination import CoordinatorCore
 from rayshard.core.state import LoaderState
-from rayshard.errors import RayshardError, StaleClientError, state_timed_out
+from rayshard.errors import RayshardError, state_timed_out
 from rayshard.plan.id_runs import as_runs
-from rayshard.runtime import decision_records, journal, member_watch
+from rayshard.runtime import decision_records, journal
 from rayshard.runtime.ack_relay import AckRelays, record_each
+from rayshard.runtime.coordinator_watch import CoordinatorWatch
 from rayshard.runtime.epoch_ends import EpochEnds
 from rayshard.runtime.epoch_waits import EpochWaits, changes_answers
 from rayshard.runtime.rank_usage import RankUsage
-from rayshard.runtime.reader_watches import FIND_S, ReaderWatches
+from rayshard.runtime.reader_watches import ReaderWatches
 from rayshard.sources import Source
 
 COMPACT_EVERY = 20_000  # commands between two snapshots, at the latest
 
 
-class Coordinator:
+class Coordinator(CoordinatorWatch):
     """Epoch, membership, plan and progress of one loader (see module docstring)."""
 
     def __init__(
@@ -72,39 +73,6 @@ class Coordinator:
             cmd.Register(world_rank, world_size, dp["dp_rank"], dp["dp_size"], time.time())
         )
         return decision.reply()
-
-    async def attach_reader(
-        self, generation: int, dp_rank: int, name: str, watch: str = "", member: bool = False
-    ) -> bool:
-        """A worker created (or found) the reader actor `name` of `dp_rank`, or reads for
-        the rank itself, watched as key `name` by `watch`: its process's watch actor, or its
-        pid (a `pid_watch` token; False, nothing attached: a process neither this coordinator
-        nor its node's `NodeWatch` can see). Attached even if the generation moved on (a group
-        member restored a checkpoint; this one's restore follows), not to a rank lost since.
-        `member`: `name` is a group member's key, watched only (`member_watch`)."""
-        if not await self._watches.can_watch(watch):
-            return False
-        members = self._core.members
-        if member:  # (not for a rank lost or replaced since: nothing to watch it for)
-            if member_watch.reads_for(members, dp_rank, name):
-                self._watches.watch(dp_rank, name, watch)
-            return True
-        if members is None or members.readers.get(dp_rank) != name:
-            self._core.check(generation)
-            if dp_rank not in members.ranks:  # lost since: it would serve again, unwatched
-                raise StaleClientError(
-                    f"data-parallel rank {dp_rank} was lost (its reader died or it left) "
-                    f"before reader {name!r} attached: take a new iterator"
-                )
-        self._do(cmd.Attach(dp_rank, name, watch))  # its end releases `dp_rank` (watched once)
-        self._watches.watch(dp_rank, name, self._core.members.shared_watch(dp_rank, name))
-        return True
-
-    async def end_watch(self, key: str) -> None:
-        """`RankWatch.end_watch` of a pid-watched rank: its loss journaled before returning."""
-        self._rewatch()  # (after a restart: its rank watched again first, so it is found)
-        if (dp_rank := self._watches.end(key)) is not None:
-            await self._reader_ended(dp_rank, key, closed=True)
 
     async def leave(self, generation: int, dp_rank: int, reader: str = "") -> None:
         """A rank leaves gracefully: its unfinished leases go back to the queue. A worker
@@ -298,22 +266,3 @@ class Coordinator:
         self._core.forget_past_epochs()
         self._journal.compact(self._core.to_dict())
         self._since_snapshot = 0
-
-    async def _reader_ended(self, dp_rank: int, name: str, closed: bool = False) -> None:
-        """The watch of `name` ended (`closed`: released): the rank may be lost (see
-        `member_watch.loss`); a lost group's reader is stopped for its other members."""
-        reason = member_watch.loss(self._core.members, dp_rank, name, closed)
-        if reason is not None:
-            self._do(cmd.Lost(dp_rank, reason, time.time()))
-            member_watch.stop_group(self._namespace, dp_rank, name)
-            async with self._acked:
-                self._acked.notify_all()
-
-    def _rewatch(self) -> None:
-        """After a restart, the first call watches the journal's readers again (one not
-        made yet, by a worker that registered, is looked for a while: `FIND_S`)."""
-        if self._rewatch_pending and self._core.members is not None:
-            self._rewatch_pending = False
-            members = self._core.members
-            for dp_rank, name in list(members.readers.items()):
-                self._watches.watch(dp_rank, name, members.shared_watch(dp_rank, name), FIND_S)

@@ -10,8 +10,9 @@ rank>`, with no change to the rank's membership. A member's end that was not a r
 (its process or node ended) makes the coordinator record the rank as lost and stop the
 reader with an error that names the member: every other member's next read past its
 read-ahead raises it. A member that closes or drops its iterator releases its key first
-(and leaves the reader to the others), which is no loss. Member watches are not journaled:
-a restarted coordinator does not watch them again.
+(and leaves the reader to the others), which is no loss. A member's attach and its
+release are journaled (`cmd.Attach(member=True)`, `cmd.Release`): a restarted coordinator
+watches the members still reading again (`rayshard.runtime.coordinator_watch`).
 """
 
 from __future__ import annotations

@@ -162,16 +162,18 @@ class ReaderWatches:
         )
 
     def counts(self) -> dict[str, int]:
-        """For `stats()`: ranks watched by their process's pid now (`watched_by_pid`), and
-        the `NodeWatch` actors doing it on other nodes (`node_watches`)."""
+        """For `stats()`: ranks watched by their process's pid now (`watched_by_pid`),
+        the `NodeWatch` actors doing it on other nodes (`node_watches`), and the group
+        members' processes watched now, however (`members_watched`)."""
+        live = [key for key, task in self._tasks.items() if not task.done()]
+        members = [key for key in live if member_watch.parse(key)[1] is not None]
         by_pid = sum(
             1
-            for key, watch in self._shared.items()
-            if pid_watch.is_token(watch)
-            and not self._tasks[key].done()
-            and member_watch.parse(key)[1] is None  # (a group member's process: no rank)
+            for key in set(live) - set(members)  # (a group member's process: no rank)
+            if pid_watch.is_token(self._shared.get(key))
         )
-        return {"watched_by_pid": by_pid, "node_watches": len(self._nodes)}
+        counted = {"watched_by_pid": by_pid, "node_watches": len(self._nodes)}
+        return {**counted, "members_watched": len(members)}
 
 
 __all__ = ["FIND_S", "ReaderWatches"]

@@ -55,6 +55,9 @@ class Member:
         self.it._acks.flush(wait=True)
         return {"ids": ids, "pid": os.getpid()}
 
+    def close(self) -> None:
+        self.it.close()
+
     def drop(self) -> None:
         """Drop the iterator unclosed (the process lives on)."""
         del self.it, self.batches
@@ -128,6 +131,49 @@ def test_a_dropped_members_group_reads_on(ray_session, dataset):
         assert rest["error"] is None
         assert Counter(first[1]["ids"] + rest["ids"]) == Counter(range(ROWS))
         assert losses(loader) == [] and loader.stats()["ranks"] == [0]
+    finally:
+        for member in members:
+            ray.kill(member, no_restart=True)
+        loader.shutdown()
+
+
+def restart_coordinator(loader: Loader) -> None:
+    """Kill the coordinator's process; Ray restarts it from its journal (waited for)."""
+    ray.kill(loader._coordinator, no_restart=False)
+    # (`ray.kill` is asynchronous: a call made at once may still reach the old one.)
+    wait_until(
+        lambda: "coordinator_restarted" in [e["event"] for e in loader.stats()["events"]],
+        "the coordinator's restart",
+    )
+    ray.get(loader._coordinator.ping.remote(), timeout=EVENT_TIMEOUT_S)  # (watches again)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("closed", [False, True])
+def test_a_restarted_coordinator_watches_the_members_again(ray_session, dataset, closed):
+    """The coordinator restarted from its journal watches the group members that still
+    read: member 1, SIGKILLed after the restart, loses the rank and member 0 raises the
+    error naming it (it waited for ever before). A member that closed before the restart
+    (`closed`) is not watched again: its process's end is no loss, and member 0 reads the
+    epoch to its end."""
+    loader = make_loader(dataset, model_parallel_size=2)
+    members = [Member.remote(loader, 0, 2)]  # its process makes the reader
+    try:
+        first = [ray.get(members[0].take.remote(1), timeout=EVENT_TIMEOUT_S)]
+        members.append(Member.remote(loader, 1, 2))
+        first.append(ray.get(members[1].take.remote(1), timeout=EVENT_TIMEOUT_S))
+        if closed:
+            ray.get(members[1].close.remote(), timeout=EVENT_TIMEOUT_S)
+        restart_coordinator(loader)
+        assert loader.stats()["members_watched"] == (1 if closed else 2)
+        os.kill(first[1]["pid"], signal.SIGKILL)
+        rest = ray.get(members[0].take_rest.remote(), timeout=EVENT_TIMEOUT_S)
+        if closed:
+            assert rest["error"] is None and losses(loader) == []
+            assert Counter(first[0]["ids"] + rest["ids"]) == Counter(range(ROWS))
+        else:
+            assert "member 1 (world rank)" in rest["error"]
+            assert losses(loader) == [(0, "model-parallel member 1 died")]
     finally:
         for member in members:
             ray.kill(member, no_restart=True)
