@@ -9,16 +9,28 @@ rayshard batches rows already (per rank), so the `DataLoader` must pass batches 
 whole shard again (every worker gets a copy of the dataset), so the adapter refuses to be
 iterated in one. Accelerate: do not `prepare()` this `DataLoader`: in a multi-process run
 Accelerate would split each rank's batches once more over the processes (or read them all
-on rank 0 and dispatch); it is per rank already. In one process its wrapper reads a batch
-ahead, which a `state_dict()` then counts. Prepare the model and optimizer only.
+on rank 0 and dispatch); it is per rank already, and such an iteration raises a
+`ConfigError`. In one process its wrapper reads a batch ahead, which a `state_dict()` then
+counts (a warning says so). Prepare the model and optimizer only.
 """
 
 from __future__ import annotations
 
+import sys
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.utils.data
+
+from rayshard.errors import ConfigError
+
+PREPARED_WRAPPERS = {"DataLoaderShard", "DataLoaderDispatcher", "IterableDatasetShard"}
+ACCELERATE_PREPARED = (
+    "rayshard's DataLoader was passed to Accelerate's prepare(), which {what}. rayshard "
+    "batches per rank already: prepare the model and optimizer only, and iterate the "
+    "DataLoader as rayshard.frameworks.torch.dataloader(iterator) made it"
+)
 
 
 class IterableAdapter(torch.utils.data.IterableDataset):
@@ -39,6 +51,7 @@ class IterableAdapter(torch.utils.data.IterableDataset):
                 " its own actors; use DataLoader(adapter, batch_size=None, num_workers=0)"
                 " (or rayshard.frameworks.torch.dataloader(iterator))"
             )
+        _check_not_prepared(self)
         batches = iter(self.iterator)
         if self.transform is None:
             return batches
@@ -52,6 +65,45 @@ class IterableAdapter(torch.utils.data.IterableDataset):
 
     def load_state_dict(self, state: dict) -> None:
         self.iterator.load_state_dict(state)
+
+
+def _check_not_prepared(adapter: IterableAdapter) -> None:
+    """Refuse an iteration by Accelerate's `prepare()`d wrapper over several processes: it
+    splits each rank's batches over them again (or reads rank 0's only and dispatches
+    them), so each epoch silently loses or repeats rows. In one process, warn once: its
+    wrapper reads a batch ahead, which a `state_dict()` counts (a resume skips it)."""
+    processes = _accelerate_processes()
+    if processes is None:
+        return
+    if processes > 1:
+        what = (
+            f"re-shards each rank's batches over its {processes} processes (or reads rank "
+            "0's alone and dispatches them): each epoch would lose or repeat rows"
+        )
+        raise ConfigError(ACCELERATE_PREPARED.format(what=what))
+    if not getattr(adapter, "_warned_prepared", False):
+        adapter._warned_prepared = True
+        what = (
+            "reads a batch ahead of the loop: a state_dict() taken at step k counts batch "
+            "k+1, and a resume from it skips that batch"
+        )
+        warnings.warn(ACCELERATE_PREPARED.format(what=what), RuntimeWarning, stacklevel=3)
+
+
+def _accelerate_processes() -> int | None:
+    """The processes of the `prepare()` wrapper this iteration runs in (its data loader,
+    dispatcher or dataset shard, found on the call stack), or None: not Accelerate's
+    (its `skip_first_batches` wrapper, which a Trainer's resume may use, is not one)."""
+    found, frame = None, sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("accelerate.") and type(owner).__name__ in PREPARED_WRAPPERS:
+            state = getattr(owner, "state", None)  # (a dispatcher's `PartialState`)
+            counts = (getattr(owner, "num_processes", None), getattr(state, "num_processes", 0))
+            found = max(found or 1, *(int(n) for n in counts if isinstance(n, int)))
+        frame = frame.f_back
+    return found
 
 
 def dataloader(
