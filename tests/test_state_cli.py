@@ -370,7 +370,7 @@ def test_data_other_than_the_states_source_is_named_in_a_warning(tmp_path, monke
     made_by = {"source": ParquetSource(trained).describe(), "num_samples": 100}
     path = write(tmp_path / "s.json", {**STATE, "made_by": made_by})
     other = write_parquet(tmp_path / "eval.parquet", [50, 50])
-    split = {**made_by, "source": made_by["source"].replace(" rows)", " rows; split_rows=10)")}
+    split = {**made_by, "source": made_by["source"][:-1] + "; split_rows=10)"}
     write(tmp_path / "split.json", {**STATE, "made_by": split})  # (the data cannot say)
     quiet = invoke("show", str(tmp_path / "split.json"), "--data", trained)
     assert quiet.exit_code == 0 and "warning" not in quiet.stderr, quiet.stderr

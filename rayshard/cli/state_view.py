@@ -38,27 +38,33 @@ def parquet_splits(data: str) -> tuple[DataLayout, list[tuple[int, int]], list[s
 
 def other_data(made_by: str, described: str) -> str | None:
     """The source a state was saved over (its `made_by`) when it is not the one
-    `described`: another kind, first file's name, file count or row count (folders, and
-    a `filter` or `split_rows` the data cannot give, are not compared: the same files
+    `described`: another kind, first file's name, file count or row count, or (both
+    described by this rayshard) another file or row count of any file (folders, and a
+    `filter` or `split_rows` the data cannot give, are not compared: the same files
     reached from elsewhere match); else None. A state saved before `made_by` existed, or
     a description not of files, says nothing, so nothing is compared."""
     saved = json.loads(made_by).get("source") if made_by else None
     if not isinstance(saved, str):
         return None
     ours, theirs = _files_shape(described), _files_shape(saved)
-    return None if ours is None or theirs is None or ours == theirs else saved
+    if ours is None or theirs is None:
+        return None
+    if None in (ours[-1], theirs[-1]):  # an older rayshard's description: no digest
+        ours, theirs = ours[:-1], theirs[:-1]
+    return None if ours == theirs else saved
 
 
-_FILES = re.compile(r"(\w+)\((.*?)((?: and \d+ more)?); (\d+) rows")
+_FILES = re.compile(r"(\w+)\((.*?)((?: and \d+ more)?); (\d+) rows(?:; files ([0-9a-f]+))?")
 
 
-def _files_shape(described: str) -> tuple[str, ...] | None:
-    """(kind, first file's name, more files, rows) of a file source's description."""
+def _files_shape(described: str) -> tuple[str | None, ...] | None:
+    """(kind, first file's name, more files, rows, digest of the files or None) of a file
+    source's description."""
     found = _FILES.match(described)
     if found is None:
         return None
-    kind, first, more, rows = found.groups()
-    return kind, first.rstrip("/").rsplit("/", 1)[-1], more, rows
+    kind, first, more, rows, digest = found.groups()
+    return kind, first.rstrip("/").rsplit("/", 1)[-1], more, rows, digest
 
 
 def table(summary: dict) -> str:

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
+from rayshard.core.older_ids import older_facts_agree
 from rayshard.errors import ConfigError
 from rayshard.plan import intervals as iv
+
+log = logging.getLogger(__name__)
+_WARNED: set[tuple[str, str]] = set()  # (older id, this loader's id) warned of
 
 STATE_VERSION = 1
 _KEYS = {
@@ -93,6 +98,8 @@ class LoaderState:
                 "it, or start the epoch afresh"
             )
         _check_identity(data["loader"], data.get("made_by", {}))
+        if expect_loader is not None and _saved_by_older_id(data, expect_loader, expect_made_by):
+            data = {**data, "loader": expect_loader, "made_by": dict(expect_made_by)}
         if expect_loader is not None and data["loader"] != expect_loader:
             raise ConfigError(
                 f"this state belongs to loader {data['loader']!r}, not to {expect_loader!r}: "
@@ -142,6 +149,30 @@ def _check_identity(loader: Any, made_by: Any) -> None:
             "loader's settings (the state was edited by hand or damaged): resume from the "
             "state as saved, or remove made_by"
         )
+
+
+def _saved_by_older_id(data: dict, expect_loader: str, here: Any) -> bool:
+    """Whether a state of another id is this loader's, saved by an older rayshard whose id
+    of a file source knew less (`rayshard.core.older_ids`): then it loads, as this
+    loader's, with a warning that those facts were all it could check."""
+    saved = data["loader"]
+    if saved == expect_loader or loader_name(saved) != loader_name(expect_loader):
+        return False
+    if not isinstance(here, Mapping) or not older_facts_agree(data.get("made_by"), here):
+        return False
+    if (saved, expect_loader) in _WARNED:  # (every rank loads it: warned once a process)
+        return True
+    _WARNED.add((saved, expect_loader))
+    log.warning(
+        "rayshard: the state of loader %r was saved by an older rayshard, whose loader id "
+        "knew a file source's first file, file count and row count only; they agree with "
+        "this loader's (%s), so it resumes as %r. Resume it only over the files it was "
+        "saved over: states saved from now on know every file and its rows",
+        saved,
+        here.get("source"),
+        expect_loader,
+    )
+    return True
 
 
 def _count(value: Any, name: str) -> int:

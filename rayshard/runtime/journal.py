@@ -25,6 +25,7 @@ from typing import Any
 import ray
 
 from rayshard.core.commands import command_from_entry
+from rayshard.core.state import loader_name
 from rayshard.errors import ConfigError
 from rayshard.runtime.journal_lock import TAKEOVER_S, JournalLock
 
@@ -202,9 +203,15 @@ class Journal:
                 f"writes version {JOURNAL_VERSION}: delete it or choose another path"
             )
         if header.get("loader") != self.loader_id:
+            same_name = loader_name(str(header.get("loader"))) == loader_name(self.loader_id)
+            earlier = (
+                " (a journal of this loader's earlier run, made before its files, settings "
+                "or rayshard release changed, holds nothing a new run needs: delete it)"
+            )
             raise ConfigError(
                 f"journal {self.path} belongs to loader {header.get('loader')!r}, not to "
                 f"{self.loader_id!r}: give each loader its own journal path"
+                + (earlier if same_name else "")
             )
         return header
 

@@ -64,6 +64,7 @@ class Catalog:
     file_schema: pa.Schema
     partition_schema: pa.Schema
     resolved: list  # what the paths named, for messages
+    names: tuple[str, ...] = ()  # each file's name under its dataset root (`_identity`)
 
 
 def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -> Catalog:
@@ -122,8 +123,8 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
     parts = _select.partition_schema(values, file_schema)
     full = pa.schema([*file_schema, *parts])
     used = _select.check_filter(filter_, full) if filter_ is not None else []
-    files = []
-    for (fs_index, path, display, _, chunk_rows, version), (_, keys) in zip(found, values):
+    files, names = [], []
+    for (fs_index, path, display, name, chunk_rows, version), (_, keys) in zip(found, values):
         partition = tuple((k, keys[k]) for k in parts.names)
         file = FileChunks(
             fs_index, path, display, tuple(chunk_rows), tuple(range(len(chunk_rows))),
@@ -133,6 +134,7 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
             file = _filtered(source, filesystems[fs_index], file, filter_, used, file_schema, parts)
         if file.num_rows:
             files.append(file)
+            names.append(name)
     if not files:
         raise ConfigError(
             f"filter={filter_} keeps no row of the dataset ({len(found)} files): "
@@ -141,7 +143,7 @@ def build(source: Any, resolved: list, partitioning: str | None, filter_: Any) -
     if filter_ is not None:
         kept = sum(f.num_rows for f in files)
         log.info("rayshard: filter=%s keeps %d rows in %d files", filter_, kept, len(files))
-    return Catalog(tuple(filesystems), tuple(files), file_schema, parts, resolved)
+    return Catalog(tuple(filesystems), tuple(files), file_schema, parts, resolved, tuple(names))
 
 
 def _inspect_all(source: Any, resolved: list) -> list[tuple[list[int], pa.Schema]]:

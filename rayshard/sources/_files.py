@@ -22,7 +22,7 @@ from rayshard.config.checks import check_int, strings
 from rayshard.data.arrow_numpy import arrow_of
 from rayshard.errors import ConfigError, DataError, ReadDeniedError
 from rayshard.plan import DataLayout, pieces
-from rayshard.sources import _catalog, _select
+from rayshard.sources import _catalog, _identity, _select
 from rayshard.sources._decoded import DECODED_CHUNKS, DecodedChunks
 from rayshard.sources._open_files import OpenFiles
 from rayshard.sources._paths import resolve_paths
@@ -72,6 +72,7 @@ class ChunkedFileSource(Source):
         resolved = resolve_paths(paths, filesystem, kind=self._kind)
         catalog = _catalog.build(self, resolved, partitioning, filter)
         self._filesystems, self._files = catalog.filesystems, catalog.files
+        self._named = _identity.named(catalog.names, [f.num_rows for f in catalog.files])
         self.given_paths = strings(paths, "paths")  # as given (`config.checked` compares)
         self._file_schema = catalog.file_schema
         self._partition_schema = catalog.partition_schema
@@ -294,13 +295,11 @@ class ChunkedFileSource(Source):
         return dict(self._cache.stats) if self._cache is not None else None
 
     def describe(self) -> str:
-        """Its first file, file and row counts, and a filter or `split_rows` if set: what
-        the loader's id knows of it (a state of another filter is another loader's)."""
-        first, rows = self._files[0].display, self._layout.num_samples
-        more = f" and {len(self._files) - 1} more" if len(self._files) > 1 else ""
-        set_ = {"filter": self._filter, "split_rows": self._split_rows}
-        extra = "".join(f"; {k}={v}" for k, v in set_.items() if v is not None)
-        return f"{type(self).__name__}({first}{more}; {rows} rows{extra})"
+        """What the loader's id knows of it: every file's name under the dataset's root and
+        rows, in order (`_identity`: not where it lives), and a filter or `split_rows` if set."""
+        options = {"filter": self._filter, "split_rows": self._split_rows}
+        kind, count = type(self).__name__, len(self._files)
+        return _identity.describe_files(kind, self._named, count, self._layout.num_samples, options)
 
 
 def _rows_as_made(rows: int, kept: int, selection: np.ndarray | None) -> bool:
