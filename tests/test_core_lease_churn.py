@@ -270,10 +270,11 @@ class EagerBook(LeaseBook):
     """The book as it was before capacities were spread lazily: every spread sets every
     sharing rank's capacity at once (the reference `rayshard.core.capacities` must equal)."""
 
-    def _spread(self) -> None:
+    def _respread(self) -> None:
         if not self._equal:
-            return
+            return super()._respread()
         caps = self._capacity.as_dict()
+        super()._respread()  # (recorded for the ranks gone: `rayshard.core.departures`)
         ranks = [r for r in sorted(caps) if r not in self._stalled] or sorted(caps)
         if not ranks:
             return

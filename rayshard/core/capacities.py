@@ -15,6 +15,11 @@ A growth (`grow`) adds the same rows to every such rank's capacity (the rest of 
 capacities equal stay equal). It is settled alike: a rank adds the growths since it last
 settled, and a share spread before a growth counts that growth too (the stack keeps each
 share less the growths before it).
+
+Every spread and growth is recorded, the rare ones made while every rank stalled too:
+those each rank takes at once (a rank that stalled takes nothing when it settles, so none
+takes them twice), and the ranks gone read them all (`spreads`, `largest_since`, `grown`:
+`rayshard.core.departures`), so that a rank back has the steps the others have.
 """
 
 from __future__ import annotations
@@ -45,6 +50,21 @@ class Capacities:
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._cap)
+
+    @property
+    def spreads(self) -> int:
+        """Spreads so far (every one: see module docstring)."""
+        return self._stack.spreads
+
+    @property
+    def grown(self) -> int:
+        """Rows every capacity grew by so far (every growth: see module docstring)."""
+        return self._grown
+
+    def largest_since(self, seen: int) -> int | None:
+        """The largest share spread after spread `seen`, less the growth before it (None:
+        none since): with `grown` added, what a rank gone since then is owed."""
+        return self._stack.largest_since(seen)
 
     def get(self, rank: int) -> int | None:
         """`rank`'s capacity (None: no cap, or not a member)."""
@@ -80,27 +100,32 @@ class Capacities:
     def spread(self, unleased: int, batch: int) -> None:
         """Spread `unleased` rows, in whole batches, over the ranks that did not stall (or
         over every rank when all of them stalled)."""
-        stalled = len(self._stalled)  # (members only: O(1) with 10,000 of them stalled)
-        sharing = len(self._cap) - stalled or len(self._cap)
-        if not sharing:
+        share = self._per_rank(unleased, batch)
+        if share is None:
             return
-        share = -(-unleased // (sharing * batch)) * batch
-        if not len(self._cap) - stalled:  # every rank stalled (rare): each takes it now
+        self._stack.push(share, self._grown)
+        if len(self._stalled) == len(self._cap):  # every rank stalled (rare): each takes it
             for rank, cap in self._cap.items():
                 if cap is not None:
                     self._cap[rank] = max(cap, self._leased.get(rank, 0) + share)
-            return
-        self._stack.push(share, self._grown)
 
-    def grow(self, rows: int) -> None:
-        """Add `rows` to the capacity of every rank that did not stall (of every rank when
-        all of them stalled)."""
-        if len(self._cap) - len(self._stalled):
-            self._grown += rows
+    def grow(self, rows: int, batch: int) -> None:
+        """Add `rows`, in whole batches per rank, to the capacity of every rank that did not
+        stall (of every rank when all of them stalled)."""
+        grown = self._per_rank(rows, batch)
+        if grown is None:
             return
-        for rank, cap in self._cap.items():  # every rank stalled (rare): each takes it now
-            if cap is not None:
-                self._cap[rank] = cap + rows
+        self._grown += grown
+        if len(self._stalled) == len(self._cap):  # every rank stalled (rare): each takes it
+            for rank, cap in self._cap.items():
+                if cap is not None:
+                    self._cap[rank] = cap + grown
+
+    def _per_rank(self, rows: int, batch: int) -> int | None:
+        """`rows` over the ranks that did not stall (or every rank), in whole batches
+        each (None: no rank)."""
+        sharing = len(self._cap) - len(self._stalled) or len(self._cap)  # (O(1): members)
+        return -(-rows // (sharing * batch)) * batch if sharing else None
 
     def as_dict(self) -> dict[int, int | None]:
         """Every rank's capacity, settled."""

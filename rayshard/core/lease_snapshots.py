@@ -47,7 +47,7 @@ def load_book(cls: type, data: dict[str, Any], lease: type) -> Any:
     for rank, capacity in data["capacity"]:
         book._capacity.set(rank, capacity)
     book._stalled.update(r for r in data.get("stalled", []) if r in book._capacity)
-    book._departed = Departures.from_dict(data.get("departed", {}))  # absent before it
+    book._departed = Departures.from_dict(data.get("departed", {}), book._capacity)
     return book
 
 

@@ -72,7 +72,7 @@ class LeaseBook:
         # changes for a rank: `_unstall`, `lease`, `restart`, `revoke`)
         self._duplicates_carried = self._acked_counted = self._distinct_from = 0  # see below
         self._since = RankClocks()  # rank -> time of its last lease or acknowledgement
-        self._departed = Departures()  # ranks gone, with what their capacity had left
+        self._departed = Departures(self._capacity)  # ranks gone, with what they had left
         steps = -(-self.unleased_rows() // (max(len(ranks), 1) * batch_size))
         for rank in ranks:
             self._capacity.set(rank, steps * batch_size if equal_steps else None)
@@ -284,26 +284,19 @@ class LeaseBook:
         self._stalled.discard(rank)
 
     def _respread(self) -> None:
-        """Spread (below), the departures noting it (nothing of theirs is pending then)."""
-        sharing = len(self._capacity) - len(self._stalled) or len(self._capacity)
-        self._departed.spread(self.unleased_rows(), self._batch, sharing)  # (none: no cap)
-        self._spread()
+        """Re-spread what is not leased over the ranks that did not stall: each gets at
+        least its leased rows plus its share, in whole batches, and never less than it had
+        (`rayshard.core.capacities`); ranks gone read it there, none of them pending now."""
+        self._departed.pending.clear()
+        if self._equal:
+            self._capacity.spread(self.unleased_rows(), self._batch)
 
     def _grow(self) -> None:
         """Grow every capacity alike by the rest of the ranks gone, at most the rows
         queued, in whole batches per rank (`rayshard.core.departures`)."""
-        sharing = len(self._capacity) - len(self._stalled) or len(self._capacity)
         rows = min(self._departed.pending_rest(), self.unleased_rows())
-        grown = -(-rows // (sharing * self._batch)) * self._batch
-        self._departed.grow(grown)
-        self._capacity.grow(grown)
-
-    def _spread(self) -> None:
-        """Re-spread what is not leased over the ranks that did not stall: each gets at
-        least its leased rows plus its share, in whole batches, and never less than it had
-        (`rayshard.core.capacities`)."""
-        if self._equal:
-            self._capacity.spread(self.unleased_rows(), self._batch)
+        self._departed.pending.clear()
+        self._capacity.grow(rows, self._batch)
 
     def to_dict(self) -> dict[str, Any]:
         """The whole book, JSON-safe (the coordinator's journal snapshots hold it)."""

@@ -1,7 +1,7 @@
-"""The shares spread over a `dynamic` epoch's ranks, numbered, for `Capacities` and
-`Departures`: what a rank that has not looked since spread `seen` is owed is the largest
-share spread after it. Kept as a stack that decreases (a larger share hides the smaller
-ones before it), so that question costs a bisection. Shares are kept less the growth
+"""The shares spread over a `dynamic` epoch's ranks, numbered, for `Capacities` (and, read
+through it, `Departures`): what a rank that has not looked since spread `seen` is owed is
+the largest share spread after it. Kept as a stack that decreases (a larger share hides the
+smaller ones before it), so that question costs a bisection. Shares are kept less the growth
 (`Capacities.grow`) before them, and given back with the growth since added by the asker."""
 
 from __future__ import annotations
