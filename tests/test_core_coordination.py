@@ -418,6 +418,23 @@ def test_group_members_watches_are_kept_until_released_or_their_rank_is_lost():
     assert core.members.member_watches == {keys[2]: (1, "pid-c")}
 
 
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_a_lost_rank_starts_no_epoch_and_leases_nothing(policy):
+    """A rank lost at an epoch's end (a group member died) may not start the next one:
+    its reader would read a share no one trains on (under `dynamic`, lease rows that only
+    its death watch could give back, which had fired already). Registered again, it may."""
+    core = _core(policy, equal_steps=True)
+    for rank in range(2):
+        core.apply(cmd.Register(rank, 2, rank, 2, 1.0))
+    core.check_epoch(1, 0, 0)
+    core.apply(cmd.Lost(0, "model-parallel member 1 died", 2.0))
+    with pytest.raises(StaleClientError, match="data-parallel rank 0 was lost"):
+        core.check_epoch(1, 0, 1)
+    core.check_epoch(1, 1, 1)  # (the other rank reads on)
+    core.apply(cmd.Register(0, 2, 0, 2, 3.0))
+    core.check_epoch(core.members.generation, 0, 1)
+
+
 def test_group_members_registering_again_share_one_new_reader():
     """World ranks 0 and 1 form data-parallel rank 0. When both register again (new
     iterators, a restarted group), the first replaces the group's reader and the second

@@ -60,9 +60,14 @@ class CoreQueries:
         return members
 
     def check_epoch(self, generation: int, dp_rank: int, epoch: int, reader: str = "") -> None:
-        """`check`, and that the rank is not behind an epoch it started; with `reader`,
-        that no later registration of the rank replaced the one given that reader."""
-        self.check(generation)
+        """`check`, that the rank was not lost (its group stopped, its rows went on) and is
+        not behind an epoch it started; with `reader`, that no later registration of the
+        rank replaced the one given that reader."""
+        if dp_rank not in self.check(generation).ranks:
+            raise StaleClientError(
+                f"data-parallel rank {dp_rank} was lost (its reader or a model-parallel group "
+                "member died, or it left): this iterator reads no more; take a new iterator"
+            )
         if not self.serves(generation, dp_rank, reader):
             raise StaleClientError(
                 f"data-parallel rank {dp_rank} registered again (a newer iterator or worker "
@@ -117,13 +122,9 @@ class CoreQueries:
         if key not in self._plans:
             plan = epoch_plan(self.settings, self.source, self.members.dp_size, epoch, self.resume)
             if self.settings.packing is not None:
+                lengths, partial = self.token_lengths(epoch), dict(self.resumed_partial(epoch))
                 plan = packed_plan(
-                    plan,
-                    self.settings,
-                    self.source.splits(),
-                    self.token_lengths(epoch),
-                    dict(self.resumed_partial(epoch)),
-                    epoch,
+                    plan, self.settings, self.source.splits(), lengths, partial, epoch
                 )
             self._plans[key] = plan
         return self._plans[key]

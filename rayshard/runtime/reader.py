@@ -66,6 +66,7 @@ class ShardReader:
         self._restarts = 0  # the most restarts of an epoch a consumer asked for
         self._run = 0  # readings begun: a consumer's block calls name the one it started
         self._error: BaseException | None = None
+        self._stop_error: StaleClientError | None = None  # `stop()`'s, for later starts
         self._thread: threading.Thread | None = None
         self._cancel = threading.Event()
         # `dynamic` lease calls' way: through the node's relay once an answer asks for it
@@ -83,6 +84,8 @@ class ShardReader:
         key = (generation, epoch)
         with self._cond:
             self._cond.wait_for(lambda: self._starting is None)
+            if self._stop_error is not None:  # (a member died: the group reads no more)
+                raise self._stop_error
             if self._key == key and restarts <= self._restarts:
                 return self._started_info()
             again, self._restarts = self._key == key, max(self._restarts, restarts)
@@ -208,15 +211,15 @@ class ShardReader:
 
     def stop(self, why: str = "") -> None:
         """End the reader thread and release the watch (graceful leave; `why`: a member
-        died, `member_watch`). Consumers waiting for a block get a `StaleClientError`."""
+        died, `member_watch`). Consumers waiting for a block, and any `start()` from now
+        on (a member at an epoch's end), get a `StaleClientError`."""
         self._stop_thread()
         self._leases.stop()
+        left = "its rank left the loader (its iterators were closed): take a new iterator"
         with self._cond:  # (an epoch read to its end stays served to its end)
+            self._stop_error = StaleClientError(why or left)
             if self._final is None:
-                self._error = self._error or StaleClientError(
-                    why
-                    or "its rank left the loader (its iterators were closed): take a new iterator"
-                )
+                self._error = self._error or self._stop_error
             self._cond.notify_all()
         self._stopped.set()
 
@@ -291,15 +294,11 @@ class ShardReader:
         """The reader workers, started on first use; they live as long as the reader."""
         if self._workers is None:
             settings = self._settings
+            threads = self._worker_threads() if settings.reader_workers > 1 else 1
+            parts = (self._source, self._transform, self._loader_name, settings.plan.seed)
+            resources = settings.transform_resources
             self._workers = start_workers(
-                settings.worker_count,
-                self._source,
-                self._transform,
-                self._loader_name,
-                settings.plan.seed,
-                self._dp_rank,
-                resources=settings.transform_resources,
-                threads=self._worker_threads() if settings.reader_workers > 1 else 1,
+                settings.worker_count, *parts, self._dp_rank, resources, threads
             )
         return self._workers
 

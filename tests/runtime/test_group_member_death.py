@@ -63,6 +63,14 @@ class Member:
         del self.it, self.batches
         gc.collect()
 
+    def next_epoch(self) -> dict:
+        """The next epoch's real ids, as `take_rest` (a new pass of the iterator)."""
+        try:
+            self.batches = iter(self.it)
+        except RayshardError as error:  # (its start refused)
+            return {"ids": [], "error": f"{type(error).__name__}: {error}"}
+        return self.take_rest()
+
     def take_rest(self) -> dict:
         """The rest of the epoch's real ids, and the error that ended it (if any)."""
         ids: list[int] = []
@@ -107,6 +115,44 @@ def test_a_dead_members_group_gets_an_error_and_the_others_finish(ray_session, d
             it.close()
     finally:
         ray.kill(first, no_restart=True)
+        loader.shutdown()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("policy", ["data", "dynamic"])
+def test_a_member_killed_at_an_epochs_end_stops_its_group_at_the_next(ray_session, dataset, policy):
+    """Both groups read epoch 0 to its end, then member 1 of rank 0 is killed: member 0's
+    next epoch raises the error naming it (its reader, stopped after the epoch's end,
+    started epoch 1 anew and it waited for ever; under `dynamic` the lost rank leased
+    epoch 1's rows too), and rank 1 reads its epoch 1 to its end (under `dynamic` every
+    row: the lost rank's share went to it)."""
+    loader = make_loader(dataset, model_parallel_size=2, policy=policy)
+    members = [Member.remote(loader, 0, 4)]  # makes the reader: it must outlive the victim
+    try:
+        pids = [ray.get(members[0].take.remote(1), timeout=EVENT_TIMEOUT_S)["pid"]]
+        members.append(Member.remote(loader, 1, 4))
+        pids.append(ray.get(members[1].take.remote(1), timeout=EVENT_TIMEOUT_S)["pid"])
+        rests = [m.take_rest.remote() for m in members]
+        others = [loader.iterator(world_rank=r, world_size=4, batch_format="numpy") for r in (2, 3)]
+        run_lockstep(others)
+        assert [ray.get(r, timeout=EVENT_TIMEOUT_S)["error"] for r in rests] == [None, None]
+        os.kill(pids[1], signal.SIGKILL)
+        wait_until(lambda: losses(loader), "the killed member's rank to be lost")
+        survivor = members[0].next_epoch.remote()
+        rank1 = run_lockstep(others)
+        rest0 = ray.get(survivor, timeout=EVENT_TIMEOUT_S)
+        assert rest0["ids"] == [] and rest0["error"].startswith("StaleClientError: "), rest0
+        assert "member 1 (world rank)" in rest0["error"], rest0
+        assert losses(loader) == [(0, "model-parallel member 1 died")]
+        assert others[0].epoch == 2 and real_ids(rank1[0]) == real_ids(rank1[1])
+        rows = Counter(real_ids(rank1[0]))
+        missing = set(range(ROWS)) - set(rows) if policy == "dynamic" else set()
+        assert max(rows.values()) == 1 and not missing, (rows, missing, loader.stats())
+        for it in others:
+            it.close()
+    finally:
+        for member in members:
+            ray.kill(member, no_restart=True)
         loader.shutdown()
 
 
