@@ -25,8 +25,8 @@ from rayshard.sources import TableSource
 ROWS, BATCH = 120, 8
 
 
-def _core() -> CoordinatorCore:
-    table = pa.table({"id": pa.array(range(ROWS), pa.int64())})
+def _core(rows: int = ROWS) -> CoordinatorCore:
+    table = pa.table({"id": pa.array(range(rows), pa.int64())})
     source = TableSource(pa.Table.from_batches(table.to_batches(max_chunksize=10)))
     settings = LoaderConfig(plan=PlanConfig(batch_size=BATCH), policy="dynamic")
     return CoordinatorCore("t", source, settings)
@@ -39,7 +39,7 @@ class Loop:
 
     def __init__(self, core: CoordinatorCore, rank: int, world: int, ahead: int) -> None:
         self.core, self.rank, self.ahead = core, rank, ahead
-        core.apply(cmd.Register(rank, world, rank, world))
+        self.start = core.apply(cmd.Register(rank, world, rank, world)).epoch  # its epoch
         self.length = core.apply(cmd.StartEpoch(rank, 0))
         self.held: list[tuple[int, int]] = []
         self.rows: list[tuple[int, int]] = []
@@ -132,6 +132,58 @@ def test_ranks_back_with_new_iterators_keep_the_steps_equal(world, every_rank, a
     assert set(steps.values()) == {equal}
     assert sum(padding.values()) <= world * equal - -(-ROWS // BATCH)
     assert iv.total(rows) == ROWS and iv.normalize(rows) == ((0, ROWS),)
+
+
+@pytest.mark.parametrize("after", [2, 4, 6, 7])
+def test_a_group_restarted_without_a_state_reads_the_rest_of_its_epoch(after):
+    """Both ranks of a group are lost after `after` of their 8 steps (a Train group's
+    workers killed) and register again: each new iterator starts in the epoch its rank
+    was in (past half of it, it started the next one, its received count taken against
+    the rest's step count, and the rest of the epoch was never read), the loops take
+    equal steps and every row comes once."""
+    core = _core()
+    loops = [Loop(core, rank, 2, 8) for rank in range(2)]
+    for _ in range(after):
+        for loop in loops:
+            loop.step()
+    rows = [r for loop in loops for r in loop.rows]
+    for rank in range(2):
+        core.apply(cmd.Lost(rank, "reader died"))
+    loops = [Loop(core, rank, 2, 8) for rank in range(2)]
+    assert [loop.start for loop in loops] == [0, 0]
+    while any([loop.step() for loop in loops]):
+        pass
+    assert [loop.batches for loop in loops] == [8 - after] * 2
+    rows += [r for loop in loops for r in loop.rows]
+    assert iv.total(rows) == ROWS and iv.normalize(rows) == ((0, ROWS),)
+
+
+@pytest.mark.parametrize("first_back", [0, 1])
+def test_a_group_restarted_when_one_rank_had_its_whole_share_keeps_equal_steps(first_back):
+    """128 rows, 8 steps each: rank 0 received its 8th batch (all of its share) and rank
+    1 its 7th when both were lost. Back, each gets the larger rest of the two (a regroup),
+    so both loops take one step in that epoch: rank 0 had started the next epoch while
+    rank 1 read its last batch (a DDP group's hang)."""
+    core = _core(128)
+    loops = [Loop(core, rank, 2, 8) for rank in range(2)]
+    for _ in range(7):
+        for loop in loops:
+            loop.step()
+    loops[0].step()
+    rows = [r for loop in loops for r in loop.rows]
+    assert iv.total(loops[0].rows) == 64 and iv.total(loops[1].rows) == 56
+    for rank in range(2):
+        core.apply(cmd.Lost(rank, "reader died"))
+    order = [first_back, 1 - first_back]
+    back = {rank: Loop(core, rank, 2, 8) for rank in order}
+    assert {rank: loop.start for rank, loop in back.items()} == {0: 0, 1: 0}
+    while any([loop.step() for loop in back.values()]):
+        pass
+    assert {rank: loop.batches for rank, loop in back.items()} == {0: 1, 1: 1}
+    rows += [r for loop in back.values() for r in loop.rows]
+    assert iv.total(rows) == 128 and iv.normalize(rows) == ((0, 128),)
+    book = core.books[0]
+    assert LeaseBook.from_dict(json.loads(json.dumps(book.to_dict()))).to_dict() == book.to_dict()
 
 
 @pytest.mark.parametrize("acks_come", ["before", "after"])

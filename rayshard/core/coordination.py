@@ -91,6 +91,7 @@ class CoordinatorCore(CoreQueries):
             members.dp_size = max(members.dp_size, c.dp_rank + 1)
             for book in self.books.values():
                 book.join(c.dp_rank, c.time)
+            self.received.get(self.rank_epoch.get(c.dp_rank), {}).pop(c.dp_rank, None)  # anew
             if members.ranks:
                 self._event("rank_joined", c.time, dp_rank=c.dp_rank)
         members.ranks.add(c.dp_rank)
@@ -203,13 +204,8 @@ class CoordinatorCore(CoreQueries):
             return cmd.RankLost(c.dp_rank)
         members.drop(c.dp_rank)
         requeued = [p for book in self.books.values() for p in book.release(c.dp_rank)]
-        self._event(
-            "rank_lost",
-            c.time,
-            dp_rank=c.dp_rank,
-            reason=c.reason,
-            requeued_rows=iv.total(requeued),
-        )
+        lost = {"dp_rank": c.dp_rank, "reason": c.reason, "requeued_rows": iv.total(requeued)}
+        self._event("rank_lost", c.time, **lost)
         return cmd.RankLost(c.dp_rank, tuple(requeued))
 
     def _restore(self, c: cmd.Restore) -> cmd.Noted:
