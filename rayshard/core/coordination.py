@@ -91,7 +91,6 @@ class CoordinatorCore(CoreQueries):
             members.dp_size = max(members.dp_size, c.dp_rank + 1)
             for book in self.books.values():
                 book.join(c.dp_rank, c.time)
-            self.received.get(self.rank_epoch.get(c.dp_rank), {}).pop(c.dp_rank, None)  # anew
             if members.ranks:
                 self._event("rank_joined", c.time, dp_rank=c.dp_rank)
         members.ranks.add(c.dp_rank)
@@ -186,7 +185,8 @@ class CoordinatorCore(CoreQueries):
 
     def _ack(self, c: cmd.Ack) -> cmd.Noted:
         counts = self.received.setdefault(c.epoch, {})
-        counts[c.dp_rank] = max(counts.get(c.dp_rank, 0), c.batches)
+        if not self.dynamic or c.dp_rank in self.members.ranks:  # (a lost loop's are late)
+            counts[c.dp_rank] = max(counts.get(c.dp_rank, 0), c.batches)
         self.consumed.setdefault(c.epoch, RunSet()).add(c.ids)
         if c.epoch in self.acked_rows:  # else counted when first asked for
             self.acked_rows[c.epoch] += run_rows(as_runs(c.ids))
@@ -202,6 +202,10 @@ class CoordinatorCore(CoreQueries):
         members = self.members
         if members is None or c.dp_rank not in members.ranks:
             return cmd.RankLost(c.dp_rank)
+        epoch = self.rank_epoch.get(c.dp_rank)  # its loop unfinished: a new one counts anew
+        counts = self.received.get(epoch, {})
+        if self.dynamic and counts.get(c.dp_rank, 0) < self.total(epoch, c.dp_rank):
+            counts.pop(c.dp_rank, None)  # (`start_of`: its rest, not the next epoch)
         members.drop(c.dp_rank)
         requeued = [p for book in self.books.values() for p in book.release(c.dp_rank)]
         lost = {"dp_rank": c.dp_rank, "reason": c.reason, "requeued_rows": iv.total(requeued)}

@@ -44,9 +44,7 @@ class Departures:
         self.pending: set[int] = set()  # ranks gone whose rows are not re-spread yet
         self._back: set[int] = set()  # ranks gone and back this epoch
         self._left: dict[int, list[int]] = {}  # rank -> [rest, read ahead, spreads, growth]
-        self._shares = capacities
-        self._regroup: set[int] = set()  # ranks of a regroup not back yet (see `back`)
-        self._regroup_rest = 0
+        self._capacities = capacities
 
     def leave(self, rank: int, rest: int | None, ahead: int) -> None:
         """`rank` left with `rest` rows of capacity past what it received (None: no cap),
@@ -61,24 +59,13 @@ class Departures:
 
     def back(self, rank: int) -> int | None:
         """`rank` is back: the capacity of its new loop (None: it did not leave this
-        epoch with a cap); its rows, if still pending, are not re-spread. The first back
-        after every rank had gone (a group restarted without a state) starts a regroup:
-        each rank gone then comes back with the largest of their rests, so that the new
-        loops take equal steps (a rank that had received all of its share would start the
-        next epoch while the others read their last rows, and a DDP group hang)."""
+        epoch with a cap); its rows, if still pending, are not re-spread."""
         self.pending.discard(rank)
-        if rank in self._left and not len(self._shares):
-            self._regroup = set(self._left)
-            self._regroup_rest = max(self._rest(record) for record in self._left.values())
         record = self._left.pop(rank, None)
         if record is None:
             return None
         self._back.add(rank)
-        rest = max(self._rest(record), 0)  # (late rows may take it below: see `late`)
-        if rank in self._regroup:
-            self._regroup.discard(rank)
-            rest = max(rest, self._regroup_rest)
-        return rest
+        return max(self._rest(record), 0)  # (late rows may take it below: see `late`)
 
     def late(self, rank: int | None, rows: int) -> bool:
         """`rank` acknowledged `rows` it had given back when it left (its reader died
@@ -92,15 +79,15 @@ class Departures:
         return rank in self._back and rank not in self._left
 
     def _now(self) -> tuple[int, int]:
-        return self._shares.spreads, self._shares.grown
+        return self._capacities.spreads, self._capacities.grown
 
     def _rest(self, record: list[int]) -> int:
         """Its rest and the growth since it left, or the largest share spread since on top
         of its read-ahead (what each other rank, reading ahead as it did, was given), if
         larger (as `Capacities.settle` does)."""
         rest, ahead, seen, grown = record
-        now = self._shares.grown
-        share = self._shares.largest_since(seen)
+        now = self._capacities.grown
+        share = self._capacities.largest_since(seen)
         rest += now - grown
         return rest if share is None else max(rest, ahead + now + share)
 
@@ -109,13 +96,7 @@ class Departures:
         each rank what the live one does, as every later growth, share or late row moves
         the rest as of now and the record kept alike."""
         left = [[r, self._rest(record), record[1]] for r, record in sorted(self._left.items())]
-        regroup = {"regroup": sorted(self._regroup), "regroup_rest": self._regroup_rest}
-        return {
-            "left": left,
-            "pending": sorted(self.pending),
-            "back": sorted(self._back),
-            **regroup,
-        }
+        return {"left": left, "pending": sorted(self.pending), "back": sorted(self._back)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], capacities: Capacities) -> Departures:
@@ -126,8 +107,6 @@ class Departures:
         departures._left = {r: [rest, ahead, *now] for r, rest, ahead in data.get("left", [])}
         departures.pending.update(data.get("pending", []))
         departures._back.update(data.get("back", []))
-        departures._regroup.update(data.get("regroup", []))  # (absent before regroups)
-        departures._regroup_rest = data.get("regroup_rest", 0)
         return departures
 
 
