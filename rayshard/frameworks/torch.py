@@ -96,9 +96,9 @@ def _accelerate_processes() -> int | None:
     (its `skip_first_batches` wrapper, which a Trainer's resume may use, is not one)."""
     found, frame = None, sys._getframe(2)
     while frame is not None:
-        owner = frame.f_locals.get("self")
-        module = frame.f_globals.get("__name__", "")
-        if module.startswith("accelerate.") and type(owner).__name__ in PREPARED_WRAPPERS:
+        module = frame.f_globals.get("__name__", "")  # (a frame's locals read only there:
+        owner = frame.f_locals.get("self") if module.startswith("accelerate.") else None
+        if type(owner).__name__ in PREPARED_WRAPPERS:  # reading keeps a caller's alive)
             state = getattr(owner, "state", None)  # (a dispatcher's `PartialState`)
             counts = (getattr(owner, "num_processes", None), getattr(state, "num_processes", 0))
             found = max(found or 1, *(int(n) for n in counts if isinstance(n, int)))

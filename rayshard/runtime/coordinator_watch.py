@@ -7,17 +7,28 @@ restarted coordinator watches the members still reading again, as it does the re
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
+from typing import Any
 
 from rayshard.core import commands as cmd
+from rayshard.core.coordination import CoordinatorCore
 from rayshard.errors import StaleClientError
 from rayshard.runtime import member_watch
-from rayshard.runtime.reader_watches import FIND_S
+from rayshard.runtime.reader_watches import FIND_S, ReaderWatches
 
 
 class CoordinatorWatch:
-    """The death watch part of the `Coordinator` actor (a base class of it: it uses the
-    actor's `_core`, `_watches`, `_do`, `_acked`, `_namespace` and `_rewatch_pending`)."""
+    """The death watch part of the `Coordinator` actor (a base class of it, over the
+    actor's fields below and its `_do`: apply, journal and record a command)."""
+
+    _core: CoordinatorCore
+    _watches: ReaderWatches
+    _acked: asyncio.Condition  # (notified when a loss may settle a `state()`)
+    _namespace: str
+    _rewatch_pending: bool
+    _do: Callable[[cmd.Command], Any]
 
     async def attach_reader(
         self, generation: int, dp_rank: int, name: str, watch: str = "", member: bool = False

@@ -298,7 +298,7 @@ class ShardReader:
             parts = (self._source, self._transform, self._loader_name, settings.plan.seed)
             resources = settings.transform_resources
             self._workers = start_workers(
-                settings.worker_count, *parts, self._dp_rank, resources, threads
+                settings.worker_count, *parts, self._dp_rank, resources=resources, threads=threads
             )
         return self._workers
 
