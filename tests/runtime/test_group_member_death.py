@@ -82,6 +82,17 @@ class Member:
         return {"ids": ids, "error": None}
 
 
+def group_reading(loader: Loader, world_size: int, members: list) -> list[dict]:
+    """Members 0 and 1 of data-parallel rank 0, each in a process of its own (put in
+    `members`), member 0 first: its process makes the group's reader, so it must outlive
+    the other. Each takes one batch; returns what `take` answered."""
+    taken = []
+    for world_rank in range(2):
+        members.append(Member.remote(loader, world_rank, world_size))
+        taken.append(ray.get(members[-1].take.remote(1), timeout=EVENT_TIMEOUT_S))
+    return taken
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("policy", ["data", "dynamic"])
 def test_a_dead_members_group_gets_an_error_and_the_others_finish(ray_session, dataset, policy):
@@ -127,11 +138,9 @@ def test_a_member_killed_at_an_epochs_end_stops_its_group_at_the_next(ray_sessio
     epoch 1's rows too), and rank 1 reads its epoch 1 to its end (under `dynamic` every
     row: the lost rank's share went to it)."""
     loader = make_loader(dataset, model_parallel_size=2, policy=policy)
-    members = [Member.remote(loader, 0, 4)]  # makes the reader: it must outlive the victim
+    members: list = []
     try:
-        pids = [ray.get(members[0].take.remote(1), timeout=EVENT_TIMEOUT_S)["pid"]]
-        members.append(Member.remote(loader, 1, 4))
-        pids.append(ray.get(members[1].take.remote(1), timeout=EVENT_TIMEOUT_S)["pid"])
+        pids = [taken["pid"] for taken in group_reading(loader, 4, members)]
         rests = [m.take_rest.remote() for m in members]
         others = [loader.iterator(world_rank=r, world_size=4, batch_format="numpy") for r in (2, 3)]
         run_lockstep(others)
@@ -165,11 +174,9 @@ def test_a_dropped_members_group_reads_on(ray_session, dataset):
     in training: with two members in one process Ray may free a block the other's answer
     names.)"""
     loader = make_loader(dataset, model_parallel_size=2)
-    members = [Member.remote(loader, 0, 2)]  # its process makes the reader
+    members: list = []
     try:
-        first = [ray.get(members[0].take.remote(1), timeout=EVENT_TIMEOUT_S)]
-        members.append(Member.remote(loader, 1, 2))
-        first.append(ray.get(members[1].take.remote(1), timeout=EVENT_TIMEOUT_S))
+        first = group_reading(loader, 2, members)
         assert first[0]["ids"] == first[1]["ids"]
         assert loader.stats()["watched_by_pid"] == 0  # (counts ranks: members are not)
         ray.get(members[0].drop.remote(), timeout=EVENT_TIMEOUT_S)  # (its handle kept)
@@ -203,11 +210,9 @@ def test_a_restarted_coordinator_watches_the_members_again(ray_session, dataset,
     (`closed`) is not watched again: its process's end is no loss, and member 0 reads the
     epoch to its end."""
     loader = make_loader(dataset, model_parallel_size=2)
-    members = [Member.remote(loader, 0, 2)]  # its process makes the reader
+    members: list = []
     try:
-        first = [ray.get(members[0].take.remote(1), timeout=EVENT_TIMEOUT_S)]
-        members.append(Member.remote(loader, 1, 2))
-        first.append(ray.get(members[1].take.remote(1), timeout=EVENT_TIMEOUT_S))
+        first = group_reading(loader, 2, members)
         if closed:
             ray.get(members[1].close.remote(), timeout=EVENT_TIMEOUT_S)
         restart_coordinator(loader)
