@@ -42,6 +42,7 @@ class IterableAdapter(torch.utils.data.IterableDataset):
         super().__init__()
         self.iterator = iterator
         self.transform = transform
+        self.warned_prepared = False  # (Accelerate's one-process wrapper: warned once)
 
     def __iter__(self) -> Iterator[Any]:
         if torch.utils.data.get_worker_info() is not None:
@@ -81,8 +82,8 @@ def _check_not_prepared(adapter: IterableAdapter) -> None:
             "0's alone and dispatches them): each epoch would lose or repeat rows"
         )
         raise ConfigError(ACCELERATE_PREPARED.format(what=what))
-    if not getattr(adapter, "_warned_prepared", False):
-        adapter._warned_prepared = True
+    if not adapter.warned_prepared:
+        adapter.warned_prepared = True
         what = (
             "reads a batch ahead of the loop: a state_dict() taken at step k counts batch "
             "k+1, and a resume from it skips that batch"

@@ -75,6 +75,22 @@ def end_rank_watch(iterator) -> None:
         ray.get(watch_of(iterator).end_watch.remote(iterator._holds.watch_key))
 
 
+def restart_coordinator(loader) -> None:
+    """Kill the loader's coordinator process; Ray restarts it from its journal. Returns
+    once the restarted one answered a call (its watches armed again)."""
+    import ray
+
+    from tests.timeouts import EVENT_TIMEOUT_S, wait_until
+
+    ray.kill(loader._coordinator, no_restart=False)
+    # (`ray.kill` is asynchronous: a call made at once may still reach the old one.)
+    wait_until(
+        lambda: "coordinator_restarted" in [e["event"] for e in loader.stats()["events"]],
+        "the coordinator's restart",
+    )
+    ray.get(loader._coordinator.ping.remote(), timeout=EVENT_TIMEOUT_S)
+
+
 def watch_of(iterator):
     """What watches a rank that reads in its consumer, once the coordinator answered its
     attach (`process_watch.watch_rank`): the coordinator, or its process's `RankWatch`."""

@@ -17,7 +17,13 @@ import ray
 from rayshard.errors import RayshardError
 from rayshard.loader import Loader
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import real_ids, run_lockstep, unique_name, write_parquet
+from tests.runtime.helpers import (
+    real_ids,
+    restart_coordinator,
+    run_lockstep,
+    unique_name,
+    write_parquet,
+)
 from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 pytestmark = pytest.mark.ray
@@ -188,17 +194,6 @@ def test_a_dropped_members_group_reads_on(ray_session, dataset):
         for member in members:
             ray.kill(member, no_restart=True)
         loader.shutdown()
-
-
-def restart_coordinator(loader: Loader) -> None:
-    """Kill the coordinator's process; Ray restarts it from its journal (waited for)."""
-    ray.kill(loader._coordinator, no_restart=False)
-    # (`ray.kill` is asynchronous: a call made at once may still reach the old one.)
-    wait_until(
-        lambda: "coordinator_restarted" in [e["event"] for e in loader.stats()["events"]],
-        "the coordinator's restart",
-    )
-    ray.get(loader._coordinator.ping.remote(), timeout=EVENT_TIMEOUT_S)  # (watches again)
 
 
 @pytest.mark.timeout(300)

@@ -16,7 +16,13 @@ import ray
 from rayshard.loader import Loader
 from rayshard.runtime import pid_watch
 from rayshard.sources.parquet import ParquetSource
-from tests.runtime.helpers import real_ids, unique_name, watch_of, write_parquet
+from tests.runtime.helpers import (
+    real_ids,
+    restart_coordinator,
+    unique_name,
+    watch_of,
+    write_parquet,
+)
 from tests.timeouts import EVENT_TIMEOUT_S, wait_until
 
 pytestmark = [
@@ -167,13 +173,7 @@ def test_a_restarted_coordinator_watches_the_processes_again(ray_session, tmp_pa
         victim = RankProcess.remote(loader, 1, 2)
         taken = ray.get(victim.take.remote(1), timeout=EVENT_TIMEOUT_S)
         survivor._acks.flush(wait=True)
-        ray.kill(loader._coordinator, no_restart=False)  # Ray restarts it from its journal
-        # (`ray.kill` is asynchronous: a call made at once may still reach the old one.)
-        wait_until(
-            lambda: "coordinator_restarted" in [e["event"] for e in loader.stats()["events"]],
-            "the coordinator's restart",
-        )
-        ray.get(loader._coordinator.ping.remote(), timeout=EVENT_TIMEOUT_S)  # watches again
+        restart_coordinator(loader)  # (from its journal: it watches the processes again)
         stats = loader.stats()
         assert stats["watched_by_pid"] == 2 and lost_ranks(loader) == []
         os.kill(taken["pid"], signal.SIGKILL)
